@@ -1,0 +1,3 @@
+//! The sluice guest agent (static binary run inside the VM).
+
+fn main() {}

@@ -1,0 +1,2 @@
+//! sluice-launcher: the `sluice` command. Boots a micro-VM, jails QEMU and the
+//! gateway, and manages policies.
