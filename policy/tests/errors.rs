@@ -1,6 +1,8 @@
 //! Every policy error message, snapshot-style: each case is a small policy
 //! and the exact `file:line:col: message` lines it must produce.
 
+#![allow(clippy::unwrap_used, reason = "test helpers: a panic is a failed test")]
+
 use sluice_policy::{CompileOptions, from_yaml_str};
 
 fn errors_of(src: &str) -> Vec<String> {

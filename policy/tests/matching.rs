@@ -2,6 +2,8 @@
 //! deny-over-allow, destinations, the platform deny set, UDP, DNS answers,
 //! secrets and inspection, version hashes.
 
+#![allow(clippy::unwrap_used, reason = "test helpers: a panic is a failed test")]
+
 use std::net::IpAddr;
 
 use sluice_policy::{
@@ -174,7 +176,8 @@ fn rule_ids_default_to_position() {
 fn destination_checks() {
     let p = policy();
     let pub_ip = ip("140.82.112.3");
-    let cases: &[(IpAddr, u16, &[&str], Reason, Option<&str>)] = &[
+    type Case<'a> = (IpAddr, u16, &'a [&'a str], Reason, Option<&'a str>);
+    let cases: &[Case<'_>] = &[
         (
             pub_ip,
             443,
