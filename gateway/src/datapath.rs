@@ -535,6 +535,7 @@ impl Datapath {
         self.counters.frames_in += 1;
         match packet::classify(frame, &self.addresses()) {
             Class::Stack => self.ingress(frame),
+            Class::IcmpEcho => packet::write_echo_reply(&mut self.tx, self.cfg.gateway_mac, frame),
             Class::TcpSyn { src, dst, seq } => self.on_syn(frame, src, dst, seq),
             Class::Dhcp { start, end } => {
                 if let Some(payload) = frame.get(start..end) {
@@ -578,7 +579,7 @@ impl Datapath {
             mtu: usize::from(self.cfg.mtu),
         };
         self.iface.poll_maintenance(now);
-        for _ in 0..64 {
+        for _ in 0..256 {
             if matches!(
                 self.iface.poll_egress(now, &mut dev, &mut self.sockets),
                 smoltcp::iface::PollResult::None
