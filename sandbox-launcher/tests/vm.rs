@@ -7,6 +7,9 @@
 //! environment variable, which QEMU and the gateway inherit; after the
 //! launcher exits, no process in /proc may carry it.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
