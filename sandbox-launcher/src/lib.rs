@@ -8,6 +8,7 @@
 
 pub mod doctor;
 pub mod image;
+pub mod jail;
 pub mod qemu;
 pub mod run;
 mod spawn;
