@@ -15,7 +15,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Cmd {
     /// Boot a fresh VM and run COMMAND in it.
-    Run(sluice_launcher::run::RunArgs),
+    Run(Box<sluice_launcher::run::RunArgs>),
     /// Manage the guest image.
     Image {
         #[command(subcommand)]
@@ -44,7 +44,7 @@ enum ImageCmd {
 fn main() {
     let cli = Cli::parse();
     let code = match cli.command {
-        Cmd::Run(args) => sluice_launcher::run::main(args),
+        Cmd::Run(args) => sluice_launcher::run::main(*args),
         Cmd::Image {
             command:
                 ImageCmd::Build {

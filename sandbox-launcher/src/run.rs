@@ -103,6 +103,9 @@ pub struct RunArgs {
     /// The sluice-gateway binary (default: next to this executable).
     #[arg(long, env = "SLUICE_GATEWAY", value_name = "PATH")]
     pub gateway: Option<PathBuf>,
+    /// Boot without a gateway: the guest's network link has nobody on it.
+    #[arg(long, conflicts_with_all = ["policy", "allow_domain", "publish", "audit", "gateway"])]
+    pub no_network: bool,
     /// A root filesystem directory to boot instead of the default userland.
     #[arg(long, value_name = "DIR")]
     pub rootfs: Option<PathBuf>,
@@ -259,7 +262,16 @@ impl Session {
 
         let mut children = Children::default();
         let audit = Arc::new(Mutex::new(Vec::new()));
-        let gateway = find_gateway(args.gateway.as_deref());
+        let gateway = if args.no_network {
+            None
+        } else {
+            Some(find_gateway(args.gateway.as_deref()).ok_or_else(|| {
+                anyhow!(
+                    "no sluice-gateway found (--gateway, SLUICE_GATEWAY, or next to sluice); \
+                     pass --no-network to run without a network"
+                )
+            })?)
+        };
         let mut audit_reader = None;
         let has_gateway = gateway.is_some();
         match gateway {
@@ -270,10 +282,6 @@ impl Session {
                 audit_reader = Some(reader);
             }
             None => {
-                eprintln!(
-                    "sluice: no sluice-gateway found (--gateway, SLUICE_GATEWAY, or next to sluice): \
-                     the guest has no network"
-                );
                 // Hold the link open and discard what the guest sends: the
                 // guest sees a cable with nobody on it.
                 thread::spawn(move || {
@@ -291,6 +299,7 @@ impl Session {
             initrd: image.initrd.clone(),
             memory_mib: args.memory,
             cpus: args.cpus,
+            verbose_console: args.debug,
         };
         let net_guest = OwnedFd::from(net_guest);
         let agent_guest = OwnedFd::from(agent_guest);
@@ -808,10 +817,11 @@ fn spawn_gateway(
             if debug {
                 eprint!("sluice-gateway audit: {line}");
             }
-            if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) {
-                if let Ok(mut a) = audit.lock() {
-                    a.push(v);
-                }
+            if let (Ok(v), Ok(mut a)) = (
+                serde_json::from_str::<serde_json::Value>(&line),
+                audit.lock(),
+            ) {
+                a.push(v);
             }
             line.clear();
         }
