@@ -580,6 +580,8 @@ impl World {
             "--user=root",
             "--pid-file=",
             "--log-queries",
+            // Authoritative for .test: unknown names get NXDOMAIN.
+            "--local=/test/",
         ])
         .arg(format!("--listen-address={DNS_ADDR}"))
         .arg(format!("--log-facility={}", d.join("dns-queries.log").display()));
