@@ -678,18 +678,21 @@ pub fn from_yaml_str(
     Compiler::new(origin).compile(raw, options)
 }
 
-/// Build a policy allowing exactly `domains` on port 443 (used by
-/// `sluice run --allow-domain NAME`). Each entry is a pattern as in an
-/// allow rule (`example.com`, `*.example.com`, `**.example.com`).
-///
-/// # Errors
-/// The problems with the given names (positions refer to the generated
-/// policy and are omitted; the origin is `--allow-domain`).
-pub fn from_domains(
-    domains: &[&str],
-    options: &CompileOptions,
-) -> Result<CompiledPolicy, PolicyErrors> {
-    let mut src = String::from("version: 1\nid: allow-domain\nlabel: \"--allow-domain\"\nallow:\n");
+/// The YAML text of a policy allowing exactly `domains` on port 443 (what
+/// `sluice run --allow-domain NAME` hands the gateway). Each entry is a
+/// pattern as in an allow rule (`example.com`, `*.example.com`,
+/// `**.example.com`); the text is valid YAML whatever the entries contain,
+/// and [`from_domains`] reports entries that are not valid patterns.
+#[must_use]
+pub fn allow_domains_yaml(domains: &[&str]) -> String {
+    let mut src = String::from(
+        "# Generated from --allow-domain.\nversion: 1\nid: allow-domain\nlabel: \"--allow-domain\"\nallow:",
+    );
+    if domains.is_empty() {
+        src.push_str(" []\n");
+    } else {
+        src.push('\n');
+    }
     for d in domains {
         // A JSON string is a valid YAML double-quoted scalar.
         let quoted = serde_json::to_string(d).unwrap_or_default();
@@ -697,7 +700,19 @@ pub fn from_domains(
         src.push_str(&quoted);
         src.push('\n');
     }
-    from_yaml_str(&src, "--allow-domain", options).map_err(|errs| {
+    src
+}
+
+/// Compile [`allow_domains_yaml`]`(domains)`.
+///
+/// # Errors
+/// The problems with the given names (positions refer to the generated
+/// text and are omitted; the origin is `--allow-domain`).
+pub fn from_domains(
+    domains: &[&str],
+    options: &CompileOptions,
+) -> Result<CompiledPolicy, PolicyErrors> {
+    from_yaml_str(&allow_domains_yaml(domains), "--allow-domain", options).map_err(|errs| {
         PolicyErrors::new(
             errs.into_iter()
                 .map(|e| PolicyError {

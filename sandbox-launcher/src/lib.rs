@@ -4,11 +4,13 @@
 //!
 //! Modules: [`image`] (the guest image and its cache), `qemu` (accelerator
 //! choice and the QEMU command line), `spawn` (children that never outlive
-//! the launcher), [`run`] (`sluice run`), [`doctor`] (`sluice doctor`).
+//! the launcher), [`run`] (`sluice run`), [`doctor`] (`sluice doctor`), [`policy_cmd`]
+//! (`sluice policy check|explain`).
 
 pub mod doctor;
 pub mod image;
 pub mod jail;
+pub mod policy_cmd;
 pub mod qemu;
 pub mod run;
 mod spawn;
