@@ -49,11 +49,6 @@ const CONSOLE_KEEP: usize = 256 * 1024;
 /// How much output `--json` captures per stream.
 const JSON_CAPTURE: usize = 16 * 1024 * 1024;
 
-/// Policy used when neither `--policy` nor `--allow-domain` is given.
-/// Placeholder until `sluice_policy::DEFAULT_POLICY_YAML` lands on main.
-const DEFAULT_POLICY_YAML: &str =
-    "# sluice default policy (placeholder): deny everything.\nversion: 1\nallow: []\n";
-
 /// Options of `sluice run`.
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
@@ -767,8 +762,13 @@ fn spawn_gateway(
         }
         None => {
             let yaml = if args.allow_domain.is_empty() {
-                DEFAULT_POLICY_YAML.to_owned()
+                sluice_policy::DEFAULT_POLICY_YAML.to_owned()
             } else {
+                // Refuse bad names here, with the policy crate's message,
+                // rather than as a gateway start failure.
+                let names: Vec<&str> = args.allow_domain.iter().map(String::as_str).collect();
+                sluice_policy::from_domains(&names, &sluice_policy::CompileOptions::default())
+                    .map_err(|e| anyhow!("--allow-domain: {e}"))?;
                 inline_policy(&args.allow_domain)
             };
             let fd = rustix::fs::memfd_create("sluice-policy", rustix::fs::MemfdFlags::CLOEXEC)
@@ -829,10 +829,10 @@ fn spawn_gateway(
     Ok((child, reader))
 }
 
-/// A policy allowing HTTPS to exactly these domains.
-/// Placeholder schema until the policy crate's format lands on main.
+/// A policy allowing exactly these domains (HTTPS), the same document
+/// `sluice_policy::from_domains` compiles.
 fn inline_policy(domains: &[String]) -> String {
-    let mut y = String::from("# sluice inline policy from --allow-domain\nversion: 1\nallow:\n");
+    let mut y = String::from("version: 1\nid: allow-domain\nlabel: \"--allow-domain\"\nallow:\n");
     for d in domains {
         y.push_str(&format!(
             "  - domain: {}\n",
