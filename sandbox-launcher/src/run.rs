@@ -653,13 +653,13 @@ impl Session {
         if args.json {
             let t = &self.timings;
             let audit = self.audit.lock().map(|a| a.clone()).unwrap_or_default();
-            let mut by_decision: BTreeMap<String, u64> = BTreeMap::new();
+            // Audit lines are counted by "event:outcome" (e.g. "dns:forwarded",
+            // "tcp:denied"), whatever the gateway's record carries.
+            let mut by_outcome: BTreeMap<String, u64> = BTreeMap::new();
             for rec in &audit {
-                let d = ["decision", "verdict", "action"]
-                    .iter()
-                    .find_map(|k| rec.get(*k).and_then(|v| v.as_str()))
-                    .unwrap_or("other");
-                *by_decision.entry(d.to_owned()).or_default() += 1;
+                let field = |k: &str| rec.get(k).and_then(|v| v.as_str()).unwrap_or("-");
+                let key = format!("{}:{}", field("event"), field("outcome"));
+                *by_outcome.entry(key).or_default() += 1;
             }
             let signal = match outcome {
                 Ok(ExitStatus::Signal(s)) => Some(s),
@@ -684,7 +684,7 @@ impl Session {
                 "network": if self.has_gateway { "sluice-gateway" } else { "none" },
                 "audit": {
                     "records": audit.len(),
-                    "by_decision": by_decision,
+                    "by_outcome": by_outcome,
                 },
                 "isolation": crate::doctor::layers_summary(),
             });
