@@ -1,35 +1,29 @@
 //! `sluice doctor`: what this host gives a sluice VM, and why.
 
 use crate::image;
+use crate::jail;
 use crate::qemu;
 
-/// The isolation layers `sluice run` is meant to apply around QEMU and the
-/// gateway. None is applied yet: the jail (`crate::jail`) is written in
-/// parallel; until it is wired in, each is reported as not implemented.
-const LAYERS: [&str; 11] = [
-    "mount namespace + pivot_root",
-    "pid namespace",
-    "ipc namespace",
-    "uts namespace",
-    "network namespace",
-    "unprivileged uid, no capabilities",
-    "no_new_privs",
-    "rlimits",
-    "seccomp filter",
-    "landlock",
-    "cgroup limits",
-];
-
-/// The isolation layers as a JSON object for `sluice run --json`:
-/// layer name to status.
+/// The isolation layers as a JSON object for `sluice run --json`: what
+/// `sluice run` applies today (QEMU's own `-sandbox` and the death signal /
+/// process group), and, under `jail_available`, what the jail
+/// (`crate::jail::probe_layers`) could apply on this host. `sluice run` does
+/// not spawn QEMU through the jail yet: those layers are not active.
 pub(crate) fn layers_summary() -> serde_json::Value {
-    let mut m = serde_json::Map::new();
-    for l in LAYERS {
-        m.insert(l.to_owned(), "not implemented".into());
-    }
-    m.insert("qemu -sandbox (QEMU's own seccomp)".to_owned(), "on".into());
-    m.insert("PDEATHSIG + process group".to_owned(), "on".into());
-    serde_json::Value::Object(m)
+    let probe: serde_json::Map<String, serde_json::Value> = jail::probe_layers()
+        .into_iter()
+        .map(|l| {
+            (
+                l.name,
+                serde_json::json!({"available": l.available, "reason": l.reason}),
+            )
+        })
+        .collect();
+    serde_json::json!({
+        "active": ["qemu-sandbox", "death-signal", "process-group"],
+        "jail_active": false,
+        "jail_available": probe,
+    })
 }
 
 /// Prints the report; returns the process exit status (0 when a VM can
@@ -76,11 +70,17 @@ pub fn main() -> i32 {
         })
         .unwrap_or(0);
     println!("image cache: {} ({entries} image(s))", cache.display());
-    println!("isolation layers:");
-    println!("  qemu -sandbox (QEMU's own seccomp): on");
-    println!("  PDEATHSIG + process group: on");
-    for l in LAYERS {
-        println!("  {l}: NOT IMPLEMENTED (the jail is not wired in yet)");
+    println!("isolation layers applied by `sluice run` today:");
+    println!("  qemu-sandbox (QEMU's own seccomp, -sandbox on,...): on");
+    println!("  death-signal + process group (QEMU, gateway): on");
+    println!("jail layers (NOT yet applied by `sluice run`; what this host could apply):");
+    for l in jail::probe_layers() {
+        let state = if l.available {
+            "available"
+        } else {
+            "unavailable"
+        };
+        println!("  {}: {state} ({})", l.name, l.reason);
     }
     if ok { 0 } else { 1 }
 }

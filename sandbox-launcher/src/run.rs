@@ -49,11 +49,6 @@ const CONSOLE_KEEP: usize = 256 * 1024;
 /// How much output `--json` captures per stream.
 const JSON_CAPTURE: usize = 16 * 1024 * 1024;
 
-/// Policy used when neither `--policy` nor `--allow-domain` is given.
-/// Placeholder until `sluice_policy::DEFAULT_POLICY_YAML` lands on main.
-const DEFAULT_POLICY_YAML: &str =
-    "# sluice default policy (placeholder): deny everything.\nversion: 1\nallow: []\n";
-
 /// Options of `sluice run`.
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
@@ -658,13 +653,13 @@ impl Session {
         if args.json {
             let t = &self.timings;
             let audit = self.audit.lock().map(|a| a.clone()).unwrap_or_default();
-            let mut by_decision: BTreeMap<String, u64> = BTreeMap::new();
+            // Audit lines are counted by "event:outcome" (e.g. "dns:forwarded",
+            // "tcp:denied"), whatever the gateway's record carries.
+            let mut by_outcome: BTreeMap<String, u64> = BTreeMap::new();
             for rec in &audit {
-                let d = ["decision", "verdict", "action"]
-                    .iter()
-                    .find_map(|k| rec.get(*k).and_then(|v| v.as_str()))
-                    .unwrap_or("other");
-                *by_decision.entry(d.to_owned()).or_default() += 1;
+                let field = |k: &str| rec.get(k).and_then(|v| v.as_str()).unwrap_or("-");
+                let key = format!("{}:{}", field("event"), field("outcome"));
+                *by_outcome.entry(key).or_default() += 1;
             }
             let signal = match outcome {
                 Ok(ExitStatus::Signal(s)) => Some(s),
@@ -689,7 +684,7 @@ impl Session {
                 "network": if self.has_gateway { "sluice-gateway" } else { "none" },
                 "audit": {
                     "records": audit.len(),
-                    "by_decision": by_decision,
+                    "by_outcome": by_outcome,
                 },
                 "isolation": crate::doctor::layers_summary(),
             });
@@ -767,8 +762,13 @@ fn spawn_gateway(
         }
         None => {
             let yaml = if args.allow_domain.is_empty() {
-                DEFAULT_POLICY_YAML.to_owned()
+                sluice_policy::DEFAULT_POLICY_YAML.to_owned()
             } else {
+                // Refuse bad names here, with the policy crate's message,
+                // rather than as a gateway start failure.
+                let names: Vec<&str> = args.allow_domain.iter().map(String::as_str).collect();
+                sluice_policy::from_domains(&names, &sluice_policy::CompileOptions::default())
+                    .map_err(|e| anyhow!("--allow-domain: {e}"))?;
                 inline_policy(&args.allow_domain)
             };
             let fd = rustix::fs::memfd_create("sluice-policy", rustix::fs::MemfdFlags::CLOEXEC)
@@ -829,10 +829,10 @@ fn spawn_gateway(
     Ok((child, reader))
 }
 
-/// A policy allowing HTTPS to exactly these domains.
-/// Placeholder schema until the policy crate's format lands on main.
+/// A policy allowing exactly these domains (HTTPS), the same document
+/// `sluice_policy::from_domains` compiles.
 fn inline_policy(domains: &[String]) -> String {
-    let mut y = String::from("# sluice inline policy from --allow-domain\nversion: 1\nallow:\n");
+    let mut y = String::from("version: 1\nid: allow-domain\nlabel: \"--allow-domain\"\nallow:\n");
     for d in domains {
         y.push_str(&format!(
             "  - domain: {}\n",

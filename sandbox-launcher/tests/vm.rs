@@ -67,9 +67,11 @@ fn mark() -> String {
 
 fn sluice(agent: &Path, mark: &str, args: &[&str]) -> Command {
     let mut c = Command::new(SLUICE);
-    c.arg("run")
-        .arg("--no-network")
-        .args(args)
+    c.arg("run");
+    if !args.iter().any(|a| a.starts_with("--gateway")) {
+        c.arg("--no-network");
+    }
+    c.args(args)
         .env("SLUICE_AGENT", agent)
         .env("SLV_TEST_MARK", mark)
         .stdin(Stdio::null())
@@ -260,4 +262,49 @@ fn interrupting_or_killing_the_launcher_leaves_nothing_behind() {
         }
         assert_no_leftovers(&m);
     }
+}
+
+/// The guest's network is the gateway: DHCP configures eth0 and a default
+/// route, the guest's DNS query reaches the gateway and is audited, and the
+/// gateway is gone afterwards.
+#[test]
+#[ignore = "needs root: run via scripts/test"]
+fn the_guest_network_is_a_sluice_gateway() {
+    let Some(agent) = agent() else { return };
+    let gateway = Path::new(SLUICE).with_file_name("sluice-gateway");
+    if !gateway.is_file() {
+        eprintln!(
+            "skipping: {} not built (scripts/test builds every binary)",
+            gateway.display()
+        );
+        return;
+    }
+    let gateway = format!("--gateway={}", gateway.display());
+    let out = run(
+        &agent,
+        &[
+            &gateway,
+            "--json",
+            "--",
+            "sh",
+            "-c",
+            "ip -4 addr show eth0; ip route; nslookup blocked.invalid >/dev/null 2>&1; echo done",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "stderr: {}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let stdout = v["stdout"].as_str().unwrap();
+    assert!(stdout.contains("inet "), "no DHCP address: {stdout}");
+    assert!(
+        stdout.contains("default via "),
+        "no default route: {stdout}"
+    );
+    assert_eq!(v["network"], "sluice-gateway");
+    let dns = v["audit"]["by_outcome"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(k, _)| k.starts_with("dns:"))
+        .count();
+    assert!(dns > 0, "no DNS audit line: {}", v["audit"]);
 }
