@@ -16,7 +16,7 @@
 //!   name, so the real destination cannot be checked.
 //!
 //! The parser follows smoltcp's shape: every read goes through a bounds-checked
-//! cursor ([`Cursor`]) that returns `None` past the end, so no length field in
+//! cursor (`Cursor`) that returns `None` past the end, so no length field in
 //! the input can cause an out-of-bounds access or a panic. Extensions other
 //! than server_name, ALPN and ECH are skipped unread, except that two
 //! extensions of the same type make the hello unreadable (RFC 8446 4.2).
