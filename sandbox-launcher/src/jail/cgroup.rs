@@ -1,0 +1,210 @@
+//! cgroup v1 and v2: find the controllers, create a jail's cgroup(s), write
+//! limits, join, remove.
+//!
+//! v1 (this project's test hosts): one hierarchy per controller under
+//! `/sys/fs/cgroup/{memory,pids,cpu}`, so a jail gets one dir per used
+//! controller. v2: one dir `/sys/fs/cgroup/<name>` with the controllers
+//! enabled in the root's `cgroup.subtree_control`. A controller found in a v1
+//! hierarchy is used there; otherwise the unified hierarchy must be mounted
+//! at `/sys/fs/cgroup` itself (a hybrid host's `unified/` mount typically
+//! holds no controllers).
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use super::CgroupLimits;
+
+const ROOT: &str = "/sys/fs/cgroup";
+
+/// A cgroup controller we limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Controller {
+    /// memory
+    Memory,
+    /// pids
+    Pids,
+    /// cpu
+    Cpu,
+}
+
+impl Controller {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Memory => "memory",
+            Self::Pids => "pids",
+            Self::Cpu => "cpu",
+        }
+    }
+}
+
+/// Where a controller lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Hierarchy {
+    /// A v1 hierarchy mounted at this dir.
+    V1(PathBuf),
+    /// The v2 unified hierarchy at [`ROOT`].
+    V2,
+}
+
+fn locate(c: Controller) -> Option<Hierarchy> {
+    let v1 = Path::new(ROOT).join(c.name());
+    let v1_file = match c {
+        Controller::Memory => "memory.limit_in_bytes",
+        Controller::Pids => "cgroup.procs",
+        Controller::Cpu => "cpu.cfs_quota_us",
+    };
+    // `cgroup.clone_children` exists only in v1 hierarchies.
+    if v1.join("cgroup.clone_children").exists() && v1.join(v1_file).exists() {
+        return Some(Hierarchy::V1(v1));
+    }
+    let controllers = fs::read_to_string(Path::new(ROOT).join("cgroup.controllers")).ok()?;
+    controllers
+        .split_whitespace()
+        .any(|n| n == c.name())
+        .then_some(Hierarchy::V2)
+}
+
+/// Whether `c` can be used here, and how.
+pub(super) fn probe(c: Controller) -> (bool, String) {
+    if !is_root() {
+        return (false, "not root: cannot create cgroups".to_owned());
+    }
+    match locate(c) {
+        Some(Hierarchy::V1(dir)) => (true, format!("cgroup v1 {}", dir.display())),
+        Some(Hierarchy::V2) => (true, format!("cgroup v2 {ROOT}")),
+        None => (
+            false,
+            format!(
+                "no {} controller in a v1 hierarchy or in v2 at {ROOT}",
+                c.name()
+            ),
+        ),
+    }
+}
+
+fn is_root() -> bool {
+    super::sys::geteuid() == 0
+}
+
+/// Creates the cgroup dirs for the requested limits and writes the limits.
+/// Returns the created dirs (to join and later remove). On error, removes
+/// what it created.
+pub(super) fn create(name: &str, limits: &CgroupLimits) -> io::Result<Vec<PathBuf>> {
+    let mut created = Vec::new();
+    let result = create_inner(name, limits, &mut created);
+    if result.is_err() {
+        remove(&created);
+    }
+    result.map(|()| created)
+}
+
+fn create_inner(name: &str, limits: &CgroupLimits, created: &mut Vec<PathBuf>) -> io::Result<()> {
+    let wanted = [
+        (Controller::Memory, limits.memory_bytes),
+        (Controller::Pids, limits.pids),
+        (Controller::Cpu, limits.cpu_millis),
+    ];
+    for (c, limit) in wanted {
+        let Some(limit) = limit else { continue };
+        let Some(hierarchy) = locate(c) else {
+            return Err(io::Error::other(format!("no {} controller", c.name())));
+        };
+        let dir = match &hierarchy {
+            Hierarchy::V1(base) => base.join(name),
+            Hierarchy::V2 => Path::new(ROOT).join(name),
+        };
+        if !created.contains(&dir) {
+            if hierarchy == Hierarchy::V2 {
+                enable_v2_controller(c)?;
+            }
+            fs::create_dir(&dir)
+                .map_err(|e| io::Error::new(e.kind(), format!("mkdir {}: {e}", dir.display())))?;
+            created.push(dir.clone());
+        }
+        write_limit(&dir, &hierarchy, c, limit)?;
+    }
+    Ok(())
+}
+
+fn enable_v2_controller(c: Controller) -> io::Result<()> {
+    let control = Path::new(ROOT).join("cgroup.subtree_control");
+    let enabled = fs::read_to_string(&control)?;
+    if !enabled.split_whitespace().any(|n| n == c.name()) {
+        write(&control, &format!("+{}", c.name()))?;
+    }
+    Ok(())
+}
+
+fn write(path: &Path, value: &str) -> io::Result<()> {
+    fs::write(path, value).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("writing {value:?} to {}: {e}", path.display()),
+        )
+    })
+}
+
+fn write_limit(dir: &Path, h: &Hierarchy, c: Controller, limit: u64) -> io::Result<()> {
+    const PERIOD_US: u64 = 100_000;
+    let v1 = matches!(h, Hierarchy::V1(_));
+    match c {
+        Controller::Memory if v1 => {
+            write(&dir.join("memory.limit_in_bytes"), &limit.to_string())?;
+            // Swap accounting is optional on v1; limit memory+swap where present.
+            let memsw = dir.join("memory.memsw.limit_in_bytes");
+            if memsw.exists() {
+                write(&memsw, &limit.to_string())?;
+            }
+            Ok(())
+        }
+        Controller::Memory => {
+            write(&dir.join("memory.max"), &limit.to_string())?;
+            let swap = dir.join("memory.swap.max");
+            if swap.exists() {
+                write(&swap, "0")?;
+            }
+            Ok(())
+        }
+        Controller::Pids => write(&dir.join("pids.max"), &limit.to_string()),
+        Controller::Cpu => {
+            let quota = limit.saturating_mul(PERIOD_US) / 1000;
+            let quota = quota.max(1000);
+            if v1 {
+                write(&dir.join("cpu.cfs_period_us"), &PERIOD_US.to_string())?;
+                write(&dir.join("cpu.cfs_quota_us"), &quota.to_string())
+            } else {
+                write(&dir.join("cpu.max"), &format!("{quota} {PERIOD_US}"))
+            }
+        }
+    }
+}
+
+/// Moves the calling process into each dir (`cgroup.procs` <- "0").
+pub(super) fn join_self(dirs: &[PathBuf]) -> io::Result<()> {
+    for dir in dirs {
+        write(&dir.join("cgroup.procs"), "0")?;
+    }
+    Ok(())
+}
+
+/// SIGKILLs anything still in the dirs, then removes them, retrying briefly
+/// while exiting tasks leave. Errors are ignored (best effort; the launcher
+/// retries on drop).
+pub(super) fn remove(dirs: &[PathBuf]) {
+    for dir in dirs {
+        for attempt in 0..100 {
+            if let Ok(procs) = fs::read_to_string(dir.join("cgroup.procs")) {
+                for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+                    let _ = super::sys::kill(pid, libc::SIGKILL);
+                }
+            }
+            match fs::remove_dir(dir) {
+                Ok(()) => break,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => break,
+                Err(_) if attempt < 99 => std::thread::sleep(std::time::Duration::from_millis(20)),
+                Err(_) => {}
+            }
+        }
+    }
+}

@@ -1,0 +1,741 @@
+//! The jail around QEMU (and any other program the launcher starts).
+//!
+//! [`spawn`] re-executes a helper (the `sluice` binary's hidden
+//! `__jail-exec` subcommand, see [`helper_main_if_requested`]) in its own
+//! process group. The helper is single-threaded and stays root *outside* the
+//! jail as its supervisor. It reads the [`JailSpec`] as one JSON line on its
+//! stdin, then, readable top to bottom in `helper.rs`:
+//!
+//! 1. creates the cgroup(s) and writes the limits;
+//! 2. creates the jail mount point `<runtime_dir>/<name>`;
+//! 3. `unshare(CLONE_NEWPID)` (affects only its *children*) and `fork()`s:
+//!    the child is PID 1 of a new PID namespace. In the child:
+//!    1. `PR_SET_PDEATHSIG(SIGKILL)` (dies with the helper), `setsid()`;
+//!    2. joins the cgroups (writes itself into `cgroup.procs`);
+//!    3. `unshare` mount, IPC, UTS and network namespaces;
+//!    4. mounts a tmpfs on the jail dir, bind-mounts each needed path at its
+//!       own path inside it (read-only, `nosuid`, `nodev` except device
+//!       nodes), `pivot_root`s into it, detaches the old root and remounts
+//!       the new root read-only;
+//!    5. moves the passed fds to their numbers, points unpassed 0/1/2 at
+//!       /dev/null, closes every other fd;
+//!    6. sets rlimits; drops all capabilities from the bounding and ambient
+//!       sets; drops to the unprivileged uid/gid with no groups;
+//!    7. sets `no_new_privs`; enforces the Landlock ruleset; installs the
+//!       seccomp filters; `execve`s the program with only the given env.
+//! 4. reports `{pid, layers}` (or the child's error) on its stdout, then
+//!    waits for the child to exit *or* for its stdin (the launcher's
+//!    lifeline) to close: a dropped [`Jailed`] or a dead launcher, even one
+//!    killed by SIGKILL, closes it, and the helper kills the child (and with
+//!    it the whole PID namespace), removes the cgroups and the jail dir,
+//!    reports the exit and exits.
+//!
+//! A layer that cannot be applied is an error unless the spec lists it in
+//! [`JailSpec::allow_missing`]. All `unsafe` code lives in `sys.rs`.
+
+mod cgroup;
+mod helper;
+mod sys;
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader, Write};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+
+use serde::{Deserialize, Serialize};
+pub use sluice_confine::{LandlockRules, Rlimits, SeccompProfile};
+
+pub use helper::{HELPER_ARG, helper_main_if_requested};
+
+/// An isolation layer, as `sluice doctor` and `--json` name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
+pub enum Layer {
+    /// A new mount namespace.
+    MountNs,
+    /// A new PID namespace (the program is its PID 1).
+    PidNs,
+    /// A new IPC namespace.
+    IpcNs,
+    /// A new UTS namespace (hostname `sluice`).
+    UtsNs,
+    /// A new, empty network namespace (only a down `lo`).
+    NetNs,
+    /// `pivot_root` into a tmpfs holding only the listed paths.
+    PivotRoot,
+    /// Running as an unprivileged uid/gid with no capabilities.
+    DropIds,
+    /// Resource limits (files, core, file size).
+    Rlimits,
+    /// `no_new_privs`.
+    NoNewPrivs,
+    /// Our seccomp filter.
+    Seccomp,
+    /// A Landlock ruleset.
+    Landlock,
+    /// cgroup memory limit.
+    CgroupMemory,
+    /// cgroup pids limit.
+    CgroupPids,
+    /// cgroup CPU quota.
+    CgroupCpu,
+    /// Every fd but the passed ones closed.
+    CloseFds,
+    /// Killed when the supervisor or launcher dies (PDEATHSIG + lifeline).
+    DeathSignal,
+}
+
+impl Layer {
+    /// Every layer, in the order the jail applies them.
+    pub const ALL: [Self; 16] = [
+        Self::DeathSignal,
+        Self::CgroupMemory,
+        Self::CgroupPids,
+        Self::CgroupCpu,
+        Self::PidNs,
+        Self::MountNs,
+        Self::IpcNs,
+        Self::UtsNs,
+        Self::NetNs,
+        Self::PivotRoot,
+        Self::CloseFds,
+        Self::Rlimits,
+        Self::DropIds,
+        Self::NoNewPrivs,
+        Self::Landlock,
+        Self::Seccomp,
+    ];
+
+    /// The layer's stable name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::MountNs => "mount-ns",
+            Self::PidNs => "pid-ns",
+            Self::IpcNs => "ipc-ns",
+            Self::UtsNs => "uts-ns",
+            Self::NetNs => "net-ns",
+            Self::PivotRoot => "pivot-root",
+            Self::DropIds => "drop-ids",
+            Self::Rlimits => "rlimits",
+            Self::NoNewPrivs => "no-new-privs",
+            Self::Seccomp => "seccomp",
+            Self::Landlock => "landlock",
+            Self::CgroupMemory => "cgroup-memory",
+            Self::CgroupPids => "cgroup-pids",
+            Self::CgroupCpu => "cgroup-cpu",
+            Self::CloseFds => "close-fds",
+            Self::DeathSignal => "death-signal",
+        }
+    }
+}
+
+/// Whether a layer is available on this host ([`probe_layers`]) or active
+/// in a jail ([`Jailed::layers`]), and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LayerStatus {
+    /// [`Layer::name`].
+    pub name: String,
+    /// Available (probe) / applied (jail).
+    pub available: bool,
+    /// Why, in a few words (e.g. "cgroup v1 /sys/fs/cgroup/memory", "not root").
+    pub reason: String,
+}
+
+/// Which network namespace the program gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NetNamespace {
+    /// A new, empty one: only a down loopback. QEMU's only way out is then
+    /// the socketpair fd it is given.
+    NewEmpty,
+    /// The launcher's (no network isolation).
+    Inherit,
+}
+
+/// The namespaces to create. The defaults create all of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Namespaces {
+    /// New mount namespace (required for `pivot_root`).
+    pub mount: bool,
+    /// New PID namespace.
+    pub pid: bool,
+    /// New IPC namespace.
+    pub ipc: bool,
+    /// New UTS namespace.
+    pub uts: bool,
+    /// Network namespace.
+    pub net: NetNamespace,
+}
+
+impl Default for Namespaces {
+    fn default() -> Self {
+        Self {
+            mount: true,
+            pid: true,
+            ipc: true,
+            uts: true,
+            net: NetNamespace::NewEmpty,
+        }
+    }
+}
+
+/// cgroup limits; `None` leaves that controller unused (no cgroup made for it).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CgroupLimits {
+    /// Memory limit in bytes (v1 `memory.limit_in_bytes`, v2 `memory.max`,
+    /// with swap disabled where the host allows).
+    pub memory_bytes: Option<u64>,
+    /// Maximum number of tasks (threads count) (`pids.max`).
+    pub pids: Option<u64>,
+    /// CPU quota in thousandths of a CPU (1000 = one full CPU) per 100 ms period.
+    pub cpu_millis: Option<u64>,
+}
+
+/// One passed file descriptor: the launcher's `parent` fd becomes the
+/// program's fd number `child`. The caller keeps ownership of `parent`
+/// (the jail uses a duplicate); it must stay open until [`spawn`] returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FdMap {
+    /// The fd in the launcher.
+    pub parent: RawFd,
+    /// Its number in the jailed program.
+    pub child: RawFd,
+}
+
+/// Everything about one jailed program.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JailSpec {
+    /// Unique name of this jail (the cgroup and jail dir are named after it);
+    /// `[A-Za-z0-9._-]`, 1-64 bytes.
+    pub name: String,
+    /// Absolute path of the program; it is bind-mounted into the jail.
+    pub program: PathBuf,
+    /// `argv[1..]` (`argv[0]` is the program path).
+    pub args: Vec<String>,
+    /// The complete environment; nothing is inherited.
+    pub env: Vec<(String, String)>,
+    /// Files and dirs bind-mounted read-only at their own path (program
+    /// libraries, see [`library_deps`], kernel, initramfs, firmware,
+    /// `/dev/null`...). Character devices keep working (not `nodev`).
+    pub ro_paths: Vec<PathBuf>,
+    /// Files and dirs bind-mounted read-write at their own path (e.g. the
+    /// console log); they must be writable by `uid`/`gid`.
+    pub rw_paths: Vec<PathBuf>,
+    /// Where the jail's (empty, host-side) mount point dir is created.
+    pub runtime_dir: PathBuf,
+    /// The uid to drop to; must not be 0. Default 65534 (nobody): with the
+    /// PID namespace and Landlock's signal scope, jails sharing a uid still
+    /// cannot see or signal each other.
+    pub uid: u32,
+    /// The gid to drop to. Default 65534 (nogroup).
+    pub gid: u32,
+    /// Namespaces to create.
+    pub namespaces: Namespaces,
+    /// cgroup limits.
+    pub cgroup: CgroupLimits,
+    /// Resource limits.
+    pub rlimits: Rlimits,
+    /// The seccomp profile.
+    pub seccomp: SeccompProfile,
+    /// Landlock: `None` = off. `Some(extra)`: the jail's own paths are added
+    /// (ro paths read+execute, rw paths and devices read+write), plus the
+    /// given rules; TCP bind is always handled (denied unless listed), TCP
+    /// connect when `extra.tcp_connect` is `Some`.
+    pub landlock: Option<LandlockRules>,
+    /// Fds to pass; every other fd is closed, unpassed 0/1/2 are /dev/null.
+    pub fds: Vec<FdMap>,
+    /// Layers the user explicitly allowed to be missing on this host.
+    pub allow_missing: BTreeSet<Layer>,
+    /// The helper binary; `None` = this executable (its `main` must call
+    /// [`helper_main_if_requested`] first).
+    pub helper: Option<PathBuf>,
+}
+
+impl JailSpec {
+    /// A spec with every layer on: all namespaces, uid/gid 65534, default
+    /// rlimits, the QEMU seccomp profile, Landlock with no TCP at all, no
+    /// cgroup limits, the system temp dir as runtime dir.
+    pub fn new(name: impl Into<String>, program: impl Into<PathBuf>) -> Self {
+        Self {
+            name: name.into(),
+            program: program.into(),
+            args: Vec::new(),
+            env: Vec::new(),
+            ro_paths: Vec::new(),
+            rw_paths: Vec::new(),
+            runtime_dir: std::env::temp_dir(),
+            uid: 65534,
+            gid: 65534,
+            namespaces: Namespaces::default(),
+            cgroup: CgroupLimits::default(),
+            rlimits: Rlimits::default(),
+            seccomp: SeccompProfile::Qemu,
+            landlock: Some(LandlockRules {
+                tcp_connect: Some(Vec::new()),
+                ..LandlockRules::default()
+            }),
+            fds: Vec::new(),
+            allow_missing: BTreeSet::new(),
+            helper: None,
+        }
+    }
+
+    /// Which layers this spec asks for.
+    fn requested(&self, layer: Layer) -> bool {
+        let ns = &self.namespaces;
+        match layer {
+            Layer::MountNs | Layer::PivotRoot => ns.mount,
+            Layer::PidNs => ns.pid,
+            Layer::IpcNs => ns.ipc,
+            Layer::UtsNs => ns.uts,
+            Layer::NetNs => ns.net == NetNamespace::NewEmpty,
+            Layer::Seccomp => self.seccomp != SeccompProfile::None,
+            Layer::Landlock => self.landlock.is_some(),
+            Layer::CgroupMemory => self.cgroup.memory_bytes.is_some(),
+            Layer::CgroupPids => self.cgroup.pids.is_some(),
+            Layer::CgroupCpu => self.cgroup.cpu_millis.is_some(),
+            Layer::DropIds
+            | Layer::Rlimits
+            | Layer::NoNewPrivs
+            | Layer::CloseFds
+            | Layer::DeathSignal => true,
+        }
+    }
+
+    /// Checks the spec's own consistency (not the host).
+    fn validate(&self) -> Result<(), JailError> {
+        let bad = |why: String| Err(JailError::InvalidSpec(why));
+        let name_ok = !self.name.is_empty()
+            && self.name.len() <= 64
+            && self
+                .name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+            && !self.name.starts_with('.');
+        if !name_ok {
+            return bad(format!(
+                "name {:?} is not [A-Za-z0-9._-]{{1,64}}",
+                self.name
+            ));
+        }
+        for p in std::iter::once(&self.program)
+            .chain(&self.ro_paths)
+            .chain(&self.rw_paths)
+        {
+            if !p.is_absolute() || p.components().any(|c| c == std::path::Component::ParentDir) {
+                return bad(format!(
+                    "{} is not an absolute path without ..",
+                    p.display()
+                ));
+            }
+        }
+        if self.uid == 0 || self.gid == 0 {
+            return bad("uid and gid must not be 0".to_owned());
+        }
+        let mut seen = BTreeSet::new();
+        for m in &self.fds {
+            if m.parent < 0 || m.child < 0 || !seen.insert(m.child) {
+                return bad(format!("fd mapping {m:?} is negative or a duplicate"));
+            }
+        }
+        if !self.namespaces.mount && self.landlock.is_some() {
+            // Without a jail root, the derived rules would name host paths:
+            // still valid, so allowed.
+        }
+        Ok(())
+    }
+}
+
+/// How a jailed program ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum JailExit {
+    /// It exited with this code.
+    Code(i32),
+    /// It was killed by this signal (e.g. 31 = SIGSYS from seccomp, 9 = SIGKILL).
+    Signal(i32),
+}
+
+/// Why the jail failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum JailError {
+    /// the jail spec is invalid
+    #[error("invalid jail spec: {0}")]
+    InvalidSpec(String),
+    /// a layer is unavailable on this host and was not allowed to be missing
+    #[error(
+        "isolation layer {layer} is unavailable on this host ({reason}); \
+         allow running without it explicitly if that is acceptable"
+    )]
+    LayerUnavailable {
+        /// [`Layer::name`]
+        layer: &'static str,
+        /// why
+        reason: String,
+    },
+    /// starting the jail helper failed
+    #[error("starting the jail helper {path}: {source}")]
+    Helper {
+        /// the helper binary
+        path: PathBuf,
+        /// the OS error
+        source: std::io::Error,
+    },
+    /// setting up the jail failed (reported by the helper)
+    #[error("setting up the jail failed: {0}")]
+    Setup(String),
+    /// talking to the jail helper failed
+    #[error("jail helper channel: {0}")]
+    Channel(String),
+}
+
+/// The helper's reports, one JSON line each, on its stdout.
+#[derive(Debug, Serialize, Deserialize)]
+enum Report {
+    /// The program is running.
+    Started {
+        pid: u32,
+        layers: Vec<LayerStatus>,
+        cleanup: Vec<PathBuf>,
+    },
+    /// Setting up the jail failed; nothing is left behind.
+    Failed { error: String },
+    /// The program ended and everything was removed.
+    Exited { exit: JailExit },
+}
+
+/// A running jailed program. Dropping it kills the program and removes its
+/// cgroups and jail dir (blocking until the helper has done so).
+#[derive(Debug)]
+pub struct Jailed {
+    /// The program's pid (in the launcher's PID namespace).
+    pub pid: u32,
+    /// Every layer of [`Layer::ALL`]: applied or not, and why.
+    pub layers: Vec<LayerStatus>,
+    helper: Child,
+    lifeline: Option<ChildStdin>,
+    reports: BufReader<ChildStdout>,
+    cleanup: Vec<PathBuf>,
+    exit: Option<JailExit>,
+}
+
+impl Jailed {
+    /// Blocks until the program has ended and the helper has cleaned up.
+    ///
+    /// # Errors
+    /// [`JailError::Channel`] if the helper died without reporting (the
+    /// launcher then removes what it can).
+    pub fn wait(&mut self) -> Result<JailExit, JailError> {
+        if let Some(exit) = self.exit {
+            return Ok(exit);
+        }
+        let report = read_report(&mut self.reports);
+        self.lifeline = None;
+        let _ = self.helper.wait();
+        remove_leftovers(&self.cleanup);
+        match report {
+            Ok(Report::Exited { exit }) => {
+                self.exit = Some(exit);
+                Ok(exit)
+            }
+            Ok(other) => Err(JailError::Channel(format!("unexpected report {other:?}"))),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Kills the program (SIGKILL, and with the PID namespace everything in
+    /// it) and waits as [`Jailed::wait`] does.
+    ///
+    /// # Errors
+    /// As [`Jailed::wait`].
+    pub fn kill(&mut self) -> Result<JailExit, JailError> {
+        self.lifeline = None;
+        self.wait()
+    }
+
+    /// The supervising helper's pid (root, outside the jail).
+    pub fn helper_pid(&self) -> u32 {
+        self.helper.id()
+    }
+}
+
+impl Drop for Jailed {
+    fn drop(&mut self) {
+        if self.exit.is_none() {
+            let _ = self.kill();
+        }
+    }
+}
+
+fn read_report(reader: &mut BufReader<ChildStdout>) -> Result<Report, JailError> {
+    let mut line = String::new();
+    match reader.read_line(&mut line) {
+        Ok(0) => Err(JailError::Channel(
+            "the helper exited without a report".to_owned(),
+        )),
+        Ok(_) => serde_json::from_str(&line)
+            .map_err(|e| JailError::Channel(format!("bad report {line:?}: {e}"))),
+        Err(e) => Err(JailError::Channel(e.to_string())),
+    }
+}
+
+/// Best-effort removal of cgroup dirs and the jail dir (the helper does this;
+/// this covers a helper that was killed). Only empty dirs are removed.
+fn remove_leftovers(paths: &[PathBuf]) {
+    for p in paths {
+        if p.exists() {
+            let _ = std::fs::remove_dir(p);
+        }
+    }
+}
+
+/// Starts `spec.program` in the jail and returns once it has been exec'd
+/// (or setting up failed, leaving nothing behind).
+///
+/// # Errors
+/// [`JailError::InvalidSpec`], [`JailError::LayerUnavailable`] for a
+/// requested layer this host cannot apply and `allow_missing` does not list,
+/// [`JailError::Helper`] / [`JailError::Setup`] / [`JailError::Channel`].
+pub fn spawn(spec: &JailSpec) -> Result<Jailed, JailError> {
+    spec.validate()?;
+    let probed = probe_layers();
+    let plan = plan_layers(spec, &probed)?;
+
+    // Duplicate the passed fds above 2 so that the helper's stdio set-up
+    // cannot clobber them; the duplicates are closed when this returns.
+    let mut dups: Vec<OwnedFd> = Vec::new();
+    let mut helper_spec = spec.clone();
+    for m in &mut helper_spec.fds {
+        let dup = sys::dup_owned_at_least(m.parent, 3).map_err(|e| {
+            JailError::InvalidSpec(format!("passed fd {} is not open: {e}", m.parent))
+        })?;
+        m.parent = dup.as_raw_fd();
+        dups.push(dup);
+    }
+    let helper_path = match &spec.helper {
+        Some(p) => p.clone(),
+        None => std::env::current_exe().map_err(|e| JailError::Helper {
+            path: PathBuf::from("/proc/self/exe"),
+            source: e,
+        })?,
+    };
+    let mut cmd = Command::new(&helper_path);
+    cmd.arg(HELPER_ARG)
+        .env_clear()
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .current_dir("/");
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    sys::keep_fds_across_exec(&mut cmd, dups.iter().map(AsRawFd::as_raw_fd).collect());
+    let mut child = cmd.spawn().map_err(|e| JailError::Helper {
+        path: helper_path.clone(),
+        source: e,
+    })?;
+    drop(dups);
+    let (Some(mut lifeline), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(JailError::Channel("helper pipes missing".to_owned()));
+    };
+    let request = HelperRequest {
+        spec: helper_spec,
+        layers: plan,
+    };
+    let mut line = serde_json::to_vec(&request)
+        .map_err(|e| JailError::Channel(format!("serialising the spec: {e}")))?;
+    line.push(b'\n');
+    if let Err(e) = lifeline.write_all(&line).and_then(|()| lifeline.flush()) {
+        drop(lifeline);
+        let _ = child.wait();
+        return Err(JailError::Channel(format!("sending the spec: {e}")));
+    }
+    let mut reports = BufReader::new(stdout);
+    match read_report(&mut reports) {
+        Ok(Report::Started {
+            pid,
+            layers,
+            cleanup,
+        }) => Ok(Jailed {
+            pid,
+            layers,
+            helper: child,
+            lifeline: Some(lifeline),
+            reports,
+            cleanup,
+            exit: None,
+        }),
+        other => {
+            drop(lifeline);
+            let _ = child.wait();
+            Err(match other {
+                Ok(Report::Failed { error }) => JailError::Setup(error),
+                Ok(r) => JailError::Channel(format!("unexpected report {r:?}")),
+                Err(e) => e,
+            })
+        }
+    }
+}
+
+/// What the launcher sends the helper.
+#[derive(Debug, Serialize, Deserialize)]
+struct HelperRequest {
+    spec: JailSpec,
+    /// The plan: one status per layer of [`Layer::ALL`] (`available` = to apply).
+    layers: Vec<(Layer, LayerStatus)>,
+}
+
+/// Decides, per layer, whether to apply it; errors for a requested,
+/// unavailable, not-allowed-missing layer.
+fn plan_layers(
+    spec: &JailSpec,
+    probed: &[LayerStatus],
+) -> Result<Vec<(Layer, LayerStatus)>, JailError> {
+    let mut plan = Vec::new();
+    for layer in Layer::ALL {
+        let probe = probed.iter().find(|s| s.name == layer.name());
+        let (available, probe_reason) =
+            probe.map_or((false, "not probed"), |s| (s.available, s.reason.as_str()));
+        let status = |on: bool, reason: String| LayerStatus {
+            name: layer.name().to_owned(),
+            available: on,
+            reason,
+        };
+        let entry = if !spec.requested(layer) {
+            status(false, "off: not requested by the caller".to_owned())
+        } else if available {
+            status(true, probe_reason.to_owned())
+        } else if spec.allow_missing.contains(&layer) {
+            status(
+                false,
+                format!("off: unavailable ({probe_reason}), allowed by the user"),
+            )
+        } else {
+            return Err(JailError::LayerUnavailable {
+                layer: layer.name(),
+                reason: probe_reason.to_owned(),
+            });
+        };
+        plan.push((layer, entry));
+    }
+    Ok(plan)
+}
+
+/// What this host can apply, one entry per layer of [`Layer::ALL`], for
+/// `sluice doctor` and the `--json` result. Cheap: reads /proc and /sys and
+/// asks the kernel its Landlock ABI; changes nothing.
+pub fn probe_layers() -> Vec<LayerStatus> {
+    let root = sys::geteuid() == 0;
+    let ns_file = |ns: &str| Path::new("/proc/self/ns").join(ns).exists();
+    Layer::ALL
+        .iter()
+        .map(|&layer| {
+            let (available, reason) = match layer {
+                Layer::MountNs | Layer::PivotRoot => ns_probe(root, ns_file("mnt"), "mnt"),
+                Layer::PidNs => ns_probe(root, ns_file("pid"), "pid"),
+                Layer::IpcNs => ns_probe(root, ns_file("ipc"), "ipc"),
+                Layer::UtsNs => ns_probe(root, ns_file("uts"), "uts"),
+                Layer::NetNs => ns_probe(root, ns_file("net"), "net"),
+                Layer::DropIds => {
+                    if root {
+                        (true, "root: can drop to an unprivileged uid".to_owned())
+                    } else {
+                        (false, "not root: cannot build the jail".to_owned())
+                    }
+                }
+                Layer::Rlimits | Layer::NoNewPrivs | Layer::CloseFds | Layer::DeathSignal => {
+                    (true, "always available on Linux".to_owned())
+                }
+                Layer::Seccomp => probe_seccomp(),
+                Layer::Landlock => probe_landlock(),
+                Layer::CgroupMemory => cgroup::probe(cgroup::Controller::Memory),
+                Layer::CgroupPids => cgroup::probe(cgroup::Controller::Pids),
+                Layer::CgroupCpu => cgroup::probe(cgroup::Controller::Cpu),
+            };
+            LayerStatus {
+                name: layer.name().to_owned(),
+                available,
+                reason,
+            }
+        })
+        .collect()
+}
+
+fn ns_probe(root: bool, exists: bool, ns: &str) -> (bool, String) {
+    match (root, exists) {
+        (true, true) => (true, format!("{ns} namespaces supported, running as root")),
+        (false, _) => (false, "not root".to_owned()),
+        (true, false) => (false, format!("kernel lacks {ns} namespaces")),
+    }
+}
+
+fn probe_seccomp() -> (bool, String) {
+    match std::fs::read_to_string("/proc/sys/kernel/seccomp/actions_avail") {
+        Ok(actions) if actions.split_whitespace().any(|a| a == "kill_process") => {
+            (true, "seccomp filters with kill_process".to_owned())
+        }
+        Ok(_) => (false, "kernel lacks SECCOMP_RET_KILL_PROCESS".to_owned()),
+        Err(e) => (false, format!("no seccomp filter support: {e}")),
+    }
+}
+
+fn probe_landlock() -> (bool, String) {
+    match sys::landlock_abi() {
+        abi if abi >= 4 => (true, format!("ABI {abi}: filesystem and TCP rules")),
+        abi if abi >= 1 => (
+            true,
+            format!("ABI {abi}: filesystem rules only (no TCP restriction before ABI 4)"),
+        ),
+        _ => (
+            false,
+            "Landlock not enabled in this kernel (lsm= boot parameter)".to_owned(),
+        ),
+    }
+}
+
+/// The shared libraries `program` loads, and its ELF interpreter, as `ldd`
+/// reports them (absolute paths, symlinks as named). Empty for a static
+/// binary.
+///
+/// # Errors
+/// When `ldd` cannot be run or fails for a dynamic binary.
+pub fn library_deps(program: &Path) -> Result<Vec<PathBuf>, JailError> {
+    let out = Command::new("ldd")
+        .arg(program)
+        .env_clear()
+        .output()
+        .map_err(|e| JailError::Helper {
+            path: PathBuf::from("ldd"),
+            source: e,
+        })?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        if text.contains("not a dynamic executable")
+            || String::from_utf8_lossy(&out.stderr).contains("not a dynamic executable")
+        {
+            return Ok(Vec::new());
+        }
+        return Err(JailError::InvalidSpec(format!(
+            "ldd {} failed: {}",
+            program.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    let mut deps = Vec::new();
+    for line in text.lines() {
+        // "libz.so.1 => /lib/x86_64-linux-gnu/libz.so.1 (0x...)" or
+        // "/lib64/ld-linux-x86-64.so.2 (0x...)"; vdso lines have no path.
+        let path = match line.split_once("=>") {
+            Some((_, rest)) => rest.split_whitespace().next(),
+            None => line.split_whitespace().next(),
+        };
+        if let Some(p) = path.filter(|p| p.starts_with('/')) {
+            let p = PathBuf::from(p);
+            if !deps.contains(&p) {
+                deps.push(p);
+            }
+        }
+    }
+    Ok(deps)
+}

@@ -1,0 +1,323 @@
+//! Every `unsafe` of the launcher: thin wrappers over the system calls the
+//! jail needs, each returning `io::Result` with `errno` on failure.
+//!
+//! All of these run either in the launcher before `exec` of the helper
+//! ([`keep_fds_across_exec`], only async-signal-safe calls), or in the
+//! single-threaded jail helper and its forked child, where allocation is safe.
+
+#![allow(unsafe_code)]
+
+use std::ffi::{CStr, CString};
+use std::io;
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::os::unix::process::CommandExt;
+use std::process::Command;
+
+/// Turns a `-1` return into the current `errno`.
+fn check(ret: libc::c_long) -> io::Result<libc::c_long> {
+    if ret == -1 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+/// A C string from a path or argument; interior NULs are an error.
+pub(crate) fn cstring(s: impl Into<Vec<u8>>) -> io::Result<CString> {
+    CString::new(s).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
+}
+
+/// In the spawned helper, before `exec`: clear `FD_CLOEXEC` on `fds` so
+/// they are inherited.
+pub(crate) fn keep_fds_across_exec(cmd: &mut Command, fds: Vec<RawFd>) {
+    let hook = move || -> io::Result<()> {
+        for &fd in &fds {
+            // SAFETY: fcntl(F_SETFD) on an fd number is async-signal-safe and
+            // touches no memory; a closed fd yields EBADF, reported as an error.
+            check(unsafe { libc::fcntl(fd, libc::F_SETFD, 0) }.into())?;
+        }
+        Ok(())
+    };
+    // SAFETY: the hook only calls fcntl (async-signal-safe) and reads a Vec
+    // allocated before the fork; it neither allocates nor takes locks.
+    unsafe { cmd.pre_exec(hook) };
+}
+
+/// `fcntl(fd, F_DUPFD_CLOEXEC, min)`: a close-on-exec duplicate numbered at
+/// least `min`.
+pub(crate) fn dup_cloexec_at_least(fd: RawFd, min: RawFd) -> io::Result<RawFd> {
+    // SAFETY: plain fd syscall, no memory is passed.
+    let ret = check(unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, min) }.into())?;
+    RawFd::try_from(ret).map_err(io::Error::other)
+}
+
+/// A close-on-exec duplicate of `fd` numbered at least `min`, owned.
+pub(crate) fn dup_owned_at_least(fd: RawFd, min: RawFd) -> io::Result<OwnedFd> {
+    let dup = dup_cloexec_at_least(fd, min)?;
+    // SAFETY: `dup` was just returned by fcntl(F_DUPFD_CLOEXEC); nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(dup) })
+}
+
+/// `dup2(src, dst)`; the new `dst` is inherited across exec.
+pub(crate) fn dup2(src: RawFd, dst: RawFd) -> io::Result<()> {
+    // SAFETY: plain fd syscall; `dst` is a number this process owns by design.
+    check(unsafe { libc::dup2(src, dst) }.into()).map(drop)
+}
+
+/// Sets `FD_CLOEXEC` on `fd`.
+pub(crate) fn set_cloexec(fd: RawFd) -> io::Result<()> {
+    // SAFETY: plain fd syscall, no memory is passed.
+    check(unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) }.into()).map(drop)
+}
+
+/// Closes every fd numbered `from` or above (`close_range(2)`).
+pub(crate) fn close_from(from: RawFd) -> io::Result<()> {
+    let from = libc::c_uint::try_from(from).map_err(io::Error::other)?;
+    // SAFETY: closes descriptors only; callers have moved every fd they still
+    // need below `from`, and no Rust object refers to the closed ones after
+    // exec (the child execs or exits right after).
+    check(unsafe { libc::syscall(libc::SYS_close_range, from, libc::c_uint::MAX, 0) }).map(drop)
+}
+
+/// `close(fd)`.
+pub(crate) fn close(fd: RawFd) {
+    // SAFETY: the caller owns `fd` as a raw number with no Rust owner.
+    unsafe { libc::close(fd) };
+}
+
+/// The result of [`fork`].
+pub(crate) enum Forked {
+    /// In the parent: the child's pid.
+    Parent(libc::pid_t),
+    /// In the child.
+    Child,
+}
+
+/// `fork(2)`. Only called from the single-threaded helper, so the child
+/// may allocate and use std freely.
+pub(crate) fn fork() -> io::Result<Forked> {
+    // SAFETY: the helper process is single-threaded (it never spawns
+    // threads), so no lock can be held by another thread across the fork.
+    let pid = unsafe { libc::fork() };
+    match pid {
+        -1 => Err(io::Error::last_os_error()),
+        0 => Ok(Forked::Child),
+        pid => Ok(Forked::Parent(pid)),
+    }
+}
+
+/// `_exit(code)` without running destructors or atexit handlers.
+pub(crate) fn exit_now(code: i32) -> ! {
+    // SAFETY: _exit never returns and is always safe to call.
+    unsafe { libc::_exit(code) }
+}
+
+/// `unshare(flags)`.
+pub(crate) fn unshare(flags: libc::c_int) -> io::Result<()> {
+    // SAFETY: no memory is passed; in a single-threaded process unshare
+    // cannot leave other threads with an inconsistent view.
+    check(unsafe { libc::unshare(flags) }.into()).map(drop)
+}
+
+/// `mount(2)`; `None` arguments pass NULL.
+pub(crate) fn mount(
+    source: Option<&CStr>,
+    target: &CStr,
+    fstype: Option<&CStr>,
+    flags: libc::c_ulong,
+    data: Option<&CStr>,
+) -> io::Result<()> {
+    let ptr = |s: Option<&CStr>| s.map_or(std::ptr::null(), CStr::as_ptr);
+    // SAFETY: every pointer is NULL or a NUL-terminated string alive for the call.
+    check(
+        unsafe {
+            libc::mount(
+                ptr(source),
+                target.as_ptr(),
+                ptr(fstype),
+                flags,
+                ptr(data).cast(),
+            )
+        }
+        .into(),
+    )
+    .map(drop)
+}
+
+/// `umount2(target, flags)`.
+pub(crate) fn umount2(target: &CStr, flags: libc::c_int) -> io::Result<()> {
+    // SAFETY: NUL-terminated path alive for the call.
+    check(unsafe { libc::umount2(target.as_ptr(), flags) }.into()).map(drop)
+}
+
+/// `pivot_root(new_root, put_old)`.
+pub(crate) fn pivot_root(new_root: &CStr, put_old: &CStr) -> io::Result<()> {
+    // SAFETY: two NUL-terminated paths alive for the call.
+    check(unsafe { libc::syscall(libc::SYS_pivot_root, new_root.as_ptr(), put_old.as_ptr()) })
+        .map(drop)
+}
+
+/// `sethostname(name)`.
+pub(crate) fn sethostname(name: &str) -> io::Result<()> {
+    // SAFETY: pointer and length describe `name`'s bytes.
+    check(unsafe { libc::sethostname(name.as_ptr().cast(), name.len()) }.into()).map(drop)
+}
+
+/// `setsid()`: a new session and process group, no controlling terminal
+/// (so the jailed program cannot inject input into the user's terminal).
+pub(crate) fn setsid() -> io::Result<()> {
+    // SAFETY: no arguments.
+    check(unsafe { libc::setsid() }.into()).map(drop)
+}
+
+/// `prctl(PR_SET_PDEATHSIG, sig)`: `sig` when the parent thread dies.
+pub(crate) fn set_parent_death_signal(sig: libc::c_int) -> io::Result<()> {
+    let sig = libc::c_ulong::try_from(sig).map_err(io::Error::other)?;
+    // SAFETY: integer arguments only.
+    check(unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, sig, 0, 0, 0) }.into()).map(drop)
+}
+
+/// `getppid()`.
+pub(crate) fn getppid() -> libc::pid_t {
+    // SAFETY: no arguments, cannot fail.
+    unsafe { libc::getppid() }
+}
+
+/// `geteuid()`.
+pub(crate) fn geteuid() -> u32 {
+    // SAFETY: no arguments, cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// Drops every capability from the bounding set (0..=`last_cap`) and clears
+/// the ambient set, so nothing exec'd later can regain one.
+pub(crate) fn drop_bounding_and_ambient_caps(last_cap: u32) -> io::Result<()> {
+    for cap in 0..=last_cap {
+        // SAFETY: integer arguments only.
+        let ret = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, libc::c_ulong::from(cap), 0, 0, 0) };
+        // EINVAL: a capability this kernel does not know; nothing to drop.
+        if ret == -1 && io::Error::last_os_error().raw_os_error() != Some(libc::EINVAL) {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    // SAFETY: integer arguments only.
+    check(
+        unsafe {
+            libc::prctl(
+                libc::PR_CAP_AMBIENT,
+                libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
+                0,
+                0,
+                0,
+            )
+        }
+        .into(),
+    )
+    .map(drop)
+}
+
+/// Drops to `uid`/`gid` for real, effective and saved ids, with no
+/// supplementary groups. From root to a non-zero uid this also clears the
+/// permitted and effective capability sets.
+pub(crate) fn drop_ids(uid: u32, gid: u32) -> io::Result<()> {
+    // SAFETY: a zero-length group list with a null pointer is valid.
+    check(unsafe { libc::setgroups(0, std::ptr::null()) }.into())?;
+    // SAFETY: integer arguments only (glibc applies it to all threads; there is one).
+    check(unsafe { libc::setresgid(gid, gid, gid) }.into())?;
+    // SAFETY: as above.
+    check(unsafe { libc::setresuid(uid, uid, uid) }.into()).map(drop)
+}
+
+/// `execve(path, argv, envp)`; returns only on failure.
+pub(crate) fn execve(path: &CStr, argv: &[CString], envp: &[CString]) -> io::Error {
+    let mut argv_ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
+    argv_ptrs.push(std::ptr::null());
+    let mut envp_ptrs: Vec<*const libc::c_char> = envp.iter().map(|a| a.as_ptr()).collect();
+    envp_ptrs.push(std::ptr::null());
+    // SAFETY: NULL-terminated arrays of NUL-terminated strings, all alive for
+    // the call (the vectors outlive it).
+    unsafe { libc::execve(path.as_ptr(), argv_ptrs.as_ptr(), envp_ptrs.as_ptr()) };
+    io::Error::last_os_error()
+}
+
+/// How a waited-for process ended.
+pub(crate) enum WaitStatus {
+    /// Exited with this code.
+    Exited(i32),
+    /// Killed by this signal.
+    Signaled(i32),
+}
+
+/// `waitpid(pid, 0)`, retried on EINTR, until it exits or is killed.
+pub(crate) fn waitpid(pid: libc::pid_t) -> io::Result<WaitStatus> {
+    loop {
+        let mut status: libc::c_int = 0;
+        // SAFETY: `status` is a valid out-pointer for the call.
+        let ret = unsafe { libc::waitpid(pid, &raw mut status, 0) };
+        if ret == -1 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if libc::WIFEXITED(status) {
+            return Ok(WaitStatus::Exited(libc::WEXITSTATUS(status)));
+        }
+        if libc::WIFSIGNALED(status) {
+            return Ok(WaitStatus::Signaled(libc::WTERMSIG(status)));
+        }
+    }
+}
+
+/// `kill(pid, sig)`.
+pub(crate) fn kill(pid: libc::pid_t, sig: libc::c_int) -> io::Result<()> {
+    // SAFETY: integer arguments only.
+    check(unsafe { libc::kill(pid, sig) }.into()).map(drop)
+}
+
+/// `pidfd_open(pid, 0)`: an fd that becomes readable when `pid` exits.
+pub(crate) fn pidfd_open(pid: libc::pid_t) -> io::Result<RawFd> {
+    // SAFETY: integer arguments only.
+    let ret = check(unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) })?;
+    RawFd::try_from(ret).map_err(io::Error::other)
+}
+
+/// Blocks until one of `fds` is readable or hung up; returns which.
+pub(crate) fn poll_readable(fds: &[RawFd]) -> io::Result<Vec<bool>> {
+    let mut pfds: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|&fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    let n = libc::nfds_t::try_from(pfds.len()).map_err(io::Error::other)?;
+    loop {
+        // SAFETY: `pfds` is a valid array of `n` pollfd structs.
+        let ret = unsafe { libc::poll(pfds.as_mut_ptr(), n, -1) };
+        if ret == -1 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        return Ok(pfds.iter().map(|p| p.revents != 0).collect());
+    }
+}
+
+/// The running kernel's Landlock ABI version (≤ 0: unavailable).
+pub(crate) fn landlock_abi() -> i64 {
+    const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
+    // SAFETY: a NULL attribute with size 0 and the VERSION flag only queries.
+    unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<libc::c_void>(),
+            0usize,
+            LANDLOCK_CREATE_RULESET_VERSION,
+        )
+    }
+}
