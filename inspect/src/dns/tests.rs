@@ -539,3 +539,30 @@ fn mutations_never_panic() {
         }
     }
 }
+
+#[test]
+fn ttls_are_clamped_into_the_policy_bounds() {
+    let query = parse_query(DIG_A).unwrap();
+    let upstream = response(
+        &query,
+        ResponseCode::NoError,
+        vec![
+            cname("www.example.com.", "edge.cdn.example."),
+            a("edge.cdn.example.", [203, 0, 113, 7], 1),
+            a("edge.cdn.example.", [203, 0, 113, 8], 86_400),
+        ],
+    );
+    let s = sanitize_response_clamped(&query, &upstream, keep_all, true, 30..=600).unwrap();
+    let ttls: Vec<u32> = s.answers.iter().map(|(_, _, ttl)| *ttl).collect();
+    assert_eq!(ttls, vec![30, 600]);
+    let m = decode(&s.bytes);
+    let wire: Vec<u32> = m.answers.iter().map(|r| r.ttl).collect();
+    // CNAME 300 stays inside the bounds.
+    assert_eq!(wire, vec![300, 30, 600]);
+    // Unclamped: upstream TTLs pass through.
+    let s = sanitize_response(&query, &upstream, keep_all, true).unwrap();
+    assert_eq!(
+        s.answers.iter().map(|(_, _, t)| *t).collect::<Vec<_>>(),
+        vec![1, 86_400]
+    );
+}

@@ -351,7 +351,20 @@ fn ech_is_rejected() {
     let ech = ext(EXT_ENCRYPTED_CLIENT_HELLO, &[0; 90]);
     let bytes = hello(&[host("public.example.com"), ech]);
     assert_eq!(rejected(read_whole(&bytes)), Reject::EchPresent);
+    assert_eq!(rejected(read_chunked(&bytes, 1)), Reject::EchPresent);
     assert_eq!(Reject::EchPresent.reason(), "ech_present");
+    // Opt-in: report the extension and the outer name instead.
+    let info = done(
+        ClientHelloReader::default()
+            .allow_ech_outer(true)
+            .push(&bytes),
+    );
+    assert!(info.ech);
+    assert_eq!(info.server_name, "public.example.com");
+    // ECH still requires a readable outer SNI.
+    let no_sni = hello(&[ext(EXT_ENCRYPTED_CLIENT_HELLO, &[0; 90])]);
+    let mut reader = ClientHelloReader::default().allow_ech_outer(true);
+    assert_eq!(reader.push(&no_sni), Progress::Reject(Reject::SniAbsent));
 }
 
 #[test]
