@@ -14,6 +14,7 @@ pub mod datapath;
 pub mod decide;
 pub mod dhcp;
 pub mod dns;
+pub mod enforce;
 pub mod frames;
 pub mod packet;
 
