@@ -53,6 +53,7 @@
 //!   caller's job ([`PolicyDecider::swap`] returns the old snapshot).
 
 use std::net::IpAddr;
+use std::ops::RangeInclusive;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -111,6 +112,29 @@ impl PolicyDecider {
     /// The non-overridable deny set this decider applies first.
     pub fn platform(&self) -> &PlatformDenySet {
         &self.platform
+    }
+
+    /// Re-decides an open TCP flow under the policy in force now (after a
+    /// [`PolicyDecider::swap`]): `Err` with the reason when the flow must be
+    /// reset (`reload_revoked` in the audit, with this reason as detail).
+    ///
+    /// `names` are the names that admitted the flow, remembered by the caller:
+    /// the SNI or Host for an inspected flow ([`wire_name`]), the table's
+    /// names for the destination at SYN time for a raw-TCP flow. The DNS
+    /// table is deliberately not consulted: an open flow keeps its admission
+    /// after its entry's TTL ends; only the policy is re-checked (platform,
+    /// DNS ports, non-public ranges, CIDR rules, names on the port).
+    pub fn recheck_tcp(&self, flow: &FlowKey, names: &[&str]) -> Result<(), DenyReason> {
+        let policy = self.policy.load();
+        let ip = flow.dst.ip();
+        let port = flow.dst.port();
+        if self.platform_denied(&policy, ip) {
+            return Err(DenyReason::PlatformDenied);
+        }
+        if DNS_PORTS.contains(&port) {
+            return Err(deny(Reason::DnsResolverDenied));
+        }
+        verdict_decision(&policy.check_destination(ip, port, names))
     }
 
     /// The platform gate shared by TCP and UDP.
@@ -313,6 +337,56 @@ impl Decider for PolicyDecider {
             }
         }
     }
+}
+
+/// The name a flow's first bytes present, for the audit line and for
+/// [`PolicyDecider::recheck_tcp`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WireName {
+    /// The single SNI of a ClientHello (lowercase, no trailing dot).
+    Sni(String),
+    /// The Host of an HTTP/1 request head (a name, or an IP literal as
+    /// written, IPv6 in brackets), without its port.
+    Host(String),
+}
+
+impl WireName {
+    /// The name itself.
+    pub fn as_str(&self) -> &str {
+        match self {
+            Self::Sni(n) | Self::Host(n) => n,
+        }
+    }
+}
+
+/// Reads the SNI or Host from `first_bytes` the way [`Decider::inspect`]
+/// does, for `protocol` (`None` for raw TCP, or when the bytes are
+/// incomplete or were rejected: then there is no single name to report).
+pub fn wire_name(protocol: PortProtocol, first_bytes: &[u8]) -> Option<WireName> {
+    match protocol {
+        PortProtocol::Tcp => None,
+        PortProtocol::Tls => match tls::ClientHelloReader::new(INSPECT_MAX_BYTES).push(first_bytes)
+        {
+            tls::Progress::Done(hello) => Some(WireName::Sni(hello.server_name)),
+            _ => None,
+        },
+        PortProtocol::Http => {
+            match http::RequestHeadReader::new(INSPECT_MAX_BYTES).push(first_bytes) {
+                http::Progress::Done(head) => Some(WireName::Host(head.host.to_string())),
+                _ => None,
+            }
+        }
+    }
+}
+
+/// The policy's TTL bounds in whole seconds, for
+/// `sluice_inspect::dns::sanitize_response_clamped` (the guest re-resolves no
+/// later than the gateway's table entry expires). The table itself takes the
+/// same bounds through [`DnsTable::set_ttl_bounds`].
+pub fn ttl_range(policy: &CompiledPolicy) -> RangeInclusive<u32> {
+    let secs = |d: Duration| u32::try_from(d.as_secs()).unwrap_or(u32::MAX);
+    let b = policy.ttl_bounds();
+    secs(b.min)..=secs(b.max).max(secs(b.min))
 }
 
 /// What to do with a guest DNS query, decided on its (normalised) name alone.
@@ -929,6 +1003,82 @@ internal:
         assert_eq!(d.decide_tcp(&f, &ctx), denied("not_allowlisted"));
         d.swap(old);
         assert_eq!(d.inspect(&f, &hello, &ctx), InspectVerdict::Allow);
+    }
+
+    #[test]
+    fn recheck_after_swap_revokes_what_the_new_policy_denies() {
+        let d = decider();
+        let www = tcp(&format!("{WWW}:443"));
+        let db = tcp("151.101.2.2:5432");
+        let ssh = tcp("203.0.113.9:22");
+        assert_eq!(d.recheck_tcp(&www, &["www.example.com"]), Ok(()));
+        assert_eq!(d.recheck_tcp(&db, &["db.example.net"]), Ok(()));
+        assert_eq!(d.recheck_tcp(&ssh, &[]), Ok(()));
+        let narrow = from_yaml_str(
+            "version: 1\nid: narrow\nallow:\n  - domain: www.example.com\n  - cidr: 203.0.113.0/24\n    ports: [23]\n",
+            "narrow.yaml",
+            &CompileOptions::default(),
+        )
+        .unwrap();
+        d.swap(Arc::new(narrow));
+        assert_eq!(d.recheck_tcp(&www, &["www.example.com"]), Ok(()));
+        assert_eq!(
+            d.recheck_tcp(&db, &["db.example.net"]),
+            Err(DenyReason::Policy("not_allowlisted"))
+        );
+        assert_eq!(
+            d.recheck_tcp(&ssh, &[]),
+            Err(DenyReason::Policy("ip_not_resolved_for_name"))
+        );
+        assert_eq!(
+            d.recheck_tcp(&tcp("127.0.0.1:443"), &["www.example.com"]),
+            Err(DenyReason::PlatformDenied)
+        );
+    }
+
+    #[test]
+    fn wire_name_reports_sni_and_host() {
+        assert_eq!(
+            wire_name(PortProtocol::Tls, &testdata("tls/openssl-sni.bin")),
+            Some(WireName::Sni("example.org".into()))
+        );
+        assert_eq!(
+            wire_name(PortProtocol::Tls, &testdata("tls/openssl-nosni.bin")),
+            None
+        );
+        let head = wire_name(
+            PortProtocol::Http,
+            b"GET / HTTP/1.1\r\nHost: WWW.Example.com:8080\r\n\r\n",
+        );
+        assert_eq!(head, Some(WireName::Host("www.example.com".into())));
+        assert_eq!(head.map(|h| h.as_str().len()), Some(15));
+        assert_eq!(
+            wire_name(
+                PortProtocol::Http,
+                b"GET / HTTP/1.1\r\nHost: [2001:db8::1]\r\n\r\n"
+            ),
+            Some(WireName::Host("[2001:db8::1]".into()))
+        );
+        assert_eq!(
+            wire_name(PortProtocol::Tcp, b"GET / HTTP/1.1\r\n\r\n"),
+            None
+        );
+    }
+
+    #[test]
+    fn ttl_range_follows_the_policy() {
+        let p = from_yaml_str(
+            "version: 1\nid: t\nallow: []\ndns:\n  ttl_min: 7\n  ttl_max: 120\n",
+            "t.yaml",
+            &CompileOptions::default(),
+        )
+        .unwrap();
+        assert_eq!(ttl_range(&p), 7..=120);
+        let b = policy().ttl_bounds();
+        assert_eq!(
+            ttl_range(&policy()),
+            u32::try_from(b.min.as_secs()).unwrap()..=u32::try_from(b.max.as_secs()).unwrap()
+        );
     }
 
     #[test]
