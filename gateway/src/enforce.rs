@@ -42,6 +42,18 @@
 //! when a rule's `udp_ports` names the port, else `quic_blocked` (port 443) or
 //! `udp_blocked`.
 //!
+//! # DNS
+//! [`dns_filter`] (or [`PolicyDecider::dns_action`]) decides a guest query on
+//! its name before anything is forwarded: names the policy does not allow are
+//! answered REFUSED locally. [`keep_addr`] (or [`PolicyDecider::keep_answer`])
+//! is the address predicate for `sluice_inspect::dns::sanitize_response`, and
+//! [`ttl_range`] its TTL clamp.
+//!
+//! # Reload
+//! [`PolicyDecider::swap`] installs a new snapshot; [`PolicyDecider::recheck_tcp`]
+//! says which open flows the new policy revokes, given the names that admitted
+//! them ([`wire_name`] recovers the SNI / Host from the inspected bytes).
+//!
 //! # Limits
 //! - [`Decider::inspect`] is called with the whole accumulated buffer each
 //!   time and re-parses it from the start (the trait gives no per-flow state):
@@ -135,6 +147,16 @@ impl PolicyDecider {
             return Err(deny(Reason::DnsResolverDenied));
         }
         verdict_decision(&policy.check_destination(ip, port, names))
+    }
+
+    /// [`dns_filter`] under the policy in force now.
+    pub fn dns_action(&self, qname: &str) -> DnsAction {
+        dns_filter(&self.policy.load(), qname)
+    }
+
+    /// [`keep_addr`] under the policy in force now, for one answer address.
+    pub fn keep_answer(&self, ip: IpAddr) -> bool {
+        keep_addr(&self.policy.load(), &self.platform)("", ip)
     }
 
     /// The platform gate shared by TCP and UDP.
@@ -683,6 +705,28 @@ internal:
     }
 
     #[test]
+    fn client_hello_split_across_records_is_reassembled() {
+        let d = decider();
+        let one = testdata("tls/curl-https.bin");
+        // Re-frame the handshake message as three records of uneven sizes.
+        let hs = &one[5..];
+        let mut split = Vec::new();
+        for part in [&hs[..7], &hs[7..100], &hs[100..]] {
+            split.extend([0x16, 0x03, 0x01]);
+            split.extend(u16::try_from(part.len()).unwrap().to_be_bytes());
+            split.extend(part);
+        }
+        assert_eq!(
+            run_tcp(&d, &format!("{WWW}:443"), &split),
+            InspectVerdict::Allow
+        );
+        assert_eq!(
+            run_tcp(&d, &format!("{GITHUB}:443"), &split),
+            inspect_denied("sni_dns_mismatch")
+        );
+    }
+
+    #[test]
     fn ip_literal_not_in_table_is_denied_at_syn() {
         let d = decider();
         for dst in [
@@ -778,13 +822,13 @@ internal:
         let mut big = client_hello(&["www.example.com"], false);
         big.resize(INSPECT_MAX_BYTES + 1, 0);
         let v = run_tcp(&d, &dst, &big);
-        assert!(matches!(v, InspectVerdict::Deny(_)), "{v:?}");
+        assert_eq!(v, inspect_denied("sni_unreadable"));
         // Garbage extensions after a valid header.
         let mut bad = client_hello(&["www.example.com"], false);
         let n = bad.len();
         bad[n - 9] = 0xff; // corrupt the server_name/extension lengths
         bad[n - 10] = 0xff;
-        assert!(matches!(run_tcp(&d, &dst, &bad), InspectVerdict::Deny(_)));
+        assert_eq!(run_tcp(&d, &dst, &bad), inspect_denied("sni_unreadable"));
     }
 
     #[test]
@@ -1127,6 +1171,29 @@ internal:
         ] {
             assert!(!keep("www.example.com", ip.parse().unwrap()), "{ip}");
         }
+    }
+
+    #[test]
+    fn decider_dns_helpers_follow_swaps() {
+        let d = decider();
+        assert_eq!(d.dns_action("api.github.com"), DnsAction::Forward);
+        assert!(d.keep_answer("10.20.0.9".parse().unwrap()));
+        assert!(!d.keep_answer("10.0.2.2".parse().unwrap()));
+        let narrow = from_yaml_str(
+            "version: 1\nid: narrow\nallow:\n  - domain: www.example.com\n",
+            "narrow.yaml",
+            &CompileOptions::default(),
+        )
+        .unwrap();
+        d.swap(Arc::new(narrow));
+        assert_eq!(
+            d.dns_action("api.github.com"),
+            DnsAction::Answer {
+                rcode: ResponseCode::Refused,
+                reason: Reason::NotAllowlisted
+            }
+        );
+        assert!(!d.keep_answer("10.20.0.9".parse().unwrap()));
     }
 
     #[test]
