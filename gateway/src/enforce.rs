@@ -59,6 +59,10 @@
 //!   time and re-parses it from the start (the trait gives no per-flow state):
 //!   quadratic in the number of segments but bounded by
 //!   [`INSPECT_MAX_BYTES`] (16 KiB).
+//! - Only the first request head of a plain-HTTP connection is read: later
+//!   requests on a kept-alive connection may name another Host, served by the
+//!   same (allowed, cross-validated) address. Like domain fronting through a
+//!   shared CDN address, only TLS/HTTP interception closes this.
 //! - TTL: a flow is decided once, at its SYN / first bytes, against entries
 //!   valid at that moment; an open flow is not cut when its entry expires
 //!   (the grace for open flows is their lifetime). Reload revocation is the
@@ -724,6 +728,33 @@ internal:
             run_tcp(&d, &format!("{GITHUB}:443"), &split),
             inspect_denied("sni_dns_mismatch")
         );
+    }
+
+    #[test]
+    fn garbage_first_bytes_never_allow_or_panic() {
+        let d = decider();
+        let now = Instant::now();
+        let t = table(now);
+        let ctx = DecideContext { dns: &t, now };
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for round in 0..2000 {
+            let len = usize::try_from(next() % 600).unwrap();
+            let mut bytes: Vec<u8> = (0..len).map(|_| next().to_le_bytes()[0]).collect();
+            // Half the rounds start like a handshake record to get past the first check.
+            if round % 2 == 0 && bytes.len() > 3 {
+                bytes[..3].copy_from_slice(&[0x16, 0x03, 0x01]);
+            }
+            for dst in [format!("{WWW}:443"), format!("{WWW}:80")] {
+                let v = d.inspect(&tcp(&dst), &bytes, &ctx);
+                assert_ne!(v, InspectVerdict::Allow, "{dst} {bytes:?}");
+            }
+        }
     }
 
     #[test]
