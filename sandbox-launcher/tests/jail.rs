@@ -473,3 +473,24 @@ fn sigkill_of_the_launcher_leaves_nothing() {
     });
     assert_no_leftovers(&name, pid);
 }
+
+/// Measures the cost of the jail: `busybox true` jailed with every layer,
+/// spawn to exit including cleanup, 20 times; prints min/median/max. Run
+/// with `--nocapture` to read the figures.
+#[test]
+#[ignore = "needs root: run via scripts/test"]
+fn jail_setup_cost_is_printed() {
+    let mut times = Vec::new();
+    for i in 0..20 {
+        let spec = make_spec(&format!("cost{i}"), BUSYBOX, &["true"]);
+        let start = Instant::now();
+        let mut jailed = jail::spawn(&spec).unwrap();
+        assert_eq!(jailed.wait().unwrap(), JailExit::Code(0));
+        times.push(start.elapsed());
+    }
+    times.sort();
+    println!(
+        "jail spawn+exit+cleanup of busybox true: min {:?} median {:?} max {:?}",
+        times[0], times[10], times[19]
+    );
+}
