@@ -1,4 +1,189 @@
 //! sluice-gateway: the per-VM network sidecar.
 //!
 //! One process serves one guest: it speaks Ethernet with the guest over
-//! QEMU's stream socket and re-originates allowed flows from host sockets.
+//! QEMU's stream socket ([`frames`]), runs a userspace TCP/IP stack (smoltcp)
+//! in one datapath task ([`datapath`]), serves DHCP ([`dhcp`]) and DNS
+//! ([`dns`]) itself, decides every new flow ([`decide`]) and re-originates
+//! allowed flows from ordinary host sockets, writing an audit trail
+//! ([`audit`]). See `docs/gateway.md`.
+#![forbid(unsafe_code)]
+
+pub mod audit;
+pub mod config;
+pub mod datapath;
+pub mod decide;
+pub mod dhcp;
+pub mod dns;
+pub mod frames;
+pub mod packet;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use thiserror::Error;
+use tokio::net::{TcpListener, UnixListener, UnixStream};
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::mpsc;
+
+use crate::audit::AuditSink;
+use crate::config::{Config, Proto};
+use crate::datapath::{Datapath, Event, SessionEnd};
+use crate::decide::Decider;
+
+/// A failure that stops the gateway.
+#[derive(Debug, Error)]
+pub enum GatewayError {
+    /// The guest socket path could not be bound.
+    #[error("binding guest socket {path}: {source}")]
+    BindGuest {
+        /// The path.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// A published port could not be bound.
+    #[error("binding published port {addr}: {source}")]
+    BindPublish {
+        /// The host address.
+        addr: std::net::SocketAddr,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// Signal handlers could not be installed.
+    #[error("installing signal handlers: {0}")]
+    Signals(std::io::Error),
+    /// Accepting a guest connection failed.
+    #[error("accepting guest connection: {0}")]
+    Accept(std::io::Error),
+}
+
+/// Where the guest's stream comes from.
+#[derive(Debug)]
+pub enum GuestSource {
+    /// Listen on this unix socket path, one guest at a time; re-accept after a disconnect.
+    Socket(PathBuf),
+    /// An already-connected stream (from `--fd`); the gateway exits when it closes.
+    Connected(UnixStream),
+}
+
+/// Serves guests until SIGTERM/SIGINT (returns `Ok`) or, for a connected
+/// stream, until the guest disconnects. Must run inside a tokio runtime.
+pub async fn serve(
+    cfg: Config,
+    decider: Arc<dyn Decider>,
+    mut audit: AuditSink,
+    source: GuestSource,
+) -> Result<(), GatewayError> {
+    let cfg = Arc::new(cfg);
+    let (events_tx, mut events) = mpsc::unbounded_channel();
+    spawn_signals(events_tx.clone())?;
+    for spec in &cfg.publish {
+        match spec.proto {
+            Proto::Tcp => {
+                let listener = TcpListener::bind(spec.host).await.map_err(|source| {
+                    GatewayError::BindPublish {
+                        addr: spec.host,
+                        source,
+                    }
+                })?;
+                let tx = events_tx.clone();
+                let guest_port = spec.guest_port;
+                tracing::info!(host = %spec.host, guest_port, "publishing TCP port");
+                tokio::spawn(async move {
+                    loop {
+                        match listener.accept().await {
+                            Ok((stream, peer)) => {
+                                tracing::debug!(%peer, guest_port, "published connection");
+                                if tx.send(Event::PublishTcp { stream, guest_port }).is_err() {
+                                    break;
+                                }
+                            }
+                            Err(e) => {
+                                tracing::warn!(error = %e, "publish accept failed");
+                                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                            }
+                        }
+                    }
+                });
+            }
+            Proto::Udp => {
+                tracing::warn!(host = %spec.host, "UDP publishing is not implemented yet; ignored")
+            }
+        }
+    }
+
+    match source {
+        GuestSource::Connected(stream) => {
+            let mut dp = Datapath::new(cfg.clone(), decider.clone(), audit, events_tx.clone());
+            let end = dp.run(&stream, &mut events).await;
+            log_end(&end);
+            dp.into_audit().flush();
+            Ok(())
+        }
+        GuestSource::Socket(path) => {
+            let _ = std::fs::remove_file(&path);
+            let listener = UnixListener::bind(&path).map_err(|source| GatewayError::BindGuest {
+                path: path.clone(),
+                source,
+            })?;
+            tracing::info!(socket = %path.display(), "ready: waiting for the guest");
+            let result = loop {
+                let stream = tokio::select! {
+                    r = listener.accept() => match r {
+                        Ok((s, _)) => s,
+                        Err(e) => break Err(GatewayError::Accept(e)),
+                    },
+                    ev = events.recv() => match ev {
+                        Some(Event::Shutdown) | None => break Ok(()),
+                        // Nothing to deliver to without a guest: drop (closes published connections).
+                        Some(_) => continue,
+                    },
+                };
+                tracing::info!("guest connected");
+                let mut dp = Datapath::new(cfg.clone(), decider.clone(), audit, events_tx.clone());
+                let end = dp.run(&stream, &mut events).await;
+                log_end(&end);
+                audit = dp.into_audit();
+                audit.flush();
+                if matches!(end, SessionEnd::Shutdown) {
+                    break Ok(());
+                }
+            };
+            let _ = std::fs::remove_file(&path);
+            audit.flush();
+            result
+        }
+    }
+}
+
+fn log_end(end: &SessionEnd) {
+    match end {
+        SessionEnd::GuestClosed => tracing::info!("guest disconnected"),
+        SessionEnd::ProtocolError(e) => {
+            tracing::warn!(error = %e, "guest stream protocol error; connection dropped")
+        }
+        SessionEnd::GuestIo(e) => {
+            tracing::warn!(error = %e, "guest stream error; connection dropped")
+        }
+        SessionEnd::Shutdown => tracing::info!("shutting down"),
+    }
+}
+
+fn spawn_signals(tx: mpsc::UnboundedSender<Event>) -> Result<(), GatewayError> {
+    let mut term = signal(SignalKind::terminate()).map_err(GatewayError::Signals)?;
+    let mut int = signal(SignalKind::interrupt()).map_err(GatewayError::Signals)?;
+    let mut usr1 = signal(SignalKind::user_defined1()).map_err(GatewayError::Signals)?;
+    tokio::spawn(async move {
+        loop {
+            let ev = tokio::select! {
+                _ = term.recv() => Event::Shutdown,
+                _ = int.recv() => Event::Shutdown,
+                _ = usr1.recv() => Event::DumpCounters,
+            };
+            if tx.send(ev).is_err() {
+                break;
+            }
+        }
+    });
+    Ok(())
+}

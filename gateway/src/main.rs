@@ -1,6 +1,156 @@
 //! `sluice-gateway` binary: wiring only; the logic lives in the library.
 
-fn main() {
-    eprintln!("sluice-gateway: not implemented yet");
-    std::process::exit(2);
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use clap::{Parser, ValueEnum};
+use sluice_gateway::audit::AuditSink;
+use sluice_gateway::config::{self, Config, PublishSpec};
+use sluice_gateway::decide::{PlatformDecider, PlatformDenySet, host_addresses};
+use sluice_gateway::{GuestSource, serve};
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Human,
+    Json,
+}
+
+/// The per-VM network sidecar: a userspace network for one QEMU guest in which
+/// every flow is decided before it leaves the host.
+///
+/// Defaults: subnet 10.0.2.0/24, gateway (router, DHCP and DNS server) 10.0.2.2,
+/// guest 10.0.2.15, MTU 65520. IPv6 is off (v6 frames dropped, AAAA withheld).
+#[derive(Debug, Parser)]
+#[command(name = "sluice-gateway", version)]
+struct Args {
+    /// Listen on this unix socket path for the guest (QEMU `-netdev stream,server=off`); one
+    /// guest at a time, re-accepting after a disconnect.
+    #[arg(long, conflicts_with = "fd", required_unless_present = "fd")]
+    socket: Option<PathBuf>,
+    /// Use this inherited, already-connected stream socket fd (e.g. one end of a socketpair);
+    /// the gateway exits when the guest closes it.
+    #[arg(long)]
+    fd: Option<i32>,
+    /// Policy file (YAML). Until the enforcement layer lands only the platform deny set applies.
+    #[arg(long)]
+    policy: Option<PathBuf>,
+    /// Audit JSON lines destination: a file path (appended) or `-` for stdout.
+    #[arg(long, default_value = "-")]
+    audit: String,
+    /// Log format on stderr.
+    #[arg(long, value_enum, default_value = "human")]
+    log_format: LogFormat,
+    /// Sandbox id written in every audit line.
+    #[arg(long, default_value = "sandbox")]
+    sandbox_id: String,
+    /// Virtual IPv4 subnet (/27 or larger); the gateway is .2, the guest .15.
+    #[arg(long, default_value = config::DEFAULT_SUBNET)]
+    subnet: String,
+    /// MTU advertised by DHCP (option 26) and used by the stack, 1280..=65520.
+    #[arg(long, default_value_t = config::DEFAULT_MTU)]
+    mtu: u16,
+    /// Publish a guest port on the host: [HOST_ADDR:]HOST_PORT:GUEST_PORT[/tcp|/udp]
+    /// (host address defaults to 127.0.0.1). Repeatable.
+    #[arg(long)]
+    publish: Vec<PublishSpec>,
+    /// Upstream DNS resolver IP[:PORT] (repeatable); default: the host's non-loopback
+    /// resolvers from /etc/resolv.conf or /run/systemd/resolve/resolv.conf.
+    #[arg(long)]
+    dns_upstream: Vec<String>,
+    /// Maximum concurrent flows; new connections beyond it are refused with RST.
+    #[arg(long, default_value_t = config::DEFAULT_MAX_FLOWS)]
+    max_flows: usize,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match args.log_format {
+        LogFormat::Human => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+
+    let mut cfg = Config::new(&args.subnet, args.mtu)?;
+    cfg.publish = args.publish.clone();
+    cfg.max_flows = args.max_flows.max(1);
+    cfg.sandbox_id = args.sandbox_id.clone();
+    cfg.dns_upstreams = if args.dns_upstream.is_empty() {
+        config::host_resolvers()?
+    } else {
+        args.dns_upstream
+            .iter()
+            .map(|s| config::parse_upstream(s))
+            .collect::<Result<_, _>>()?
+    };
+    if cfg.dns_upstreams.iter().any(|u| u.ip().is_loopback()) {
+        bail!("a loopback DNS upstream would expose the host's resolver to the guest");
+    }
+    if let Some(p) = &args.policy {
+        std::fs::metadata(p).with_context(|| format!("policy file {}", p.display()))?;
+        tracing::warn!(policy = %p.display(), "policy enforcement is not wired yet: only the platform deny set applies");
+    }
+
+    let out: Box<dyn Write + Send> = if args.audit == "-" {
+        Box::new(std::io::stdout())
+    } else {
+        Box::new(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&args.audit)
+                .with_context(|| format!("opening audit file {}", args.audit))?,
+        )
+    };
+    let audit = AuditSink::new(out, &cfg.sandbox_id);
+    let broadcast = cfg.subnet.broadcast();
+    let deny = PlatformDenySet::new(host_addresses(), cfg.gateway_ip, broadcast);
+    let decider = Arc::new(PlatformDecider::new(deny));
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let source = match (args.socket, args.fd) {
+            (Some(path), _) => GuestSource::Socket(path),
+            (None, Some(fd)) => GuestSource::Connected(adopt_fd(fd)?),
+            (None, None) => bail!("one of --socket or --fd is required"),
+        };
+        tracing::info!(
+            gateway = %cfg.gateway_ip, guest = %cfg.guest_ip, mtu = cfg.mtu,
+            upstreams = ?cfg.dns_upstreams, "sluice-gateway starting"
+        );
+        serve(cfg, decider, audit, source).await?;
+        Ok(())
+    })
+}
+
+/// Adopts the inherited stream socket `fd`.
+#[allow(unsafe_code)]
+fn adopt_fd(fd: i32) -> anyhow::Result<tokio::net::UnixStream> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    if fd < 3 {
+        bail!("--fd {fd}: refusing to adopt a standard stream");
+    }
+    // Check the fd is open before taking ownership of it.
+    let probe = std::fs::metadata(format!("/proc/self/fd/{fd}"));
+    if probe.is_err() {
+        bail!("--fd {fd}: not an open file descriptor");
+    }
+    // SAFETY: `fd` is >= 3, open (checked above), was inherited from the parent
+    // for this purpose, and nothing else in this process owns or closes it; the
+    // OwnedFd becomes its only owner.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    let std_stream = std::os::unix::net::UnixStream::from(owned);
+    std_stream
+        .set_nonblocking(true)
+        .context("setting --fd non-blocking")?;
+    let raw = std_stream.as_raw_fd();
+    tokio::net::UnixStream::from_std(std_stream)
+        .with_context(|| format!("--fd {raw}: not a stream socket"))
 }

@@ -1,4 +1,46 @@
-//! sluice-launcher: the `sluice` command. Boots a micro-VM, jails QEMU and the
-//! gateway, and manages policies.
+//! sluice-launcher: the `sluice` command. Boots a micro-VM whose only network
+//! is a `sluice-gateway`, runs one command in it through the guest agent, and
+//! manages policies.
+//!
+//! Modules: [`image`] (the guest image and its cache), `qemu` (accelerator
+//! choice and the QEMU command line), `spawn` (children that never outlive
+//! the launcher), [`run`] (`sluice run`), [`doctor`] (`sluice doctor`), [`policy_cmd`]
+//! (`sluice policy check|explain`).
 
+pub mod doctor;
+pub mod image;
 pub mod jail;
+pub mod policy_cmd;
+pub mod qemu;
+pub mod run;
+mod spawn;
+
+/// `sluice image build`: builds (or finds) the cached guest image and prints
+/// its directory. Returns the process exit status.
+pub fn image_build_main(
+    agent: Option<&std::path::Path>,
+    kernel: Option<std::path::PathBuf>,
+    rootfs: Option<std::path::PathBuf>,
+) -> i32 {
+    let result = image::find_agent(agent).and_then(|agent| {
+        image::prepare(
+            &image::ImageOptions {
+                agent,
+                kernel,
+                rootfs,
+                cache_dir: image::default_cache_dir(),
+            },
+            &mut |line| eprintln!("sluice: {line}"),
+        )
+    });
+    match result {
+        Ok(img) => {
+            println!("{}", img.dir.display());
+            0
+        }
+        Err(e) => {
+            eprintln!("sluice: {e}");
+            run::EXIT_LAUNCHER
+        }
+    }
+}

@@ -1,0 +1,1628 @@
+//! The datapath: one task owns the smoltcp interface, the socket set, the
+//! guest stream and every host socket, and moves bytes between them.
+//!
+//! Each loop iteration: read a large chunk from the guest and split it into
+//! frames; classify each frame before smoltcp sees it (ARP/ICMP only for the
+//! gateway, DHCP and DNS served here, new SYNs decided); feed the rest to
+//! smoltcp one frame at a time; copy between smoltcp socket buffers and host
+//! sockets with `try_read`/`try_write` (one copy each way); emit queued
+//! segments into one output batch and write it with as few syscalls as the
+//! guest socket takes. Then wait for any readiness: guest, host sockets (their
+//! readiness wakers all point at this task), events from helper tasks (host
+//! connects, DNS upstream replies, published-port accepts, signals), or
+//! smoltcp's next timer.
+//!
+//! SYN handling: a new SYN is decided first. A denied SYN gets a crafted RST.
+//! An allowed SYN is held while the host connects (with a timeout); only then
+//! is a listening socket created for exactly that destination and the held SYN
+//! fed to it alone, so concurrent SYNs cannot be cross-wired. Duplicate SYNs
+//! while a connect is pending are dropped. An inspected flow is accepted
+//! first; its first bytes are peeked (left in the socket buffer, so they are
+//! replayed upstream for free) and put to the decider before connecting.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::{Duration, Instant};
+
+use hickory_proto::op::ResponseCode;
+use hickory_proto::rr::RecordType;
+use smoltcp::iface::{Config as IfaceConfig, Interface, SocketHandle, SocketSet};
+use smoltcp::phy::{Device, DeviceCapabilities, Medium, RxToken, TxToken};
+use smoltcp::socket::tcp;
+use smoltcp::time::Instant as SmolInstant;
+use smoltcp::wire::{
+    EthernetAddress, HardwareAddress, IpAddress, IpCidr, IpEndpoint, IpListenEndpoint,
+};
+use tokio::net::{TcpStream, UnixStream};
+use tokio::sync::mpsc;
+
+use crate::audit::{AuditEvent, AuditSink};
+use crate::config::Config;
+use crate::decide::{
+    DecideContext, Decider, Decision, DenyReason, FlowKey, InspectVerdict, Transport,
+};
+use crate::dhcp::{self, DhcpServer};
+use crate::dns::{self, DnsTable, Question};
+use crate::frames::{FrameError, FrameReader, TxBatch};
+use crate::packet::{self, Addresses, Class, DropReason};
+
+/// Bytes read from the guest per syscall.
+const GUEST_READ_CHUNK: usize = 256 * 1024;
+/// Output queued for the guest beyond which the stack stops emitting and guest input pauses.
+const TX_HIGH_WATER: usize = 4 * 1024 * 1024;
+/// Per-flow smoltcp buffers (lazily paged: untouched pages cost nothing).
+const FLOW_RX_BUF: usize = 1024 * 1024;
+const FLOW_TX_BUF: usize = 1024 * 1024;
+/// DNS-over-TCP connection buffers.
+const DNS_TCP_BUF: usize = 64 * 1024 + 2;
+/// DNS queries forwarded at once; beyond it the guest gets SERVFAIL.
+const MAX_DNS_IN_FLIGHT: usize = 256;
+/// DNS table capacity (address, name pairs).
+const DNS_TABLE_CAPACITY: usize = 65536;
+/// Per-upstream DNS timeout.
+const DNS_TIMEOUT: Duration = Duration::from_secs(3);
+/// Counters are logged this often.
+const COUNTER_LOG_INTERVAL: Duration = Duration::from_secs(60);
+/// First local port for published-port connections into the guest.
+const PUBLISH_PORT_BASE: u16 = 49152;
+
+/// Messages from helper tasks to the datapath.
+#[derive(Debug)]
+pub enum Event {
+    /// A host connect for flow `id` finished.
+    Connected {
+        /// The flow.
+        id: u64,
+        /// The connected stream or the error.
+        result: io::Result<TcpStream>,
+    },
+    /// An upstream answer (or none) for a guest DNS query over UDP.
+    DnsUdpReply {
+        /// The guest endpoint that asked.
+        guest: SocketAddrV4,
+        /// The question asked.
+        question: Question,
+        /// The original query (for SERVFAIL when there is no answer).
+        query: Vec<u8>,
+        /// The upstream response, `None` on timeout.
+        reply: Option<Vec<u8>>,
+    },
+    /// An upstream answer for a guest DNS query over TCP flow `id`.
+    DnsTcpReply {
+        /// The DNS-over-TCP flow.
+        id: u64,
+        /// The question asked.
+        question: Question,
+        /// The original query.
+        query: Vec<u8>,
+        /// The upstream response, `None` on failure.
+        reply: Option<Vec<u8>>,
+    },
+    /// A host connection to a published TCP port.
+    PublishTcp {
+        /// The accepted host connection.
+        stream: TcpStream,
+        /// Guest port to connect to.
+        guest_port: u16,
+    },
+    /// Log the counters now (SIGUSR1).
+    DumpCounters,
+    /// Close flows and stop (SIGTERM/SIGINT).
+    Shutdown,
+}
+
+/// Why a guest session ended.
+#[derive(Debug)]
+pub enum SessionEnd {
+    /// The guest closed its stream (go back to accepting).
+    GuestClosed,
+    /// The guest violated the stream protocol; the connection was dropped.
+    ProtocolError(FrameError),
+    /// An I/O error on the guest stream.
+    GuestIo(io::Error),
+    /// Shutdown was requested.
+    Shutdown,
+}
+
+/// Frame and flow counters, logged periodically, on SIGUSR1 and at exit.
+#[derive(Debug, Default, Clone)]
+pub struct Counters {
+    /// Frames received from the guest.
+    pub frames_in: u64,
+    /// Frames dropped before the stack, by [`DropReason::index`].
+    pub dropped: [u64; DropReason::ALL.len()],
+    /// Flows opened.
+    pub flows_opened: u64,
+    /// Flows denied (RST or drop).
+    pub flows_denied: u64,
+    /// Flows closed.
+    pub flows_closed: u64,
+    /// Duplicate SYNs dropped while a connect was pending.
+    pub syn_duplicates: u64,
+    /// SYNs the stack did not take (guest will retransmit).
+    pub syn_not_taken: u64,
+    /// DNS queries from the guest.
+    pub dns_queries: u64,
+    /// UDP datagrams denied.
+    pub udp_denied: u64,
+}
+
+impl Counters {
+    fn log(&self, flows_open: usize) {
+        let dropped: Vec<String> = DropReason::ALL
+            .iter()
+            .filter(|r| self.dropped[r.index()] > 0)
+            .map(|r| format!("{}={}", r.as_str(), self.dropped[r.index()]))
+            .collect();
+        tracing::info!(
+            frames_in = self.frames_in,
+            dropped = %dropped.join(","),
+            flows_open,
+            flows_opened = self.flows_opened,
+            flows_denied = self.flows_denied,
+            flows_closed = self.flows_closed,
+            syn_duplicates = self.syn_duplicates,
+            syn_not_taken = self.syn_not_taken,
+            dns_queries = self.dns_queries,
+            udp_denied = self.udp_denied,
+            "counters"
+        );
+    }
+}
+
+/// The smoltcp device for one step: at most one received frame, and the output batch.
+struct GuestDevice<'a> {
+    rx: Option<&'a [u8]>,
+    tx: &'a mut TxBatch,
+    mtu: usize,
+}
+
+struct GuestRx<'a>(&'a [u8]);
+struct GuestTx<'a>(&'a mut TxBatch);
+
+impl RxToken for GuestRx<'_> {
+    fn consume<R, F: FnOnce(&[u8]) -> R>(self, f: F) -> R {
+        f(self.0)
+    }
+}
+
+impl TxToken for GuestTx<'_> {
+    fn consume<R, F: FnOnce(&mut [u8]) -> R>(self, len: usize, f: F) -> R {
+        self.0.push_with(len, f)
+    }
+}
+
+impl Device for GuestDevice<'_> {
+    type RxToken<'b>
+        = GuestRx<'b>
+    where
+        Self: 'b;
+    type TxToken<'b>
+        = GuestTx<'b>
+    where
+        Self: 'b;
+
+    fn receive(&mut self, _t: SmolInstant) -> Option<(Self::RxToken<'_>, Self::TxToken<'_>)> {
+        let frame = self.rx.take()?;
+        Some((GuestRx(frame), GuestTx(&mut *self.tx)))
+    }
+
+    fn transmit(&mut self, _t: SmolInstant) -> Option<Self::TxToken<'_>> {
+        (self.tx.queued() < TX_HIGH_WATER).then_some(GuestTx(&mut *self.tx))
+    }
+
+    fn capabilities(&self) -> DeviceCapabilities {
+        let mut caps = DeviceCapabilities::default();
+        caps.medium = Medium::Ethernet;
+        caps.max_transmission_unit = self.mtu + 14;
+        caps.max_burst_size = None;
+        caps
+    }
+}
+
+/// What to do once the host connect completes.
+enum FlowState {
+    /// SYN held, host connect in flight.
+    Connecting { syn: Vec<u8> },
+    /// Guest handshake done, waiting for the first bytes.
+    Inspecting {
+        handle: SocketHandle,
+        deadline: Instant,
+        max_bytes: usize,
+    },
+    /// Inspection allowed, host connect in flight.
+    InspectConnecting { handle: SocketHandle },
+    /// Both sides connected: bytes flow.
+    Open {
+        handle: SocketHandle,
+        host: TcpStream,
+        host_eof: bool,
+        host_write_shut: bool,
+    },
+    /// A DNS-over-TCP connection to the gateway.
+    DnsTcp {
+        handle: SocketHandle,
+        inbuf: Vec<u8>,
+        waiting: bool,
+    },
+}
+
+struct Flow {
+    key: FlowKey,
+    state: FlowState,
+    opened: Instant,
+    up: u64,
+    down: u64,
+    /// Whether a `flow_open` line was written (a close line follows only then).
+    audited_open: bool,
+}
+
+/// One guest session's datapath state.
+pub struct Datapath {
+    cfg: Arc<Config>,
+    decider: Arc<dyn Decider>,
+    audit: AuditSink,
+    counters: Counters,
+    dns: DnsTable,
+    iface: Interface,
+    sockets: SocketSet<'static>,
+    tx: TxBatch,
+    dhcp: DhcpServer,
+    guest_mac: Option<[u8; 6]>,
+    flows: HashMap<u64, Flow>,
+    by_key: HashMap<FlowKey, u64>,
+    next_id: u64,
+    next_publish_port: u16,
+    dns_in_flight: usize,
+    events: mpsc::UnboundedSender<Event>,
+    epoch: Instant,
+}
+
+impl std::fmt::Debug for Datapath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Datapath")
+            .field("flows", &self.flows.len())
+            .finish_non_exhaustive()
+    }
+}
+
+fn ip4(a: Ipv4Addr) -> IpAddress {
+    IpAddress::Ipv4(a)
+}
+
+fn would_block(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::WouldBlock
+}
+
+impl Datapath {
+    /// A fresh datapath (new interface, no flows) for one guest session.
+    pub fn new(
+        cfg: Arc<Config>,
+        decider: Arc<dyn Decider>,
+        audit: AuditSink,
+        events: mpsc::UnboundedSender<Event>,
+    ) -> Self {
+        let epoch = Instant::now();
+        let mut tx = TxBatch::default();
+        let mut dev = GuestDevice {
+            rx: None,
+            tx: &mut tx,
+            mtu: usize::from(cfg.mtu),
+        };
+        let mut icfg =
+            IfaceConfig::new(HardwareAddress::Ethernet(EthernetAddress(cfg.gateway_mac)));
+        icfg.random_seed =
+            u64::from(std::process::id()) ^ u64::from(epoch.elapsed().subsec_nanos());
+        let mut iface = Interface::new(icfg, &mut dev, SmolInstant::from_micros(0));
+        iface.update_ip_addrs(|addrs| {
+            let _ = addrs.push(IpCidr::new(ip4(cfg.gateway_ip), cfg.subnet.prefix_len()));
+        });
+        let _ = iface.routes_mut().add_default_ipv4_route(cfg.gateway_ip);
+        iface.set_any_ip(true);
+        Self {
+            dhcp: DhcpServer::new(&cfg),
+            cfg,
+            decider,
+            audit,
+            counters: Counters::default(),
+            dns: DnsTable::new(DNS_TABLE_CAPACITY),
+            iface,
+            sockets: SocketSet::new(Vec::new()),
+            tx,
+            guest_mac: None,
+            flows: HashMap::new(),
+            by_key: HashMap::new(),
+            next_id: 1,
+            next_publish_port: PUBLISH_PORT_BASE,
+            dns_in_flight: 0,
+            events,
+            epoch,
+        }
+    }
+
+    /// Ends the session, handing back the audit sink.
+    pub fn into_audit(self) -> AuditSink {
+        self.audit
+    }
+
+    /// The counters so far.
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// The DNS table.
+    pub fn dns_table(&self) -> &DnsTable {
+        &self.dns
+    }
+
+    fn now(&self) -> SmolInstant {
+        SmolInstant::from_micros(
+            i64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(i64::MAX),
+        )
+    }
+
+    fn addresses(&self) -> Addresses {
+        Addresses {
+            gateway_ip: self.cfg.gateway_ip,
+            guest_ip: self.cfg.guest_ip,
+            guest_mac: self.guest_mac,
+        }
+    }
+
+    /// Runs until the guest disconnects, breaks the protocol, or shutdown.
+    pub async fn run(
+        &mut self,
+        guest: &UnixStream,
+        events: &mut mpsc::UnboundedReceiver<Event>,
+    ) -> SessionEnd {
+        let mut reader = FrameReader::new(GUEST_READ_CHUNK, usize::from(self.cfg.mtu) + 14);
+        let mut pending_events: Vec<Event> = Vec::new();
+        let mut last_counters = Instant::now();
+        let mut timer = Box::pin(tokio::time::sleep(Duration::from_secs(3600)));
+        loop {
+            // 1. Guest input (paused while the output batch is over its bound).
+            if self.tx.queued() < TX_HIGH_WATER {
+                for _ in 0..8 {
+                    let spare = reader.spare();
+                    let want = spare.len();
+                    match guest.try_read(spare) {
+                        Ok(0) => {
+                            self.close_all("guest_closed");
+                            return SessionEnd::GuestClosed;
+                        }
+                        Ok(n) => {
+                            reader.filled(n);
+                            loop {
+                                match reader.next_frame() {
+                                    Ok(Some(frame)) => self.on_frame(frame),
+                                    Ok(None) => break,
+                                    Err(e) => {
+                                        self.close_all("protocol_error");
+                                        return SessionEnd::ProtocolError(e);
+                                    }
+                                }
+                            }
+                            if n < want || self.tx.queued() >= TX_HIGH_WATER {
+                                break;
+                            }
+                        }
+                        Err(e) if would_block(&e) => break,
+                        Err(e) => {
+                            self.close_all("guest_error");
+                            return SessionEnd::GuestIo(e);
+                        }
+                    }
+                }
+            }
+            // 2. Events from helper tasks.
+            while let Ok(ev) = events.try_recv() {
+                pending_events.push(ev);
+            }
+            for ev in pending_events.drain(..) {
+                if self.on_event(ev) {
+                    self.close_all("shutdown");
+                    self.flush_best_effort(guest);
+                    return SessionEnd::Shutdown;
+                }
+            }
+            // 3. Host <-> smoltcp copies, inspection, DNS-over-TCP, closes.
+            self.pump_flows();
+            // 4. Segments out.
+            self.egress();
+            // 5. Output batch to the guest.
+            while self.tx.queued() > 0 {
+                match guest.try_write(self.tx.unwritten()) {
+                    Ok(n) => self.tx.consume(n),
+                    Err(e) if would_block(&e) => break,
+                    Err(e) => {
+                        self.close_all("guest_error");
+                        return SessionEnd::GuestIo(e);
+                    }
+                }
+            }
+            if last_counters.elapsed() >= COUNTER_LOG_INTERVAL {
+                last_counters = Instant::now();
+                self.counters.log(self.flows.len());
+                self.dns.purge_expired(Instant::now());
+            }
+            // 6. Wait for anything to do.
+            let now = self.now();
+            let delay = self
+                .iface
+                .poll_delay(now, &self.sockets)
+                .map(|d| Duration::from_micros(d.total_micros()));
+            let delay = delay
+                .unwrap_or(Duration::from_secs(1))
+                .min(self.next_inspect_deadline());
+            if delay.is_zero() {
+                tokio::task::yield_now().await;
+                continue;
+            }
+            timer.as_mut().reset(tokio::time::Instant::now() + delay);
+            let want_read = self.tx.queued() < TX_HIGH_WATER;
+            let want_write = self.tx.queued() > 0;
+            std::future::poll_fn(|cx| {
+                let mut ready = false;
+                if want_read && guest.poll_read_ready(cx).is_ready() {
+                    ready = true;
+                }
+                if want_write && guest.poll_write_ready(cx).is_ready() {
+                    ready = true;
+                }
+                while let Poll::Ready(Some(ev)) = events.poll_recv(cx) {
+                    pending_events.push(ev);
+                    ready = true;
+                }
+                if timer.as_mut().poll(cx).is_ready() {
+                    ready = true;
+                }
+                if self.poll_hosts(cx) {
+                    ready = true;
+                }
+                if ready {
+                    Poll::Ready(())
+                } else {
+                    Poll::Pending
+                }
+            })
+            .await;
+        }
+    }
+
+    fn next_inspect_deadline(&self) -> Duration {
+        let now = Instant::now();
+        self.flows
+            .values()
+            .filter_map(|f| match f.state {
+                FlowState::Inspecting { deadline, .. } => {
+                    Some(deadline.saturating_duration_since(now))
+                }
+                _ => None,
+            })
+            .min()
+            .unwrap_or(Duration::from_secs(3600))
+    }
+
+    /// Registers this task's waker with every host socket that has something
+    /// to do; true when one is ready now.
+    fn poll_hosts(&mut self, cx: &mut std::task::Context<'_>) -> bool {
+        let mut ready = false;
+        for flow in self.flows.values() {
+            if let FlowState::Open {
+                handle,
+                host,
+                host_eof,
+                host_write_shut,
+            } = &flow.state
+            {
+                let sock = self.sockets.get::<tcp::Socket<'_>>(*handle);
+                if !*host_eof && sock.can_send() && host.poll_read_ready(cx).is_ready() {
+                    ready = true;
+                }
+                if !*host_write_shut && sock.can_recv() && host.poll_write_ready(cx).is_ready() {
+                    ready = true;
+                }
+            }
+        }
+        ready
+    }
+
+    /// Handles one guest frame.
+    pub fn on_frame(&mut self, frame: &[u8]) {
+        self.counters.frames_in += 1;
+        match packet::classify(frame, &self.addresses()) {
+            Class::Stack => self.ingress(frame),
+            Class::IcmpEcho => packet::write_echo_reply(&mut self.tx, self.cfg.gateway_mac, frame),
+            Class::TcpSyn { src, dst, seq } => self.on_syn(frame, src, dst, seq),
+            Class::Dhcp { start, end } => {
+                if let Some(payload) = frame.get(start..end) {
+                    self.on_dhcp(payload);
+                }
+            }
+            Class::Udp {
+                src,
+                dst,
+                start,
+                end,
+            } => {
+                if let Some(payload) = frame.get(start..end) {
+                    self.on_udp(frame, src, dst, payload);
+                }
+            }
+            Class::Drop(reason) => {
+                self.counters.dropped[reason.index()] += 1;
+                tracing::trace!(reason = reason.as_str(), "guest frame dropped");
+            }
+        }
+    }
+
+    fn ingress(&mut self, frame: &[u8]) {
+        let now = self.now();
+        let mut dev = GuestDevice {
+            rx: Some(frame),
+            tx: &mut self.tx,
+            mtu: usize::from(self.cfg.mtu),
+        };
+        let _ = self
+            .iface
+            .poll_ingress_single(now, &mut dev, &mut self.sockets);
+    }
+
+    fn egress(&mut self) {
+        let now = self.now();
+        let mut dev = GuestDevice {
+            rx: None,
+            tx: &mut self.tx,
+            mtu: usize::from(self.cfg.mtu),
+        };
+        self.iface.poll_maintenance(now);
+        for _ in 0..256 {
+            if matches!(
+                self.iface.poll_egress(now, &mut dev, &mut self.sockets),
+                smoltcp::iface::PollResult::None
+            ) {
+                break;
+            }
+        }
+    }
+
+    fn frame_src_mac(frame: &[u8]) -> [u8; 6] {
+        frame
+            .get(6..12)
+            .and_then(|m| m.try_into().ok())
+            .unwrap_or([0xff; 6])
+    }
+
+    fn on_dhcp(&mut self, payload: &[u8]) {
+        let Some(reply) = self.dhcp.handle(payload) else {
+            return;
+        };
+        if self.dhcp.leased() {
+            self.guest_mac = self.dhcp.client_mac();
+        }
+        packet::write_udp(
+            &mut self.tx,
+            self.cfg.gateway_mac,
+            reply.client_mac,
+            SocketAddrV4::new(self.cfg.gateway_ip, dhcp::SERVER_PORT),
+            SocketAddrV4::new(reply.dst_ip, dhcp::CLIENT_PORT),
+            &reply.payload,
+        );
+    }
+
+    fn deny_audit(&mut self, key: &FlowKey, reason: DenyReason) {
+        self.counters.flows_denied += 1;
+        let proto = if key.transport == Transport::Tcp {
+            "tcp"
+        } else {
+            "udp"
+        };
+        self.audit.record(&AuditEvent::FlowDeny {
+            proto,
+            src: key.src,
+            dst: key.dst,
+            reason: reason.as_str(),
+        });
+    }
+
+    fn rst_syn(&mut self, frame: &[u8], src: SocketAddrV4, dst: SocketAddrV4, seq: u32) {
+        let mac = Self::frame_src_mac(frame);
+        packet::write_rst_for_syn(&mut self.tx, self.cfg.gateway_mac, mac, src, dst, seq);
+    }
+
+    fn on_syn(&mut self, frame: &[u8], src: SocketAddrV4, dst: SocketAddrV4, seq: u32) {
+        let key = FlowKey {
+            transport: Transport::Tcp,
+            src: src.into(),
+            dst: dst.into(),
+        };
+        if let Some(id) = self.by_key.get(&key) {
+            match self.flows.get(id).map(|f| &f.state) {
+                Some(FlowState::Connecting { .. }) | Some(FlowState::InspectConnecting { .. }) => {
+                    self.counters.syn_duplicates += 1;
+                }
+                // A retransmitted SYN for a socket that exists: smoltcp answers it.
+                _ => self.ingress(frame),
+            }
+            return;
+        }
+        if *dst.ip() == self.cfg.gateway_ip {
+            if dst.port() == 53 {
+                if let Some(handle) = self.accept_syn(frame, src, dst) {
+                    self.insert_flow(
+                        key,
+                        FlowState::DnsTcp {
+                            handle,
+                            inbuf: Vec::new(),
+                            waiting: false,
+                        },
+                    );
+                }
+                return;
+            }
+            self.rst_syn(frame, src, dst, seq);
+            self.deny_audit(&key, DenyReason::GatewayAddress);
+            return;
+        }
+        if self.flows.len() >= self.cfg.max_flows {
+            self.rst_syn(frame, src, dst, seq);
+            self.deny_audit(&key, DenyReason::TooManyFlows);
+            return;
+        }
+        let decision = {
+            let ctx = DecideContext {
+                dns: &self.dns,
+                now: Instant::now(),
+            };
+            self.decider.decide_tcp(&key, &ctx)
+        };
+        match decision {
+            Decision::Deny(reason) => {
+                self.rst_syn(frame, src, dst, seq);
+                self.deny_audit(&key, reason);
+            }
+            Decision::Allow => {
+                let id = self.insert_flow(
+                    key,
+                    FlowState::Connecting {
+                        syn: frame.to_vec(),
+                    },
+                );
+                self.spawn_connect(id, key.dst);
+            }
+            Decision::Inspect {
+                max_bytes,
+                deadline,
+            } => {
+                if let Some(handle) = self.accept_syn(frame, src, dst) {
+                    let deadline = Instant::now() + deadline;
+                    self.insert_flow(
+                        key,
+                        FlowState::Inspecting {
+                            handle,
+                            deadline,
+                            max_bytes,
+                        },
+                    );
+                }
+            }
+        }
+    }
+
+    fn insert_flow(&mut self, key: FlowKey, state: FlowState) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.flows.insert(
+            id,
+            Flow {
+                key,
+                state,
+                opened: Instant::now(),
+                up: 0,
+                down: 0,
+                audited_open: false,
+            },
+        );
+        self.by_key.insert(key, id);
+        id
+    }
+
+    fn spawn_connect(&self, id: u64, dst: SocketAddr) {
+        let events = self.events.clone();
+        let timeout = self.cfg.connect_timeout;
+        tokio::spawn(async move {
+            let result = match tokio::time::timeout(timeout, TcpStream::connect(dst)).await {
+                Ok(r) => r,
+                Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, "connect timed out")),
+            };
+            let _ = events.send(Event::Connected { id, result });
+        });
+    }
+
+    /// Creates a socket listening on exactly `dst`, feeds it `syn` alone, and
+    /// keeps it only if it took the SYN from `src`.
+    fn accept_syn(
+        &mut self,
+        syn: &[u8],
+        src: SocketAddrV4,
+        dst: SocketAddrV4,
+    ) -> Option<SocketHandle> {
+        let dns = *dst.ip() == self.cfg.gateway_ip;
+        let (rx, tx) = if dns {
+            (DNS_TCP_BUF, DNS_TCP_BUF)
+        } else {
+            (FLOW_RX_BUF, FLOW_TX_BUF)
+        };
+        let mut sock = tcp::Socket::new(
+            tcp::SocketBuffer::new(vec![0u8; rx]),
+            tcp::SocketBuffer::new(vec![0u8; tx]),
+        );
+        sock.set_nagle_enabled(false);
+        sock.set_ack_delay(None);
+        sock.set_keep_alive(Some(smoltcp::time::Duration::from_secs(60)));
+        sock.set_timeout(Some(smoltcp::time::Duration::from_secs(300)));
+        let ep = IpListenEndpoint {
+            addr: Some(ip4(*dst.ip())),
+            port: dst.port(),
+        };
+        if sock.listen(ep).is_err() {
+            return None;
+        }
+        let handle = self.sockets.add(sock);
+        self.ingress(syn);
+        let sock = self.sockets.get::<tcp::Socket<'_>>(handle);
+        let want = IpEndpoint::new(ip4(*src.ip()), src.port());
+        if sock.state() == tcp::State::SynReceived && sock.remote_endpoint() == Some(want) {
+            Some(handle)
+        } else {
+            self.counters.syn_not_taken += 1;
+            self.sockets.remove(handle);
+            None
+        }
+    }
+
+    fn on_udp(&mut self, frame: &[u8], src: SocketAddrV4, dst: SocketAddrV4, payload: &[u8]) {
+        if *dst.ip() == self.cfg.gateway_ip && dst.port() == 53 {
+            self.on_dns_udp(frame, src, payload);
+            return;
+        }
+        let key = FlowKey {
+            transport: Transport::Udp,
+            src: src.into(),
+            dst: dst.into(),
+        };
+        let decision = {
+            let ctx = DecideContext {
+                dns: &self.dns,
+                now: Instant::now(),
+            };
+            self.decider.decide_udp(&key, &ctx)
+        };
+        self.counters.udp_denied += 1;
+        let reason = match decision {
+            Decision::Deny(r) => r,
+            // Host UDP forwarding is not built yet: fail closed (documented).
+            Decision::Allow | Decision::Inspect { .. } => DenyReason::UdpNotAllowed,
+        };
+        self.deny_audit(&key, reason);
+    }
+
+    fn on_dns_udp(&mut self, frame: &[u8], src: SocketAddrV4, payload: &[u8]) {
+        self.counters.dns_queries += 1;
+        let mac = Self::frame_src_mac(frame);
+        let (msg, question) = match dns::parse_query(payload) {
+            Ok(q) => q,
+            Err(e) => {
+                tracing::debug!(error = %e, "bad DNS query from guest");
+                if let Some(b) = dns::minimal_servfail(payload) {
+                    self.reply_udp(mac, src, &b);
+                }
+                return;
+            }
+        };
+        let local = if question.qtype == RecordType::AAAA {
+            Some(ResponseCode::NoError)
+        } else if self.dns_in_flight >= MAX_DNS_IN_FLIGHT || self.cfg.dns_upstreams.is_empty() {
+            Some(ResponseCode::ServFail)
+        } else {
+            None
+        };
+        if let Some(rcode) = local {
+            if let Ok(bytes) = dns::local_response(&msg, rcode) {
+                self.reply_udp(mac, src, &bytes);
+            }
+            self.audit_dns(&question, rcode, &[], "local");
+            return;
+        }
+        self.dns_in_flight += 1;
+        let events = self.events.clone();
+        let upstreams = self.cfg.dns_upstreams.clone();
+        let query = payload.to_vec();
+        tokio::spawn(async move {
+            let reply = dns::forward_udp(&query, &upstreams, DNS_TIMEOUT).await;
+            let _ = events.send(Event::DnsUdpReply {
+                guest: src,
+                question,
+                query,
+                reply,
+            });
+        });
+    }
+
+    fn reply_udp(&mut self, mac: [u8; 6], to: SocketAddrV4, payload: &[u8]) {
+        let mac = self.guest_mac.unwrap_or(mac);
+        packet::write_udp(
+            &mut self.tx,
+            self.cfg.gateway_mac,
+            mac,
+            SocketAddrV4::new(self.cfg.gateway_ip, 53),
+            to,
+            payload,
+        );
+    }
+
+    fn audit_dns(
+        &mut self,
+        q: &Question,
+        rcode: ResponseCode,
+        answers: &[IpAddr],
+        outcome: &'static str,
+    ) {
+        let qtype = q.qtype.to_string();
+        let rcode = rcode.to_string();
+        self.audit.record(&AuditEvent::Dns {
+            qname: &q.name,
+            qtype: &qtype,
+            rcode: &rcode,
+            answers,
+            outcome,
+        });
+    }
+
+    /// Filters an upstream reply into the table; the bytes for the guest.
+    fn dns_answer(
+        &mut self,
+        question: &Question,
+        query: &[u8],
+        reply: Option<Vec<u8>>,
+    ) -> Option<Vec<u8>> {
+        let filtered =
+            reply.map(|r| dns::filter_response(&r, question, &mut self.dns, Instant::now()));
+        match filtered {
+            Some(Ok(ans)) => {
+                self.audit_dns(question, ans.rcode, &ans.addresses, "forwarded");
+                Some(ans.bytes)
+            }
+            other => {
+                if let Some(Err(e)) = other {
+                    tracing::debug!(error = %e, name = %question.name, "upstream DNS answer rejected");
+                }
+                self.audit_dns(question, ResponseCode::ServFail, &[], "failed");
+                dns::minimal_servfail(query)
+            }
+        }
+    }
+
+    /// Handles one event; true when the session must stop.
+    fn on_event(&mut self, ev: Event) -> bool {
+        match ev {
+            Event::Shutdown => return true,
+            Event::DumpCounters => self.counters.log(self.flows.len()),
+            Event::Connected { id, result } => self.on_connected(id, result),
+            Event::DnsUdpReply {
+                guest,
+                question,
+                query,
+                reply,
+            } => {
+                self.dns_in_flight = self.dns_in_flight.saturating_sub(1);
+                if let Some(bytes) = self.dns_answer(&question, &query, reply) {
+                    self.reply_udp([0xff; 6], guest, &bytes);
+                }
+            }
+            Event::DnsTcpReply {
+                id,
+                question,
+                query,
+                reply,
+            } => {
+                self.dns_in_flight = self.dns_in_flight.saturating_sub(1);
+                let bytes = self.dns_answer(&question, &query, reply);
+                if let Some(Flow {
+                    state:
+                        FlowState::DnsTcp {
+                            handle, waiting, ..
+                        },
+                    ..
+                }) = self.flows.get_mut(&id)
+                {
+                    *waiting = false;
+                    let sock = self.sockets.get_mut::<tcp::Socket<'_>>(*handle);
+                    match bytes.and_then(|b| u16::try_from(b.len()).ok().map(|l| (l, b))) {
+                        Some((len, b))
+                            if sock.send_capacity() - sock.send_queue() >= b.len() + 2 =>
+                        {
+                            let _ = sock.send_slice(&len.to_be_bytes());
+                            let _ = sock.send_slice(&b);
+                        }
+                        _ => sock.abort(),
+                    }
+                }
+            }
+            Event::PublishTcp { stream, guest_port } => self.on_publish(stream, guest_port),
+        }
+        false
+    }
+
+    fn on_connected(&mut self, id: u64, result: io::Result<TcpStream>) {
+        let Some(flow) = self.flows.get_mut(&id) else {
+            return;
+        };
+        let key = flow.key;
+        let state = std::mem::replace(&mut flow.state, FlowState::Connecting { syn: Vec::new() });
+        match (state, result) {
+            (FlowState::Connecting { syn }, Ok(host)) => {
+                let (SocketAddr::V4(src), SocketAddr::V4(dst)) = (key.src, key.dst) else {
+                    return;
+                };
+                match self.accept_syn(&syn, src, dst) {
+                    Some(handle) => {
+                        let _ = host.set_nodelay(true);
+                        self.open_flow(id, handle, host);
+                    }
+                    // The SYN did not take; the guest retransmits and the flow is decided again.
+                    None => self.remove_flow(id),
+                }
+            }
+            (FlowState::Connecting { syn }, Err(e)) => {
+                tracing::debug!(dst = %key.dst, error = %e, "host connect failed");
+                if let (SocketAddr::V4(src), SocketAddr::V4(dst)) = (key.src, key.dst) {
+                    let seq = syn_seq(&syn);
+                    self.rst_syn(&syn, src, dst, seq);
+                }
+                self.deny_audit(&key, DenyReason::ConnectFailed);
+                self.remove_flow(id);
+            }
+            (FlowState::InspectConnecting { handle }, Ok(host)) => {
+                let _ = host.set_nodelay(true);
+                self.open_flow(id, handle, host);
+            }
+            (FlowState::InspectConnecting { handle }, Err(_)) => {
+                self.sockets.get_mut::<tcp::Socket<'_>>(handle).abort();
+                self.deny_audit(&key, DenyReason::ConnectFailed);
+                if let Some(f) = self.flows.get_mut(&id) {
+                    f.state = FlowState::InspectConnecting { handle };
+                }
+                self.finish_flow(id, "connect_failed");
+            }
+            (other, _) => {
+                if let Some(f) = self.flows.get_mut(&id) {
+                    f.state = other;
+                }
+            }
+        }
+    }
+
+    fn open_flow(&mut self, id: u64, handle: SocketHandle, host: TcpStream) {
+        let Some(flow) = self.flows.get_mut(&id) else {
+            return;
+        };
+        flow.state = FlowState::Open {
+            handle,
+            host,
+            host_eof: false,
+            host_write_shut: false,
+        };
+        flow.audited_open = true;
+        self.counters.flows_opened += 1;
+        let key = flow.key;
+        let now = Instant::now();
+        let names: Vec<&str> = self.dns.names_for(key.dst.ip(), now).take(8).collect();
+        self.audit.record(&AuditEvent::FlowOpen {
+            flow: id,
+            proto: "tcp",
+            src: key.src,
+            dst: key.dst,
+            names: &names,
+        });
+    }
+
+    fn on_publish(&mut self, stream: TcpStream, guest_port: u16) {
+        if self.flows.len() >= self.cfg.max_flows {
+            return;
+        }
+        let local_port = self.next_publish_port;
+        self.next_publish_port = self
+            .next_publish_port
+            .checked_add(1)
+            .unwrap_or(PUBLISH_PORT_BASE);
+        let mut sock = tcp::Socket::new(
+            tcp::SocketBuffer::new(vec![0u8; FLOW_RX_BUF]),
+            tcp::SocketBuffer::new(vec![0u8; FLOW_TX_BUF]),
+        );
+        sock.set_nagle_enabled(false);
+        sock.set_ack_delay(None);
+        let remote = IpEndpoint::new(ip4(self.cfg.guest_ip), guest_port);
+        let local = IpListenEndpoint {
+            addr: Some(ip4(self.cfg.gateway_ip)),
+            port: local_port,
+        };
+        if let Err(e) = sock.connect(self.iface.context(), remote, local) {
+            tracing::warn!(error = %e, "publish: cannot connect into the guest");
+            return;
+        }
+        let handle = self.sockets.add(sock);
+        let _ = stream.set_nodelay(true);
+        let key = FlowKey {
+            transport: Transport::Tcp,
+            src: SocketAddr::new(IpAddr::V4(self.cfg.gateway_ip), local_port),
+            dst: SocketAddr::new(IpAddr::V4(self.cfg.guest_ip), guest_port),
+        };
+        let id = self.insert_flow(key, FlowState::Connecting { syn: Vec::new() });
+        self.open_flow(id, handle, stream);
+    }
+
+    /// Copies between host sockets and smoltcp buffers; advances inspection and DNS-over-TCP.
+    fn pump_flows(&mut self) {
+        let ids: Vec<u64> = self.flows.keys().copied().collect();
+        for id in ids {
+            let Some(flow) = self.flows.get_mut(&id) else {
+                continue;
+            };
+            match &mut flow.state {
+                FlowState::Open {
+                    handle,
+                    host,
+                    host_eof,
+                    host_write_shut,
+                } => {
+                    let sock = self.sockets.get_mut::<tcp::Socket<'_>>(*handle);
+                    // Guest -> host.
+                    while !*host_write_shut && sock.can_recv() {
+                        match sock.recv(|b| match host.try_write(b) {
+                            Ok(n) => (n, Ok(n)),
+                            Err(e) => (0, Err(e)),
+                        }) {
+                            Ok(Ok(0)) | Err(_) => break,
+                            Ok(Ok(n)) => flow.up += n as u64,
+                            Ok(Err(e)) if would_block(&e) => break,
+                            Ok(Err(_)) => {
+                                sock.abort();
+                                *host_eof = true;
+                                *host_write_shut = true;
+                            }
+                        }
+                    }
+                    if !*host_write_shut
+                        && !sock.may_recv()
+                        && !sock.can_recv()
+                        && sock.state() != tcp::State::SynReceived
+                    {
+                        *host_write_shut = true;
+                        let _ = socket2::SockRef::from(&*host).shutdown(std::net::Shutdown::Write);
+                    }
+                    // Host -> guest.
+                    while !*host_eof && sock.can_send() {
+                        match sock.send(|b| match host.try_read(b) {
+                            Ok(n) => (n, Ok(n)),
+                            Err(e) => (0, Err(e)),
+                        }) {
+                            Ok(Ok(0)) => {
+                                *host_eof = true;
+                                sock.close();
+                            }
+                            Ok(Ok(n)) => flow.down += n as u64,
+                            Ok(Err(e)) if would_block(&e) => break,
+                            Ok(Err(_)) => {
+                                *host_eof = true;
+                                *host_write_shut = true;
+                                sock.abort();
+                            }
+                            Err(_) => break,
+                        }
+                    }
+                    let state = sock.state();
+                    if matches!(state, tcp::State::Closed | tcp::State::TimeWait) {
+                        let clean = *host_eof && *host_write_shut;
+                        if !clean {
+                            // Propagate the guest's RST (or our abort) to the host side.
+                            let _ = socket2::SockRef::from(&*host).set_linger(Some(Duration::ZERO));
+                        }
+                        self.finish_flow(id, if clean { "closed" } else { "reset" });
+                    }
+                }
+                FlowState::Inspecting {
+                    handle,
+                    deadline,
+                    max_bytes,
+                } => {
+                    let (handle, deadline, max_bytes) = (*handle, *deadline, *max_bytes);
+                    self.advance_inspection(id, handle, deadline, max_bytes);
+                }
+                FlowState::DnsTcp {
+                    handle,
+                    inbuf,
+                    waiting,
+                } => {
+                    let handle = *handle;
+                    let sock = self.sockets.get_mut::<tcp::Socket<'_>>(handle);
+                    if !*waiting {
+                        while sock.can_recv() && inbuf.len() < dns::MAX_TCP_MESSAGE + 2 {
+                            let room = dns::MAX_TCP_MESSAGE + 2 - inbuf.len();
+                            let _ = sock.recv(|b| {
+                                let n = b.len().min(room);
+                                inbuf.extend_from_slice(&b[..n]);
+                                (n, ())
+                            });
+                        }
+                        if inbuf.len() >= 2 {
+                            let len = usize::from(u16::from_be_bytes([inbuf[0], inbuf[1]]));
+                            if inbuf.len() >= 2 + len {
+                                let query: Vec<u8> = inbuf.drain(..2 + len).skip(2).collect();
+                                *waiting = true;
+                                self.start_dns_tcp(id, query);
+                                continue;
+                            }
+                        }
+                        if !sock.may_recv() && sock.state() != tcp::State::SynReceived {
+                            sock.close();
+                        }
+                    }
+                    let sock = self.sockets.get::<tcp::Socket<'_>>(handle);
+                    if matches!(sock.state(), tcp::State::Closed | tcp::State::TimeWait) {
+                        self.remove_flow(id);
+                    }
+                }
+                FlowState::Connecting { .. } | FlowState::InspectConnecting { .. } => {}
+            }
+        }
+    }
+
+    fn start_dns_tcp(&mut self, id: u64, query: Vec<u8>) {
+        self.counters.dns_queries += 1;
+        let Some(Flow {
+            state: FlowState::DnsTcp {
+                handle, waiting, ..
+            },
+            ..
+        }) = self.flows.get_mut(&id)
+        else {
+            return;
+        };
+        let handle = *handle;
+        let parsed = dns::parse_query(&query);
+        let (msg, question) = match parsed {
+            Ok(q)
+                if self.dns_in_flight < MAX_DNS_IN_FLIGHT && !self.cfg.dns_upstreams.is_empty() =>
+            {
+                q
+            }
+            other => {
+                *waiting = false;
+                let sock = self.sockets.get_mut::<tcp::Socket<'_>>(handle);
+                let reply = match other {
+                    Ok((msg, _)) => dns::local_response(&msg, ResponseCode::ServFail).ok(),
+                    Err(_) => dns::minimal_servfail(&query),
+                };
+                match reply.and_then(|b| u16::try_from(b.len()).ok().map(|l| (l, b))) {
+                    Some((l, b)) => {
+                        let _ = sock.send_slice(&l.to_be_bytes());
+                        let _ = sock.send_slice(&b);
+                    }
+                    None => sock.abort(),
+                }
+                return;
+            }
+        };
+        if question.qtype == RecordType::AAAA {
+            *waiting = false;
+            if let Ok(b) = dns::local_response(&msg, ResponseCode::NoError) {
+                let sock = self.sockets.get_mut::<tcp::Socket<'_>>(handle);
+                if let Ok(l) = u16::try_from(b.len()) {
+                    let _ = sock.send_slice(&l.to_be_bytes());
+                    let _ = sock.send_slice(&b);
+                }
+            }
+            self.audit_dns(&question, ResponseCode::NoError, &[], "local");
+            return;
+        }
+        self.dns_in_flight += 1;
+        let events = self.events.clone();
+        let upstreams = self.cfg.dns_upstreams.clone();
+        tokio::spawn(async move {
+            let reply = dns::forward_tcp(&query, &upstreams, DNS_TIMEOUT).await;
+            let _ = events.send(Event::DnsTcpReply {
+                id,
+                question,
+                query,
+                reply,
+            });
+        });
+    }
+
+    fn advance_inspection(
+        &mut self,
+        id: u64,
+        handle: SocketHandle,
+        deadline: Instant,
+        max_bytes: usize,
+    ) {
+        let Some(key) = self.flows.get(&id).map(|f| f.key) else {
+            return;
+        };
+        let sock = self.sockets.get_mut::<tcp::Socket<'_>>(handle);
+        if matches!(sock.state(), tcp::State::Closed | tcp::State::TimeWait) {
+            self.remove_flow(id);
+            return;
+        }
+        let verdict = match sock.peek(max_bytes) {
+            Ok(bytes) if !bytes.is_empty() => {
+                let ctx = DecideContext {
+                    dns: &self.dns,
+                    now: Instant::now(),
+                };
+                self.decider.inspect(&key, bytes, &ctx)
+            }
+            _ => InspectVerdict::NeedMore,
+        };
+        // Bytes past the ring buffer's wrap are not visible to peek; bound by what is queued.
+        let full = sock.recv_queue() >= max_bytes || !sock.may_recv();
+        let verdict = match verdict {
+            InspectVerdict::NeedMore if full || Instant::now() >= deadline => {
+                InspectVerdict::Deny(DenyReason::InspectTimeout)
+            }
+            v => v,
+        };
+        match verdict {
+            InspectVerdict::NeedMore => {}
+            InspectVerdict::Allow => {
+                if let Some(f) = self.flows.get_mut(&id) {
+                    f.state = FlowState::InspectConnecting { handle };
+                }
+                self.spawn_connect(id, key.dst);
+            }
+            InspectVerdict::Deny(reason) => {
+                sock.abort();
+                self.deny_audit(&key, reason);
+                self.remove_flow(id);
+            }
+        }
+    }
+
+    /// Audits a close (when an open was audited) and removes the flow.
+    fn finish_flow(&mut self, id: u64, end: &'static str) {
+        if let Some(f) = self.flows.get(&id)
+            && f.audited_open
+        {
+            self.counters.flows_closed += 1;
+            let duration_ms = u64::try_from(f.opened.elapsed().as_millis()).unwrap_or(u64::MAX);
+            self.audit.record(&AuditEvent::FlowClose {
+                flow: id,
+                proto: "tcp",
+                src: f.key.src,
+                dst: f.key.dst,
+                bytes_up: f.up,
+                bytes_down: f.down,
+                duration_ms,
+                end,
+            });
+        }
+        self.remove_flow(id);
+    }
+
+    fn remove_flow(&mut self, id: u64) {
+        let Some(flow) = self.flows.remove(&id) else {
+            return;
+        };
+        self.by_key.remove(&flow.key);
+        let handle = match flow.state {
+            FlowState::Open { handle, .. }
+            | FlowState::Inspecting { handle, .. }
+            | FlowState::InspectConnecting { handle }
+            | FlowState::DnsTcp { handle, .. } => Some(handle),
+            FlowState::Connecting { .. } => None,
+        };
+        if let Some(h) = handle {
+            self.sockets.remove(h);
+        }
+    }
+
+    /// Resets every flow (guest side RST; host side closed) and audits the closes.
+    fn close_all(&mut self, end: &'static str) {
+        let ids: Vec<u64> = self.flows.keys().copied().collect();
+        for id in ids {
+            if let Some(f) = self.flows.get_mut(&id) {
+                match &f.state {
+                    FlowState::Open { handle, .. }
+                    | FlowState::Inspecting { handle, .. }
+                    | FlowState::InspectConnecting { handle }
+                    | FlowState::DnsTcp { handle, .. } => {
+                        self.sockets.get_mut::<tcp::Socket<'_>>(*handle).abort()
+                    }
+                    FlowState::Connecting { .. } => {}
+                }
+            }
+        }
+        self.egress();
+        for id in self.flows.keys().copied().collect::<Vec<_>>() {
+            self.finish_flow(id, end);
+        }
+        self.counters.log(0);
+        self.audit.flush();
+    }
+
+    fn flush_best_effort(&mut self, guest: &UnixStream) {
+        while self.tx.queued() > 0 {
+            match guest.try_write(self.tx.unwritten()) {
+                Ok(n) if n > 0 => self.tx.consume(n),
+                _ => break,
+            }
+        }
+    }
+}
+
+/// The sequence number of a held SYN frame (0 when it cannot be read).
+fn syn_seq(frame: &[u8]) -> u32 {
+    let ihl = frame.get(14).map_or(20, |b| usize::from(b & 0x0f) * 4);
+    let at = 14 + ihl + 4;
+    frame
+        .get(at..at + 4)
+        .map_or(0, |b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::DEFAULT_SUBNET;
+    use crate::packet::tests::{GUEST_MAC, tcp_frame, udp_frame};
+    use smoltcp::wire::{
+        ArpOperation, ArpPacket, ArpRepr, EthernetFrame, EthernetProtocol, IpProtocol, Ipv4Packet,
+        TcpControl, TcpPacket,
+    };
+    use std::sync::Mutex;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    /// Allows everything except port 9, which the "policy" denies.
+    struct TestDecider;
+    impl Decider for TestDecider {
+        fn decide_tcp(&self, flow: &FlowKey, _ctx: &DecideContext<'_>) -> Decision {
+            if flow.dst.port() == 9 {
+                Decision::Deny(DenyReason::Policy("test_denied"))
+            } else {
+                Decision::Allow
+            }
+        }
+        fn decide_udp(&self, _flow: &FlowKey, _ctx: &DecideContext<'_>) -> Decision {
+            Decision::Deny(DenyReason::UdpNotAllowed)
+        }
+    }
+
+    #[derive(Clone, Default)]
+    struct SharedBuf(Arc<Mutex<Vec<u8>>>);
+    impl io::Write for SharedBuf {
+        fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    struct Guest {
+        stream: UnixStream,
+        buf: Vec<u8>,
+    }
+
+    impl Guest {
+        async fn send(&mut self, frames: &[Vec<u8>]) {
+            let mut out = Vec::new();
+            for f in frames {
+                out.extend_from_slice(&u32::try_from(f.len()).unwrap().to_be_bytes());
+                out.extend_from_slice(f);
+            }
+            self.stream.write_all(&out).await.unwrap();
+        }
+
+        /// Next frame from the gateway; a generous bound keeps a broken gateway from hanging the test.
+        async fn recv(&mut self) -> Vec<u8> {
+            loop {
+                if self.buf.len() >= 4 {
+                    let n = u32::from_be_bytes(self.buf[..4].try_into().unwrap()) as usize;
+                    if self.buf.len() >= 4 + n {
+                        let f = self.buf[4..4 + n].to_vec();
+                        self.buf.drain(..4 + n);
+                        return f;
+                    }
+                }
+                let mut chunk = vec![0u8; 65536];
+                let n = tokio::time::timeout(Duration::from_secs(30), self.stream.read(&mut chunk))
+                    .await
+                    .expect("gateway sent nothing")
+                    .unwrap();
+                assert!(n > 0, "gateway closed the stream");
+                self.buf.extend_from_slice(&chunk[..n]);
+            }
+        }
+
+        /// Next TCP segment (answering ARP requests for the guest on the way).
+        async fn recv_tcp(&mut self) -> (SocketAddrV4, SocketAddrV4, TcpControl, u32, Option<u32>) {
+            loop {
+                let f = self.recv().await;
+                let eth = EthernetFrame::new_checked(&f[..]).unwrap();
+                if eth.ethertype() == EthernetProtocol::Arp {
+                    let arp = ArpPacket::new_checked(eth.payload()).unwrap();
+                    assert_eq!(arp.operation(), ArpOperation::Request);
+                    let reply = ArpRepr::EthernetIpv4 {
+                        operation: ArpOperation::Reply,
+                        source_hardware_addr: EthernetAddress(GUEST_MAC),
+                        source_protocol_addr: Ipv4Addr::new(10, 0, 2, 15),
+                        target_hardware_addr: eth.src_addr(),
+                        target_protocol_addr: Ipv4Addr::from(
+                            <[u8; 4]>::try_from(arp.source_protocol_addr()).unwrap(),
+                        ),
+                    };
+                    let mut buf = vec![0u8; 14 + reply.buffer_len()];
+                    let mut e = EthernetFrame::new_unchecked(&mut buf[..]);
+                    e.set_src_addr(EthernetAddress(GUEST_MAC));
+                    e.set_dst_addr(eth.src_addr());
+                    e.set_ethertype(EthernetProtocol::Arp);
+                    reply.emit(&mut ArpPacket::new_unchecked(e.payload_mut()));
+                    self.send(&[buf]).await;
+                    continue;
+                }
+                let ip = Ipv4Packet::new_checked(eth.payload()).unwrap();
+                if ip.next_header() != IpProtocol::Tcp {
+                    continue;
+                }
+                let tcp = TcpPacket::new_checked(ip.payload()).unwrap();
+                let control = if tcp.rst() {
+                    TcpControl::Rst
+                } else if tcp.syn() {
+                    TcpControl::Syn
+                } else if tcp.fin() {
+                    TcpControl::Fin
+                } else {
+                    TcpControl::None
+                };
+                let ack = tcp.ack().then(|| tcp.ack_number().0 as u32);
+                return (
+                    SocketAddrV4::new(ip.src_addr(), tcp.src_port()),
+                    SocketAddrV4::new(ip.dst_addr(), tcp.dst_port()),
+                    control,
+                    tcp.seq_number().0 as u32,
+                    ack,
+                );
+            }
+        }
+    }
+
+    fn start(decider: Arc<dyn Decider>) -> (Guest, SharedBuf, tokio::task::JoinHandle<SessionEnd>) {
+        let (gw_end, test_end) = UnixStream::pair().unwrap();
+        let cfg = Arc::new(Config::new(DEFAULT_SUBNET, 1500).unwrap());
+        let audit_buf = SharedBuf::default();
+        let audit = AuditSink::new(Box::new(audit_buf.clone()), "test");
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let mut dp = Datapath::new(cfg, decider, audit, tx);
+        let task = tokio::spawn(async move { dp.run(&gw_end, &mut rx).await });
+        (
+            Guest {
+                stream: test_end,
+                buf: Vec::new(),
+            },
+            audit_buf,
+            task,
+        )
+    }
+
+    #[tokio::test]
+    async fn concurrent_syns_are_not_cross_wired_and_denied_syns_get_rst() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (mut guest, audit, task) = start(Arc::new(TestDecider));
+        let g = Ipv4Addr::new(10, 0, 2, 15);
+        let dst = SocketAddrV4::new(Ipv4Addr::LOCALHOST, port);
+        let (a, b) = (SocketAddrV4::new(g, 1000), SocketAddrV4::new(g, 1001));
+        // Two SYNs to the same destination in one write, then a duplicate of the first.
+        guest
+            .send(&[
+                tcp_frame(a, dst, TcpControl::Syn, 100, None),
+                tcp_frame(b, dst, TcpControl::Syn, 5000, None),
+                tcp_frame(a, dst, TcpControl::Syn, 100, None),
+            ])
+            .await;
+        let mut seen = HashMap::new();
+        while seen.len() < 2 {
+            let (src, to, control, _seq, ack) = guest.recv_tcp().await;
+            assert_eq!(control, TcpControl::Syn, "expected SYN-ACK");
+            assert_eq!(src, dst);
+            seen.insert(to.port(), ack);
+        }
+        assert_eq!(
+            seen[&1000],
+            Some(101),
+            "SYN-ACK for port 1000 acknowledges its own SYN"
+        );
+        assert_eq!(
+            seen[&1001],
+            Some(5001),
+            "SYN-ACK for port 1001 acknowledges its own SYN"
+        );
+        let (_c1, _) = listener.accept().await.unwrap();
+        let (_c2, _) = listener.accept().await.unwrap();
+
+        // A denied destination gets a RST acknowledging the SYN, and an audit line.
+        let denied = SocketAddrV4::new(Ipv4Addr::new(198, 51, 100, 1), 9);
+        guest
+            .send(&[tcp_frame(
+                SocketAddrV4::new(g, 1002),
+                denied,
+                TcpControl::Syn,
+                77,
+                None,
+            )])
+            .await;
+        let (src, to, control, _, ack) = guest.recv_tcp().await;
+        assert_eq!(
+            (src, to.port(), control, ack),
+            (denied, 1002, TcpControl::Rst, Some(78))
+        );
+        let text = String::from_utf8(audit.0.lock().unwrap().clone()).unwrap();
+        assert!(text.contains(r#""reason":"test_denied""#), "{text}");
+        assert_eq!(text.matches(r#""event":"flow_open""#).count(), 2, "{text}");
+
+        // A frame length below 14 ends the session cleanly.
+        guest.stream.write_all(&5u32.to_be_bytes()).await.unwrap();
+        guest.stream.write_all(&[0u8; 5]).await.unwrap();
+        let end = task.await.unwrap();
+        assert!(
+            matches!(
+                end,
+                SessionEnd::ProtocolError(FrameError::BadLength { len: 5, .. })
+            ),
+            "{end:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn platform_decider_refuses_loopback_and_garbage_is_counted() {
+        let deny = crate::decide::PlatformDenySet::new(
+            [],
+            Ipv4Addr::new(10, 0, 2, 2),
+            Ipv4Addr::new(10, 0, 2, 255),
+        );
+        let (mut guest, audit, task) = start(Arc::new(crate::decide::PlatformDecider::new(deny)));
+        let g = SocketAddrV4::new(Ipv4Addr::new(10, 0, 2, 15), 2000);
+        // Garbage and IPv6 frames first: dropped, the session goes on.
+        let mut v6 = vec![0u8; 60];
+        v6[12..14].copy_from_slice(&[0x86, 0xdd]);
+        let udp = udp_frame(
+            g,
+            SocketAddrV4::new(Ipv4Addr::new(198, 51, 100, 2), 443),
+            b"quic",
+        );
+        guest
+            .send(&[vec![0u8; 14], v6, vec![0xffu8; 100], udp])
+            .await;
+        guest
+            .send(&[tcp_frame(
+                g,
+                SocketAddrV4::new(Ipv4Addr::LOCALHOST, 22),
+                TcpControl::Syn,
+                9,
+                None,
+            )])
+            .await;
+        let (_, to, control, _, ack) = guest.recv_tcp().await;
+        assert_eq!((to, control, ack), (g, TcpControl::Rst, Some(10)));
+        let text = String::from_utf8(audit.0.lock().unwrap().clone()).unwrap();
+        assert!(text.contains(r#""reason":"platform_denied""#), "{text}");
+        assert!(text.contains(r#""reason":"udp_not_allowed""#), "{text}");
+        drop(guest);
+        assert!(matches!(task.await.unwrap(), SessionEnd::GuestClosed));
+    }
+}
