@@ -531,3 +531,19 @@ fn cgroup_memory_and_pids_limits_bite() {
         JailExit::Code(0)
     );
 }
+
+/// One thread waits, another kills through the handle (a timeout).
+#[test]
+#[ignore = "needs root: run via scripts/test"]
+fn kill_handle_stops_a_waiting_jail() {
+    let spec = make_spec("killhandle", BUSYBOX, &["sleep", "1000"]);
+    let mut jailed = jail::spawn(&spec).unwrap();
+    let pid = jailed.pid;
+    let handle = jailed.kill_handle().unwrap();
+    assert!(jailed.kill_handle().is_none());
+    let waiter = std::thread::spawn(move || jailed.wait().unwrap());
+    assert_eq!(status_field(pid, "Seccomp"), "2");
+    handle.kill();
+    assert_eq!(waiter.join().unwrap(), JailExit::Signal(SIGKILL));
+    assert_no_leftovers(&spec.name, pid);
+}
