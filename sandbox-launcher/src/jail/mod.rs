@@ -455,7 +455,7 @@ impl Jailed {
     /// The jail is killed when the handle is [`KillHandle::kill`]ed **or
     /// dropped**. `None` if it was taken before.
     pub fn kill_handle(&mut self) -> Option<KillHandle> {
-        self.lifeline.take().map(KillHandle)
+        self.lifeline.take().map(|l| KillHandle { _lifeline: l })
     }
 
     /// The supervising helper's pid (root, outside the jail).
@@ -466,7 +466,10 @@ impl Jailed {
 
 /// Kills a jail from another thread; see [`Jailed::kill_handle`].
 #[derive(Debug)]
-pub struct KillHandle(ChildStdin);
+pub struct KillHandle {
+    /// Held only to be closed: closing the lifeline makes the helper kill.
+    _lifeline: ChildStdin,
+}
 
 impl KillHandle {
     /// Kills the jail (SIGKILL to its PID 1); its [`Jailed::wait`] then
