@@ -473,3 +473,77 @@ fn sigkill_of_the_launcher_leaves_nothing() {
     });
     assert_no_leftovers(&name, pid);
 }
+
+/// Measures the cost of the jail: `busybox true` jailed with every layer,
+/// spawn to exit including cleanup, 20 times; prints min/median/max. Run
+/// with `--nocapture` to read the figures.
+#[test]
+#[ignore = "needs root: run via scripts/test"]
+fn jail_setup_cost_is_printed() {
+    let mut times = Vec::new();
+    for i in 0..20 {
+        let spec = make_spec(&format!("cost{i}"), BUSYBOX, &["true"]);
+        let start = Instant::now();
+        let mut jailed = jail::spawn(&spec).unwrap();
+        assert_eq!(jailed.wait().unwrap(), JailExit::Code(0));
+        times.push(start.elapsed());
+    }
+    times.sort();
+    println!(
+        "jail spawn+exit+cleanup of busybox true: min {:?} median {:?} max {:?}",
+        times[0], times[10], times[19]
+    );
+}
+
+/// The memory and pids limits bite: a 64 MiB buffer under a 16 MiB limit is
+/// OOM-killed; a fifth task under `pids.max` 4 cannot be forked. Both work
+/// without the limits.
+#[test]
+#[ignore = "needs root: run via scripts/test"]
+fn cgroup_memory_and_pids_limits_bite() {
+    let dd = ["dd", "if=/dev/zero", "of=/dev/null", "bs=64M", "count=1"];
+    let mut spec = make_spec("oom", BUSYBOX, &dd);
+    spec.ro_paths.push(PathBuf::from("/dev/zero"));
+    spec.cgroup.memory_bytes = Some(16 << 20);
+    assert_eq!(
+        jail::spawn(&spec).unwrap().wait().unwrap(),
+        JailExit::Signal(SIGKILL)
+    );
+    spec.name = format!("{}-nolimit", spec.name);
+    spec.cgroup.memory_bytes = None;
+    assert_eq!(
+        jail::spawn(&spec).unwrap().wait().unwrap(),
+        JailExit::Code(0)
+    );
+
+    // sh itself is one task; four background sleeps (that stay) need four
+    // more. Applets run by full path: the jail has no /bin/sleep.
+    let script = "for i in 1 2 3 4; do /bin/busybox sleep 100 & done; wait; exit 0";
+    let mut spec = make_spec("pids", BUSYBOX, &["sh", "-c", script]);
+    spec.cgroup.pids = Some(4);
+    let exit = jail::spawn(&spec).unwrap().wait().unwrap();
+    assert_ne!(exit, JailExit::Code(0), "a fifth task was forked");
+    let script = "for i in 1 2 3 4; do /bin/busybox sleep 1 & done; wait; exit 0";
+    let mut spec = make_spec("pids-ok", BUSYBOX, &["sh", "-c", script]);
+    spec.cgroup.pids = Some(8);
+    assert_eq!(
+        jail::spawn(&spec).unwrap().wait().unwrap(),
+        JailExit::Code(0)
+    );
+}
+
+/// One thread waits, another kills through the handle (a timeout).
+#[test]
+#[ignore = "needs root: run via scripts/test"]
+fn kill_handle_stops_a_waiting_jail() {
+    let spec = make_spec("killhandle", BUSYBOX, &["sleep", "1000"]);
+    let mut jailed = jail::spawn(&spec).unwrap();
+    let pid = jailed.pid;
+    let handle = jailed.kill_handle().unwrap();
+    assert!(jailed.kill_handle().is_none());
+    let waiter = std::thread::spawn(move || jailed.wait().unwrap());
+    assert_eq!(status_field(pid, "Seccomp"), "2");
+    handle.kill();
+    assert_eq!(waiter.join().unwrap(), JailExit::Signal(SIGKILL));
+    assert_no_leftovers(&spec.name, pid);
+}

@@ -450,9 +450,32 @@ impl Jailed {
         self.wait()
     }
 
+    /// Takes the lifeline out, so that another thread can kill the jail
+    /// while this one blocks in [`Jailed::wait`] (e.g. to enforce a timeout).
+    /// The jail is killed when the handle is [`KillHandle::kill`]ed **or
+    /// dropped**. `None` if it was taken before.
+    pub fn kill_handle(&mut self) -> Option<KillHandle> {
+        self.lifeline.take().map(|l| KillHandle { _lifeline: l })
+    }
+
     /// The supervising helper's pid (root, outside the jail).
     pub fn helper_pid(&self) -> u32 {
         self.helper.id()
+    }
+}
+
+/// Kills a jail from another thread; see [`Jailed::kill_handle`].
+#[derive(Debug)]
+pub struct KillHandle {
+    /// Held only to be closed: closing the lifeline makes the helper kill.
+    _lifeline: ChildStdin,
+}
+
+impl KillHandle {
+    /// Kills the jail (SIGKILL to its PID 1); its [`Jailed::wait`] then
+    /// returns once the helper has cleaned up.
+    pub fn kill(self) {
+        drop(self);
     }
 }
 
