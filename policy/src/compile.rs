@@ -207,11 +207,60 @@ impl Hasher for FxHasher {
     }
     #[inline]
     fn finish(&self) -> u64 {
-        self.hash
+        // The multiply leaves the low bits (which pick the bucket) poorly
+        // mixed; finish with murmur3's fmix64 avalanche.
+        let mut h = self.hash;
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+        h ^ (h >> 33)
     }
 }
 
 type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
+
+/// A one-hash Bloom filter over the keys of the name table, small enough to
+/// stay in cache (2 bytes per key). Most label-suffix probes of a check miss
+/// the table (`com`, `b.example.com`); the filter answers those without
+/// touching the large table, whose probes are cache misses at 100k rules.
+#[derive(Debug, Default)]
+struct NameFilter {
+    bits: Vec<u64>,
+    mask: u64,
+}
+
+impl NameFilter {
+    fn build<'k>(keys: impl ExactSizeIterator<Item = &'k str>) -> Self {
+        let nbits = (keys.len().max(64) * 16).next_power_of_two();
+        let mut f = Self {
+            bits: vec![0; nbits / 64],
+            mask: (nbits as u64) - 1,
+        };
+        for k in keys {
+            let h = f.bit(k);
+            if let Some(w) = f.bits.get_mut((h / 64) as usize) {
+                *w |= 1 << (h % 64);
+            }
+        }
+        f
+    }
+
+    fn bit(&self, key: &str) -> u64 {
+        let mut h = FxHasher::default();
+        h.write(key.as_bytes());
+        h.finish() & self.mask
+    }
+
+    /// False: `key` is certainly not in the table.
+    #[inline]
+    fn may_contain(&self, key: &str) -> bool {
+        let h = self.bit(key);
+        self.bits
+            .get((h / 64) as usize)
+            .is_some_and(|w| w & (1 << (h % 64)) != 0)
+    }
+}
 
 /// What walking a name through the tables found.
 enum NameMatch {
@@ -238,6 +287,7 @@ pub struct CompiledPolicy {
     version_hash: String,
     rules: Vec<Rule>,
     names: FxMap<Box<str>, NameNode>,
+    names_filter: NameFilter,
     cidr_rules: Vec<(IpNet, u32)>,
     internal: Vec<(IpNet, u32)>,
     host_addresses: Vec<IpAddr>,
@@ -339,7 +389,7 @@ impl CompiledPolicy {
                 }
             }
         };
-        if let Some(node) = self.names.get(name) {
+        if let Some(node) = self.lookup(name) {
             if let Some(d) = node.deny_exact {
                 return NameMatch::Denied(d);
             }
@@ -348,7 +398,7 @@ impl CompiledPolicy {
         let mut rest = name;
         while let Some(dot) = rest.find('.') {
             rest = rest.get(dot + 1..).unwrap_or_default();
-            if let Some(node) = self.names.get(rest) {
+            if let Some(node) = self.lookup(rest) {
                 if let Some(d) = node.deny_sub {
                     return NameMatch::Denied(d);
                 }
@@ -359,6 +409,15 @@ impl CompiledPolicy {
             (Some(a), _) => NameMatch::Allowed(a),
             (None, Some(f)) => NameMatch::FilteredOut(f),
             (None, None) => NameMatch::None,
+        }
+    }
+
+    #[inline]
+    fn lookup(&self, key: &str) -> Option<&NameNode> {
+        if self.names_filter.may_contain(key) {
+            self.names.get(key)
+        } else {
+            None
         }
     }
 
@@ -674,6 +733,17 @@ pub fn from_yaml_str(
     origin: &str,
     options: &CompileOptions,
 ) -> Result<CompiledPolicy, PolicyErrors> {
+    if src.len() as u64 > MAX_POLICY_BYTES {
+        return Err(PolicyErrors::new(vec![PolicyError {
+            origin: origin.to_owned(),
+            line: 0,
+            column: 0,
+            message: format!(
+                "policy is {} bytes; the limit is {MAX_POLICY_BYTES}",
+                src.len()
+            ),
+        }]));
+    }
     let raw = parse_raw(src, origin)?;
     Compiler::new(origin).compile(raw, options)
 }
@@ -727,6 +797,14 @@ pub fn from_domains(
 
 fn parse_raw(src: &str, origin: &str) -> Result<RawPolicy, PolicyErrors> {
     let mut opts = serde_saphyr::Options::default();
+    // Large allowlists (100k+ rules) exceed the parser's default node and
+    // event budgets; the input size cap bounds them instead (every node
+    // takes at least one byte). Alias and anchor limits stay at their
+    // defaults (billion-laughs protection).
+    let mut budget = serde_saphyr::Budget::default();
+    budget.max_nodes = usize::try_from(MAX_POLICY_BYTES).unwrap_or(usize::MAX);
+    budget.max_events = budget.max_nodes.saturating_mul(2);
+    opts.budget = Some(budget);
     opts.with_snippet = false;
     opts.duplicate_keys = serde_saphyr::DuplicateKeyPolicy::Error;
     serde_saphyr::from_str_with_options::<RawPolicy>(src, opts).map_err(|e| {
@@ -1188,6 +1266,7 @@ impl<'o> Compiler<'o> {
             }
         }
 
+        let names_filter = NameFilter::build(names.keys().map(AsRef::as_ref));
         let mut policy = CompiledPolicy {
             origin: self.origin.to_owned(),
             id,
@@ -1195,6 +1274,7 @@ impl<'o> Compiler<'o> {
             version_hash: String::new(),
             rules,
             names,
+            names_filter,
             cidr_rules,
             internal,
             host_addresses: options.host_addresses.clone(),

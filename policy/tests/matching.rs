@@ -583,3 +583,38 @@ fn deny_wins_over_any_allow_regardless_of_order() {
         );
     }
 }
+
+#[test]
+fn allow_domain_yaml_cannot_be_injected() {
+    // An argument trying to smuggle a second rule stays one (invalid) scalar.
+    let evil = "a.example.com\"\n  - cidr: 0.0.0.0/0\n    ports: [22]\n#";
+    let err = from_domains(&[evil], &CompileOptions::default()).unwrap_err();
+    assert_eq!(err.len(), 1, "{err}");
+    assert!(err.to_string().contains("is not a valid domain"), "{err}");
+    let empty = from_domains(&[], &CompileOptions::default()).unwrap();
+    assert_eq!(
+        empty.check_name("example.com").reason,
+        Reason::NotAllowlisted
+    );
+    assert_eq!(empty.domain_rule_count(), 0);
+}
+
+#[test]
+fn large_policies_are_accepted() {
+    // Beyond the YAML parser's default node budget (250k nodes): 12k rules
+    // of 23 nodes each.
+    let mut src = String::from("version: 1\nid: big\nallow:\n");
+    for i in 0..12_000 {
+        src.push_str(&format!(
+            "  - domain: h{i}.example.com\n    ports: [{}]\n",
+            (1..=20)
+                .map(|p| (1000 + p).to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    let p = from_yaml_str(&src, "big.yaml", &CompileOptions::default()).unwrap();
+    assert_eq!(p.domain_rule_count(), 12_000);
+    assert!(p.check_name("h11999.example.com").is_allowed());
+    assert!(!p.check_name("h12000.example.com").is_allowed());
+}
