@@ -1174,11 +1174,7 @@ impl Datapath {
                             }
                         }
                     }
-                    if !*host_write_shut
-                        && !sock.may_recv()
-                        && !sock.can_recv()
-                        && sock.state() != tcp::State::SynReceived
-                    {
+                    if !*host_write_shut && guest_finished(sock) {
                         *host_write_shut = true;
                         let _ = socket2::SockRef::from(&*host).shutdown(std::net::Shutdown::Write);
                     }
@@ -1245,7 +1241,7 @@ impl Datapath {
                                 continue;
                             }
                         }
-                        if !sock.may_recv() && sock.state() != tcp::State::SynReceived {
+                        if guest_finished(sock) {
                             sock.close();
                         }
                     }
@@ -1440,6 +1436,17 @@ impl Datapath {
             }
         }
     }
+}
+
+/// Whether the guest has sent its FIN (or the connection is gone) and every
+/// received byte has been read. False before the handshake completes (a
+/// `SynSent`/`SynReceived` socket cannot receive yet either).
+fn guest_finished(sock: &tcp::Socket<'_>) -> bool {
+    use tcp::State::{CloseWait, Closed, Closing, LastAck, TimeWait};
+    matches!(
+        sock.state(),
+        CloseWait | LastAck | Closing | TimeWait | Closed
+    ) && !sock.can_recv()
 }
 
 /// The sequence number of a held SYN frame (0 when it cannot be read).
