@@ -68,6 +68,8 @@ const DNS_TIMEOUT: Duration = Duration::from_secs(3);
 const COUNTER_LOG_INTERVAL: Duration = Duration::from_secs(60);
 /// First local port for published-port connections into the guest.
 const PUBLISH_PORT_BASE: u16 = 49152;
+/// Host peers of published UDP ports remembered at once (for replies).
+const MAX_UDP_PUBLISH_PEERS: usize = 1024;
 
 /// Messages from helper tasks to the datapath.
 #[derive(Debug)]
@@ -107,6 +109,17 @@ pub enum Event {
         stream: TcpStream,
         /// Guest port to connect to.
         guest_port: u16,
+    },
+    /// A datagram to a published UDP port.
+    PublishUdp {
+        /// The host socket it arrived on (replies leave through it).
+        socket: Arc<tokio::net::UdpSocket>,
+        /// The host peer that sent it.
+        peer: SocketAddr,
+        /// Guest port to deliver to.
+        guest_port: u16,
+        /// The payload.
+        data: Vec<u8>,
     },
     /// Log the counters now (SIGUSR1).
     DumpCounters,
@@ -277,6 +290,10 @@ pub struct Datapath {
     next_id: u64,
     next_publish_port: u16,
     dns_in_flight: usize,
+    /// Published UDP: gateway-side port -> (host socket, host peer).
+    udp_published: HashMap<u16, (Arc<tokio::net::UdpSocket>, SocketAddr)>,
+    /// Published UDP: (host socket address, host peer) -> gateway-side port.
+    udp_published_by_peer: HashMap<(SocketAddr, SocketAddr), u16>,
     events: mpsc::UnboundedSender<Event>,
     epoch: Instant,
 }
@@ -338,6 +355,8 @@ impl Datapath {
             next_id: 1,
             next_publish_port: PUBLISH_PORT_BASE,
             dns_in_flight: 0,
+            udp_published: HashMap::new(),
+            udp_published_by_peer: HashMap::new(),
             events,
             epoch,
         }
@@ -457,6 +476,14 @@ impl Datapath {
             let delay = delay
                 .unwrap_or(Duration::from_secs(1))
                 .min(self.next_inspect_deadline());
+            // With the output batch full, smoltcp's "poll now" cannot make
+            // progress: wait for the guest to drain instead of spinning.
+            let tx_full = self.tx.queued() >= TX_HIGH_WATER;
+            let delay = if tx_full {
+                delay.max(Duration::from_millis(100))
+            } else {
+                delay
+            };
             if delay.is_zero() {
                 tokio::task::yield_now().await;
                 continue;
@@ -784,10 +811,55 @@ impl Datapath {
         }
     }
 
+    fn on_publish_udp(
+        &mut self,
+        socket: Arc<tokio::net::UdpSocket>,
+        peer: SocketAddr,
+        guest_port: u16,
+        data: &[u8],
+    ) {
+        let Ok(local) = socket.local_addr() else {
+            return;
+        };
+        let port = match self.udp_published_by_peer.get(&(local, peer)) {
+            Some(p) => *p,
+            None => {
+                if self.udp_published.len() >= MAX_UDP_PUBLISH_PEERS {
+                    self.udp_published.clear();
+                    self.udp_published_by_peer.clear();
+                }
+                let mut p = self.next_publish_port;
+                while self.udp_published.contains_key(&p) {
+                    p = p.checked_add(1).unwrap_or(PUBLISH_PORT_BASE);
+                }
+                self.next_publish_port = p.checked_add(1).unwrap_or(PUBLISH_PORT_BASE);
+                self.udp_published.insert(p, (socket, peer));
+                self.udp_published_by_peer.insert((local, peer), p);
+                p
+            }
+        };
+        let mac = self.guest_mac.unwrap_or([0xff; 6]);
+        packet::write_udp(
+            &mut self.tx,
+            self.cfg.gateway_mac,
+            mac,
+            SocketAddrV4::new(self.cfg.gateway_ip, port),
+            SocketAddrV4::new(self.cfg.guest_ip, guest_port),
+            data,
+        );
+    }
+
     fn on_udp(&mut self, frame: &[u8], src: SocketAddrV4, dst: SocketAddrV4, payload: &[u8]) {
         if *dst.ip() == self.cfg.gateway_ip && dst.port() == 53 {
             self.on_dns_udp(frame, src, payload);
             return;
+        }
+        if *dst.ip() == self.cfg.gateway_ip {
+            // A guest reply on a published UDP port goes back to the host peer.
+            if let Some((sock, peer)) = self.udp_published.get(&dst.port()) {
+                let _ = sock.try_send_to(payload, *peer);
+                return;
+            }
         }
         let key = FlowKey {
             transport: Transport::Udp,
@@ -953,6 +1025,12 @@ impl Datapath {
                 }
             }
             Event::PublishTcp { stream, guest_port } => self.on_publish(stream, guest_port),
+            Event::PublishUdp {
+                socket,
+                peer,
+                guest_port,
+                data,
+            } => self.on_publish_udp(socket, peer, guest_port, &data),
         }
         false
     }
@@ -1096,11 +1174,7 @@ impl Datapath {
                             }
                         }
                     }
-                    if !*host_write_shut
-                        && !sock.may_recv()
-                        && !sock.can_recv()
-                        && sock.state() != tcp::State::SynReceived
-                    {
+                    if !*host_write_shut && guest_finished(sock) {
                         *host_write_shut = true;
                         let _ = socket2::SockRef::from(&*host).shutdown(std::net::Shutdown::Write);
                     }
@@ -1167,7 +1241,7 @@ impl Datapath {
                                 continue;
                             }
                         }
-                        if !sock.may_recv() && sock.state() != tcp::State::SynReceived {
+                        if guest_finished(sock) {
                             sock.close();
                         }
                     }
@@ -1362,6 +1436,17 @@ impl Datapath {
             }
         }
     }
+}
+
+/// Whether the guest has sent its FIN (or the connection is gone) and every
+/// received byte has been read. False before the handshake completes (a
+/// `SynSent`/`SynReceived` socket cannot receive yet either).
+fn guest_finished(sock: &tcp::Socket<'_>) -> bool {
+    use tcp::State::{CloseWait, Closed, Closing, LastAck, TimeWait};
+    matches!(
+        sock.state(),
+        CloseWait | LastAck | Closing | TimeWait | Closed
+    ) && !sock.can_recv()
 }
 
 /// The sequence number of a held SYN frame (0 when it cannot be read).
