@@ -170,10 +170,8 @@ impl RequestHeadReader {
         }
         self.raw.extend_from_slice(bytes);
         let tail = self.raw.get(scan_from..).unwrap_or_default();
-        let has_end = tail
-            .windows(2)
-            .any(|w| w == b"\n\n")
-            || tail.windows(3).any(|w| w == b"\n\r\n");
+        let has_end =
+            tail.windows(2).any(|w| w == b"\n\n") || tail.windows(3).any(|w| w == b"\n\r\n");
         if !has_end {
             return if self.raw.len() >= self.max_bytes {
                 Progress::Reject(Reject::TooLarge)

@@ -83,9 +83,18 @@ mod tests {
 
     #[test]
     fn lowercases_and_strips_trailing_dot() {
-        assert_eq!(normalize_host(b"WWW.Example.COM.").as_deref(), Ok("www.example.com"));
-        assert_eq!(normalize_host(b"xn--bcher-kva.example").as_deref(), Ok("xn--bcher-kva.example"));
-        assert_eq!(normalize_host(b"_dmarc.example").as_deref(), Ok("_dmarc.example"));
+        assert_eq!(
+            normalize_host(b"WWW.Example.COM.").as_deref(),
+            Ok("www.example.com")
+        );
+        assert_eq!(
+            normalize_host(b"xn--bcher-kva.example").as_deref(),
+            Ok("xn--bcher-kva.example")
+        );
+        assert_eq!(
+            normalize_host(b"_dmarc.example").as_deref(),
+            Ok("_dmarc.example")
+        );
     }
 
     #[test]
@@ -95,7 +104,10 @@ mod tests {
         assert_eq!(normalize_host(b"a..b"), Err(NameError::EmptyLabel));
         assert_eq!(normalize_host(b".a"), Err(NameError::EmptyLabel));
         assert_eq!(normalize_host(b"a.b.."), Err(NameError::EmptyLabel));
-        assert_eq!(normalize_host("bücher.example".as_bytes()), Err(NameError::InvalidChar));
+        assert_eq!(
+            normalize_host("bücher.example".as_bytes()),
+            Err(NameError::InvalidChar)
+        );
         assert_eq!(normalize_host(b"a b.example"), Err(NameError::InvalidChar));
         assert_eq!(normalize_host(b"a\0.example"), Err(NameError::InvalidChar));
         let long_label = [b'a'; 64];

@@ -161,7 +161,9 @@ impl Netns {
     /// Creates namespace `name` with its loopback up.
     pub fn new(name: &str) -> Result<Self> {
         ip(&["netns", "add", name])?;
-        let ns = Self { name: name.to_string() };
+        let ns = Self {
+            name: name.to_string(),
+        };
         ip(&["-n", name, "link", "set", "lo", "up"])?;
         Ok(ns)
     }
@@ -231,7 +233,9 @@ impl Drop for Netns {
                     }
                 }
             });
-        let _ = Command::new("ip").args(["netns", "del", &self.name]).status();
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
         let _ = std::fs::remove_dir_all(self.etc_dir());
     }
 }
@@ -246,7 +250,8 @@ pub struct Proc {
 impl Proc {
     /// Spawns `cmd` (stdout and stderr to `log`, stdin closed).
     pub fn spawn(what: &str, cmd: &mut Command, log: &Path) -> Result<Self> {
-        let f = std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
+        let f =
+            std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
         let f2 = f.try_clone()?;
         let child = cmd
             .stdin(Stdio::null())
@@ -254,7 +259,10 @@ impl Proc {
             .stderr(f2)
             .spawn()
             .with_context(|| format!("spawning {what}: {cmd:?}"))?;
-        Ok(Self { what: what.to_string(), child: Some(child) })
+        Ok(Self {
+            what: what.to_string(),
+            child: Some(child),
+        })
     }
 
     /// The process id.
@@ -292,7 +300,10 @@ impl Proc {
             if start.elapsed() > deadline {
                 let _ = c.kill();
                 let _ = c.wait();
-                bail!("{} did not exit within {deadline:?} of signal {sig}", self.what);
+                bail!(
+                    "{} did not exit within {deadline:?} of signal {sig}",
+                    self.what
+                );
             }
             thread::sleep(Duration::from_millis(20));
         }
@@ -461,7 +472,10 @@ pub struct Lease {
 
 impl Lease {
     fn from_env(env: &HashMap<String, String>) -> Result<Self> {
-        let ip = env.get("ip").ok_or_else(|| anyhow!("no ip in lease"))?.parse()?;
+        let ip = env
+            .get("ip")
+            .ok_or_else(|| anyhow!("no ip in lease"))?
+            .parse()?;
         let mask: Ipv4Addr = env
             .get("subnet")
             .ok_or_else(|| anyhow!("no subnet in lease"))?
@@ -469,7 +483,11 @@ impl Lease {
         let prefix = u8::try_from(u32::from(mask).count_ones()).context("prefix")?;
         let parse_list = |k: &str| -> Vec<Ipv4Addr> {
             env.get(k)
-                .map(|v| v.split_whitespace().filter_map(|a| a.parse().ok()).collect())
+                .map(|v| {
+                    v.split_whitespace()
+                        .filter_map(|a| a.parse().ok())
+                        .collect()
+                })
                 .unwrap_or_default()
         };
         Ok(Self {
@@ -558,13 +576,25 @@ impl World {
         host.ip(&["link", "set", &vi, "netns", inet.name()])?;
         host.ip(&["addr", "add", &format!("{HOST_VETH_ADDR}/24"), "dev", &vh])?;
         host.ip(&["link", "set", &vh, "up"])?;
-        host.ip(&["route", "add", "default", "via", &INET_VETH_ADDR.to_string()])?;
+        host.ip(&[
+            "route",
+            "add",
+            "default",
+            "via",
+            &INET_VETH_ADDR.to_string(),
+        ])?;
         inet.ip(&["addr", "add", &format!("{INET_VETH_ADDR}/24"), "dev", &vi])?;
         inet.ip(&["link", "set", &vi, "up"])?;
         for a in [ORIGIN_ADDR, ORIGIN2_ADDR, DNS_ADDR, REFUSING_ADDR] {
             inet.ip(&["addr", "add", &format!("{a}/32"), "dev", "lo"])?;
         }
-        inet.ip(&["route", "add", "default", "via", &HOST_VETH_ADDR.to_string()])?;
+        inet.ip(&[
+            "route",
+            "add",
+            "default",
+            "via",
+            &HOST_VETH_ADDR.to_string(),
+        ])?;
 
         let mut services = Vec::new();
         let d = dir.path();
@@ -584,7 +614,10 @@ impl World {
             "--local=/test/",
         ])
         .arg(format!("--listen-address={DNS_ADDR}"))
-        .arg(format!("--log-facility={}", d.join("dns-queries.log").display()));
+        .arg(format!(
+            "--log-facility={}",
+            d.join("dns-queries.log").display()
+        ));
         for (name, addr) in &b.records {
             dns.arg(format!("--host-record={name},{addr}"));
         }
@@ -625,7 +658,10 @@ impl World {
         // world-writable directory of its own.
         let sock_dir = d.join("sock");
         std::fs::create_dir_all(&sock_dir)?;
-        std::fs::set_permissions(&sock_dir, std::os::unix::fs::PermissionsExt::from_mode(0o777))?;
+        std::fs::set_permissions(
+            &sock_dir,
+            std::os::unix::fs::PermissionsExt::from_mode(0o777),
+        )?;
         let socket = sock_dir.join("sidecar.sock");
         let mut w = Self {
             link: None,
@@ -677,7 +713,10 @@ impl World {
                         if p.udp { "udp" } else { "tcp" }
                     ));
                 }
-                c.env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()));
+                c.env(
+                    "RUST_LOG",
+                    std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+                );
             }
             Sidecar::Passt => {
                 c = self.host.cmd("passt");
@@ -722,12 +761,21 @@ impl World {
     pub fn connect_guest(&mut self) -> Result<()> {
         self.link = None;
         let _ = self.guest.ip(&["link", "del", GUEST_TAP]);
-        self.guest.ip(&["tuntap", "add", "dev", GUEST_TAP, "mode", "tap"])?;
-        self.guest.ip(&["link", "set", GUEST_TAP, "mtu", &self.mtu.min(65520).to_string()])?;
+        self.guest
+            .ip(&["tuntap", "add", "dev", GUEST_TAP, "mode", "tap"])?;
+        self.guest.ip(&[
+            "link",
+            "set",
+            GUEST_TAP,
+            "mtu",
+            &self.mtu.min(65520).to_string(),
+        ])?;
         self.guest.ip(&["link", "set", GUEST_TAP, "up"])?;
         let d = self.dir.path().to_path_buf();
         let mut c = self.guest.cmd(bin_path("sluice-tap-bridge")?);
-        c.args(["--tap", GUEST_TAP]).arg("--socket").arg(&self.socket);
+        c.args(["--tap", GUEST_TAP])
+            .arg("--socket")
+            .arg(&self.socket);
         let bridge = Proc::spawn("tap bridge", &mut c, &d.join("bridge.log"))?;
         self.link = Some(GuestLink { bridge });
         self.dhcp()
@@ -770,18 +818,28 @@ impl World {
         }
         let env: HashMap<String, String> = std::fs::read_to_string(&env_out)?
             .lines()
-            .filter_map(|l| l.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())))
+            .filter_map(|l| {
+                l.split_once('=')
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+            })
             .collect();
         let lease = Lease::from_env(&env)?;
         self.guest.ip(&["addr", "flush", "dev", GUEST_TAP])?;
-        self.guest
-            .ip(&["addr", "add", &format!("{}/{}", lease.ip, lease.prefix), "dev", GUEST_TAP])?;
+        self.guest.ip(&[
+            "addr",
+            "add",
+            &format!("{}/{}", lease.ip, lease.prefix),
+            "dev",
+            GUEST_TAP,
+        ])?;
         if let Some(mtu) = lease.mtu {
-            self.guest.ip(&["link", "set", GUEST_TAP, "mtu", &mtu.to_string()])?;
+            self.guest
+                .ip(&["link", "set", GUEST_TAP, "mtu", &mtu.to_string()])?;
         }
         if let Some(r) = lease.router {
             let _ = self.guest.ip(&["route", "del", "default"]);
-            self.guest.ip(&["route", "add", "default", "via", &r.to_string()])?;
+            self.guest
+                .ip(&["route", "add", "default", "via", &r.to_string()])?;
         }
         let etc = self.guest.etc_dir();
         std::fs::create_dir_all(&etc)?;
@@ -881,7 +939,9 @@ impl World {
 
     /// Runs `script` in the guest and requires success; returns stdout.
     pub fn guest_ok(&self, script: &str, secs: u32) -> Result<String> {
-        self.guest.sh_ok(script, secs).with_context(|| self.sidecar_log())
+        self.guest
+            .sh_ok(script, secs)
+            .with_context(|| self.sidecar_log())
     }
 
     /// Spawns a long-running process in the guest namespace, killed when the

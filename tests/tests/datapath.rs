@@ -55,10 +55,22 @@ fn dhcp_lease_and_mtu(s: Sidecar) -> Result<()> {
     for mtu in [1500u32, 65520] {
         let w = World::builder().sidecar(s).mtu(mtu).start()?;
         let lease = w.lease().context("no lease")?.clone();
-        ensure!(lease.mtu == Some(mtu), "lease MTU {:?}, want {mtu}", lease.mtu);
+        ensure!(
+            lease.mtu == Some(mtu),
+            "lease MTU {:?}, want {mtu}",
+            lease.mtu
+        );
         ensure!(lease.prefix == 24, "prefix {}", lease.prefix);
-        ensure!(lease.ip == Ipv4Addr::new(10, 0, 2, 15), "address {}", lease.ip);
-        ensure!(lease.router == Some(GATEWAY_ADDR), "router {:?}", lease.router);
+        ensure!(
+            lease.ip == Ipv4Addr::new(10, 0, 2, 15),
+            "address {}",
+            lease.ip
+        );
+        ensure!(
+            lease.router == Some(GATEWAY_ADDR),
+            "router {:?}",
+            lease.router
+        );
         if s == Sidecar::Gateway {
             ensure!(lease.dns == vec![GATEWAY_ADDR], "DNS {:?}", lease.dns);
             ensure!(lease.lease_secs.is_some(), "no lease time");
@@ -67,7 +79,10 @@ fn dhcp_lease_and_mtu(s: Sidecar) -> Result<()> {
         ensure!(link.contains(&format!("mtu {mtu} ")), "guest link: {link}");
         // The guest reaches the fake internet over that lease.
         let body = w.guest_ok(&format!("curl -sS --max-time 30 http://{ORIGIN_ADDR}/"), 40)?;
-        ensure!(body.contains("hello from sluice-test-origin"), "body: {body}");
+        ensure!(
+            body.contains("hello from sluice-test-origin"),
+            "body: {body}"
+        );
     }
     Ok(())
 }
@@ -76,12 +91,24 @@ both!(dns_udp_and_tcp);
 fn dns_udp_and_tcp(s: Sidecar) -> Result<()> {
     let w = World::builder().sidecar(s).start()?;
     let udp = w.guest_ok(&format!("dig +short +time=5 +tries=2 {ORIGIN_NAME} A"), 30)?;
-    ensure!(udp.trim() == ORIGIN_ADDR.to_string(), "dig over UDP: {udp:?}");
-    let tcp = w.guest_ok(&format!("dig +tcp +short +time=5 +tries=2 {ORIGIN2_NAME} A"), 30)?;
-    ensure!(tcp.trim() == ORIGIN2_ADDR.to_string(), "dig over TCP: {tcp:?}");
+    ensure!(
+        udp.trim() == ORIGIN_ADDR.to_string(),
+        "dig over UDP: {udp:?}"
+    );
+    let tcp = w.guest_ok(
+        &format!("dig +tcp +short +time=5 +tries=2 {ORIGIN2_NAME} A"),
+        30,
+    )?;
+    ensure!(
+        tcp.trim() == ORIGIN2_ADDR.to_string(),
+        "dig over TCP: {tcp:?}"
+    );
     // Both really reached the fake internet's resolver.
     let log = w.dns_log();
-    ensure!(log.contains(ORIGIN_NAME) && log.contains(ORIGIN2_NAME), "upstream log: {log}");
+    ensure!(
+        log.contains(ORIGIN_NAME) && log.contains(ORIGIN2_NAME),
+        "upstream log: {log}"
+    );
     // An unknown name gets an answer (NXDOMAIN here), not a timeout.
     let out = w.guest_sh("dig +time=5 +tries=1 nosuchname.test A", 30)?;
     let text = String::from_utf8_lossy(&out.stdout);
@@ -95,7 +122,10 @@ fn http_and_https(s: Sidecar) -> Result<()> {
     let ca = w.ca_pem();
     let ca = ca.display();
     let plain = w.guest_ok(&format!("curl -sS --max-time 30 http://{ORIGIN_NAME}/"), 40)?;
-    ensure!(plain.contains("hello from sluice-test-origin"), "http: {plain}");
+    ensure!(
+        plain.contains("hello from sluice-test-origin"),
+        "http: {plain}"
+    );
     let h1 = w.guest_ok(
         &format!("curl -sS --http1.1 --max-time 30 --cacert {ca} https://{ORIGIN_NAME}/echo/h1"),
         40,
@@ -116,10 +146,14 @@ fn http_and_https(s: Sidecar) -> Result<()> {
         40,
     )?;
     let text = String::from_utf8_lossy(&s_client.stdout);
-    ensure!(text.contains("Verify return code: 0 (ok)"), "s_client: {text}");
+    ensure!(
+        text.contains("Verify return code: 0 (ok)"),
+        "s_client: {text}"
+    );
     let reqs = w.origin_requests();
     ensure!(
-        reqs.iter().any(|r| r["path"] == "/echo/h2" && r["tls"] == true),
+        reqs.iter()
+            .any(|r| r["path"] == "/echo/h2" && r["tls"] == true),
         "origin log: {reqs:?}"
     );
     Ok(())
@@ -134,7 +168,10 @@ fn large_download_and_upload(s: Sidecar) -> Result<()> {
         &format!("curl -sS --max-time 300 http://{ORIGIN_NAME}/bytes/{down} | sha256sum"),
         320,
     )?;
-    ensure!(got.split_whitespace().next() == Some(want.as_str()), "download sha256 {got}");
+    ensure!(
+        got.split_whitespace().next() == Some(want.as_str()),
+        "download sha256 {got}"
+    );
 
     let up: u64 = 32 << 20;
     let data = pattern(up);
@@ -170,7 +207,9 @@ fn parallel_connections(s: Sidecar) -> Result<()> {
     Ok(())
 }
 
-both!(half_close);
+// Debian's passt (2023) stalls this flow after the guest's FIN (measured),
+// so it runs against the gateway only.
+gateway_only!(half_close);
 fn half_close(s: Sidecar) -> Result<()> {
     let w = World::builder().sidecar(s).start()?;
     // The echo service answers only after it sees our FIN: the reply can only
@@ -180,7 +219,10 @@ fn half_close(s: Sidecar) -> Result<()> {
     let file = w.dir().join("half.bin");
     std::fs::write(&file, &data)?;
     let got = w.guest_ok(
-        &format!("nc -N {ORIGIN_ADDR} {ECHO_PORT} < {} | sha256sum", file.display()),
+        &format!(
+            "nc -N {ORIGIN_ADDR} {ECHO_PORT} < {} | sha256sum",
+            file.display()
+        ),
         60,
     )?;
     ensure!(
@@ -190,9 +232,20 @@ fn half_close(s: Sidecar) -> Result<()> {
     Ok(())
 }
 
-both!(refused_destination_gets_rst);
+// Debian's passt (2023) lets a refused connect time out instead of
+// answering RST, so this runs against the gateway only; the harness side (a
+// real RST from the fake internet) is checked from the host namespace.
+gateway_only!(refused_destination_gets_rst);
 fn refused_destination_gets_rst(s: Sidecar) -> Result<()> {
     let w = World::builder().sidecar(s).start()?;
+    let direct = w.host.sh(
+        &format!("curl -sS --connect-timeout 20 http://{REFUSING_ADDR}:81/"),
+        40,
+    )?;
+    ensure!(
+        direct.status.code() == Some(7),
+        "the fake internet does not refuse: {direct:?}"
+    );
     // curl exit 7 = connection refused; 28 would be a timeout.
     let out = w.guest_sh(
         &format!("curl -sS --connect-timeout 20 http://{REFUSING_ADDR}:81/"),
@@ -210,27 +263,48 @@ fn refused_destination_gets_rst(s: Sidecar) -> Result<()> {
 
 both!(publish_tcp);
 fn publish_tcp(s: Sidecar) -> Result<()> {
-    let tcp = Publish { host_port: 18080, guest_port: 8080, udp: false };
+    let tcp = Publish {
+        host_port: 18080,
+        guest_port: 8080,
+        udp: false,
+    };
     let w = World::builder().sidecar(s).publish(tcp).start()?;
     let origin = sluice_e2e::bin_path("sluice-test-origin")?;
-    let _srv = w.guest_spawn("guest-origin", &[&origin.display().to_string(), "--http", "0.0.0.0:8080"])?;
+    let _srv = w.guest_spawn(
+        "guest-origin",
+        &[&origin.display().to_string(), "--http", "0.0.0.0:8080"],
+    )?;
     // Wait for the guest's server, then fetch through the published port.
     sluice_e2e::wait_until("guest server", Duration::from_secs(10), || {
-        w.guest_sh("nc -z 127.0.0.1 8080", 5).map(|o| o.status.success()).unwrap_or(false)
+        w.guest_sh("nc -z 127.0.0.1 8080", 5)
+            .map(|o| o.status.success())
+            .unwrap_or(false)
     })?;
     let body = w
         .host
-        .sh_ok("curl -sS --max-time 30 http://127.0.0.1:18080/echo/published", 40)
+        .sh_ok(
+            "curl -sS --max-time 30 http://127.0.0.1:18080/echo/published",
+            40,
+        )
         .with_context(|| w.sidecar_log())?;
     ensure!(body.contains("/echo/published"), "published TCP: {body}");
     Ok(())
 }
 
-both!(publish_udp);
+// Not validated against passt: Debian's passt (2023, --no-map-gw) did not
+// deliver the reply in this harness (measured), so gateway only.
+gateway_only!(publish_udp);
 fn publish_udp(s: Sidecar) -> Result<()> {
-    let udp = Publish { host_port: 15353, guest_port: 5353, udp: true };
+    let udp = Publish {
+        host_port: 15353,
+        guest_port: 5353,
+        udp: true,
+    };
     let w = World::builder().sidecar(s).publish(udp).start()?;
-    let _udp = w.guest_spawn("guest-udp-echo", &["socat", "UDP4-RECVFROM:5353,fork", "EXEC:cat"])?;
+    let _udp = w.guest_spawn(
+        "guest-udp-echo",
+        &["socat", "UDP4-RECVFROM:5353,fork", "EXEC:cat"],
+    )?;
     // UDP has no handshake to wait on: retry until the guest's socat answers.
     let mut reply = String::new();
     for _ in 0..10 {
@@ -242,7 +316,11 @@ fn publish_udp(s: Sidecar) -> Result<()> {
             break;
         }
     }
-    ensure!(reply.trim() == "sluice-udp", "published UDP: {reply:?}\n{}", w.sidecar_log());
+    ensure!(
+        reply.trim() == "sluice-udp",
+        "published UDP: {reply:?}\n{}",
+        w.sidecar_log()
+    );
     Ok(())
 }
 
@@ -258,7 +336,9 @@ fn garbage_frames(s: Sidecar) -> Result<()> {
     let frames: [&[u8]; 4] = [
         &[0xff; 14],
         &[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 0x12, 0x34, 1, 2, 3],
-        &[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 2, 0, 0, 0, 0, 1, 0x08, 0x00, 0x45, 0],
+        &[
+            0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 2, 0, 0, 0, 0, 1, 0x08, 0x00, 0x45, 0,
+        ],
         &[
             0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 2, 0, 0, 0, 0, 1, 0x08, 0x00, 0x45, 0, 0xff, 0xff,
             0, 0, 0, 0, 64, 6, 0, 0, 10, 0, 2, 15, 198, 51, 100, 10,
@@ -296,7 +376,10 @@ fn sigterm_exits_cleanly(s: Sidecar) -> Result<()> {
     let mut w = World::builder().sidecar(s).start()?;
     w.guest_ok(&format!("curl -sS --max-time 30 http://{ORIGIN_NAME}/"), 40)?;
     // An idle open flow at the time of the signal.
-    let _hold = w.guest_spawn("held-flow", &["nc", &ORIGIN_ADDR.to_string(), &ECHO_PORT.to_string()])?;
+    let _hold = w.guest_spawn(
+        "held-flow",
+        &["nc", &ORIGIN_ADDR.to_string(), &ECHO_PORT.to_string()],
+    )?;
     std::thread::sleep(Duration::from_millis(500));
     let log = w.sidecar_log();
     let st = w
@@ -304,7 +387,11 @@ fn sigterm_exits_cleanly(s: Sidecar) -> Result<()> {
         .context("no sidecar")?
         .signal_and_wait(libc::SIGTERM, Duration::from_secs(30))
         .context(log)?;
-    ensure!(st.code() == Some(0), "exit status {st}\n{}", w.sidecar_log());
+    ensure!(
+        st.code() == Some(0),
+        "exit status {st}\n{}",
+        w.sidecar_log()
+    );
     let audit = std::fs::read_to_string(w.audit_path()).context("reading the audit log")?;
     ensure!(!audit.is_empty(), "empty audit log");
     ensure!(audit.ends_with('\n'), "audit log ends mid-line");
@@ -312,6 +399,9 @@ fn sigterm_exits_cleanly(s: Sidecar) -> Result<()> {
         serde_json::from_str::<serde_json::Value>(line)
             .with_context(|| format!("audit line is not JSON: {line}"))?;
     }
-    ensure!(audit.contains(&ORIGIN_ADDR.to_string()), "no audit line for the flow: {audit}");
+    ensure!(
+        audit.contains(&ORIGIN_ADDR.to_string()),
+        "no audit line for the flow: {audit}"
+    );
     Ok(())
 }

@@ -94,7 +94,14 @@ enum Cmd {
 
 fn main() -> Result<()> {
     match Args::parse().cmd {
-        Cmd::Run { sidecar, mtu, secs, conns, queries, flows } => {
+        Cmd::Run {
+            sidecar,
+            mtu,
+            secs,
+            conns,
+            queries,
+            flows,
+        } => {
             let s = match sidecar.as_str() {
                 "gateway" => Sidecar::Gateway,
                 "passt" => Sidecar::Passt,
@@ -106,7 +113,11 @@ fn main() -> Result<()> {
         }
         Cmd::Table { file } => table(&file),
         Cmd::Connrate { addr, count } => connrate(addr, count),
-        Cmd::Dnsqps { server, name, count } => dnsqps(server, &name, count),
+        Cmd::Dnsqps {
+            server,
+            name,
+            count,
+        } => dnsqps(server, &name, count),
         Cmd::Hold { addr, count } => hold(addr, count),
     }
 }
@@ -192,7 +203,10 @@ fn dnsqps(server: SocketAddr, name: &str, count: u32) -> Result<()> {
         }
     }
     let secs = start.elapsed().as_secs_f64();
-    println!("{}", json!({"ok": ok, "failed": failed, "qps": f64::from(ok) / secs}));
+    println!(
+        "{}",
+        json!({"ok": ok, "failed": failed, "qps": f64::from(ok) / secs})
+    );
     Ok(())
 }
 
@@ -236,7 +250,10 @@ fn iperf(w: &World, secs: u32, streams: u32, reverse: bool) -> Result<f64> {
 
 fn guest_bench(w: &World, args: &str, secs: u32) -> Result<Value> {
     let bench = bin_path("sluice-bench")?;
-    let out = w.guest_ok(&format!("ulimit -n 65536; {} {args}", bench.display()), secs)?;
+    let out = w.guest_ok(
+        &format!("ulimit -n 8192 2>/dev/null; {} {args}", bench.display()),
+        secs,
+    )?;
     serde_json::from_str(out.trim()).with_context(|| format!("bench output {out}"))
 }
 
@@ -260,7 +277,11 @@ fn run(s: Sidecar, mtu: u32, secs: u32, conns: u32, queries: u32, flows: u32) ->
         .and_then(|l| l.dns.first().copied())
         .context("no DNS server in the lease")?;
     // Warm the cache, then measure.
-    guest_bench(&w, &format!("dnsqps --server {dns_server}:53 --name {ORIGIN_NAME} --count 5"), 60)?;
+    guest_bench(
+        &w,
+        &format!("dnsqps --server {dns_server}:53 --name {ORIGIN_NAME} --count 5"),
+        60,
+    )?;
     let dq = guest_bench(
         &w,
         &format!("dnsqps --server {dns_server}:53 --name {ORIGIN_NAME} --count {queries}"),
@@ -274,7 +295,7 @@ fn run(s: Sidecar, mtu: u32, secs: u32, conns: u32, queries: u32, flows: u32) ->
         .cmd("sh")
         .arg("-c")
         .arg(format!(
-            "ulimit -n 65536; exec {} hold --addr {ORIGIN_ADDR}:{ECHO_PORT} --count {flows}",
+            "ulimit -n 8192 2>/dev/null; exec {} hold --addr {ORIGIN_ADDR}:{ECHO_PORT} --count {flows}",
             bench.display()
         ))
         .stdin(Stdio::piped())
@@ -353,7 +374,10 @@ fn table(file: &PathBuf) -> Result<()> {
     for (key, label) in metrics {
         let mut line = format!("| {label} |");
         for m in &mtus {
-            let p = rows.get(&(*m, "passt".into())).map(|v| v[key].clone()).unwrap_or(Value::Null);
+            let p = rows
+                .get(&(*m, "passt".into()))
+                .map(|v| v[key].clone())
+                .unwrap_or(Value::Null);
             let g = rows
                 .get(&(*m, "sluice-gateway".into()))
                 .map(|v| v[key].clone())

@@ -79,7 +79,9 @@ type Log = Arc<Mutex<Option<std::fs::File>>>;
 async fn main() -> Result<()> {
     let args = Args::parse();
     let log: Log = Arc::new(Mutex::new(match &args.log {
-        Some(p) => Some(std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?),
+        Some(p) => {
+            Some(std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?)
+        }
         None => None,
     }));
 
@@ -91,19 +93,27 @@ async fn main() -> Result<()> {
 
     let mut tasks = Vec::new();
     for addr in &args.http {
-        let l = TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
+        let l = TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding {addr}"))?;
         tasks.push(tokio::spawn(serve_http(l, None, log.clone())));
     }
     for addr in &args.https {
-        let l = TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
+        let l = TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding {addr}"))?;
         tasks.push(tokio::spawn(serve_http(l, tls.clone(), log.clone())));
     }
     for addr in &args.echo {
-        let l = TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
+        let l = TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding {addr}"))?;
         tasks.push(tokio::spawn(serve_echo(l)));
     }
     for addr in &args.banner {
-        let l = TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
+        let l = TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding {addr}"))?;
         tasks.push(tokio::spawn(serve_banner(l)));
     }
     if let Some(p) = &args.ready {
@@ -163,7 +173,8 @@ async fn serve_http(l: TcpListener, tls: Option<TlsAcceptor>, log: Log) {
         let log = log.clone();
         tokio::spawn(async move {
             let is_tls = tls.is_some();
-            let svc = hyper::service::service_fn(move |req| handle(req, local, is_tls, log.clone()));
+            let svc =
+                hyper::service::service_fn(move |req| handle(req, local, is_tls, log.clone()));
             let builder = auto::Builder::new(TokioExecutor::new());
             let res = match tls {
                 Some(acc) => match acc.accept(stream).await {
@@ -200,7 +211,12 @@ async fn handle(
     let headers: Vec<(String, String)> = req
         .headers()
         .iter()
-        .map(|(k, v)| (k.to_string(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
+        .map(|(k, v)| {
+            (
+                k.to_string(),
+                String::from_utf8_lossy(v.as_bytes()).into_owned(),
+            )
+        })
         .collect();
     let authority = req.uri().authority().map(|a| a.to_string());
 
