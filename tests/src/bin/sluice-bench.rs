@@ -126,8 +126,12 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
     }
-    let idx = ((sorted.len() - 1) as f64 * p).round() as usize;
-    sorted[idx.min(sorted.len() - 1)]
+    // Nearest-rank on the sorted sample; p is in [0, 1].
+    let last = sorted.len() - 1;
+    let idx = (0..=last)
+        .find(|&i| i as f64 >= last as f64 * p - 0.5)
+        .unwrap_or(last);
+    sorted[idx]
 }
 
 fn connrate(addr: SocketAddr, count: u32) -> Result<()> {
