@@ -272,10 +272,10 @@ impl Proc {
 
     /// Fails if the process has already exited.
     pub fn check_alive(&mut self) -> Result<()> {
-        if let Some(c) = self.child.as_mut() {
-            if let Some(st) = c.try_wait()? {
-                bail!("{} exited early: {st}", self.what);
-            }
+        if let Some(c) = self.child.as_mut()
+            && let Some(st) = c.try_wait()?
+        {
+            bail!("{} exited early: {st}", self.what);
         }
         Ok(())
     }
@@ -953,5 +953,59 @@ impl World {
         let mut c = self.guest.cmd(prog);
         c.args(rest);
         Proc::spawn(what, &mut c, &self.dir.path().join(format!("{what}.log")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lease_from_udhcpc_env() -> Result<()> {
+        let env: HashMap<String, String> = [
+            ("ip", "10.0.2.15"),
+            ("subnet", "255.255.255.0"),
+            ("router", "10.0.2.2"),
+            ("dns", "10.0.2.2 10.0.2.3"),
+            ("mtu", "1500"),
+            ("lease", "3600"),
+            ("serverid", "10.0.2.2"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let l = Lease::from_env(&env)?;
+        assert_eq!(l.ip, Ipv4Addr::new(10, 0, 2, 15));
+        assert_eq!(l.prefix, 24);
+        assert_eq!(l.router, Some(Ipv4Addr::new(10, 0, 2, 2)));
+        assert_eq!(l.dns.len(), 2);
+        assert_eq!(l.mtu, Some(1500));
+        assert_eq!(l.lease_secs, Some(3600));
+        Ok(())
+    }
+
+    #[test]
+    fn lease_without_address_is_an_error() {
+        let env = HashMap::from([("subnet".to_string(), "255.255.255.0".to_string())]);
+        assert!(Lease::from_env(&env).is_err());
+    }
+
+    #[test]
+    fn pattern_is_not_periodic_in_powers_of_two() {
+        let p = pattern(1 << 17);
+        assert_ne!(p[..4096], p[4096..8192]);
+        assert_ne!(p[..65536], p[65536..]);
+        assert_eq!(
+            sha256_hex(b""),
+            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+        );
+    }
+
+    #[test]
+    fn unique_names_fit_interface_names() {
+        let a = unique_name();
+        let b = unique_name();
+        assert_ne!(a, b);
+        assert!(a.len() + 1 < libc::IFNAMSIZ, "{a}");
     }
 }

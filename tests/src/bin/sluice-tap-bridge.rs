@@ -69,10 +69,10 @@ fn main() -> Result<()> {
         // with the process.
         Ok(()) => Ok(()),
         Err(e) => {
-            if up.is_finished() {
-                if let Ok(Err(e2)) = up.join() {
-                    eprintln!("sluice-tap-bridge: tap to socket: {e2:#}");
-                }
+            if up.is_finished()
+                && let Ok(Err(e2)) = up.join()
+            {
+                eprintln!("sluice-tap-bridge: tap to socket: {e2:#}");
             }
             Err(e)
         }
@@ -96,8 +96,8 @@ fn open_tap(name: &str) -> Result<File> {
     for (dst, src) in req.ifr_name.iter_mut().zip(bytes) {
         *dst = *src as libc::c_char;
     }
-    // IFF_TAP (0x0002) and IFF_NO_PI (0x1000) fit in a c_short.
-    req.ifr_ifru.ifru_flags = (libc::IFF_TAP | libc::IFF_NO_PI) as libc::c_short;
+    req.ifr_ifru.ifru_flags =
+        libc::c_short::try_from(libc::IFF_TAP | libc::IFF_NO_PI).context("TAP flags")?;
     // SAFETY: the fd is open and valid for the call, and `req` is a properly
     // initialised ifreq that outlives the call, as TUNSETIFF expects.
     let rc = unsafe { libc::ioctl(file.as_raw_fd(), libc::TUNSETIFF, &mut req) };

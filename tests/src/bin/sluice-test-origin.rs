@@ -245,10 +245,10 @@ async fn handle(
         "headers": headers,
         "body_len": len,
     });
-    if let Ok(mut g) = log.lock() {
-        if let Some(f) = g.as_mut() {
-            let _ = writeln!(f, "{line}");
-        }
+    if let Ok(mut g) = log.lock()
+        && let Some(f) = g.as_mut()
+    {
+        let _ = writeln!(f, "{line}");
     }
 
     let resp = if let Some(n) = path.strip_prefix("/bytes/") {
