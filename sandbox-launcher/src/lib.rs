@@ -6,6 +6,8 @@
 //! choice and the QEMU command line), `spawn` (children that never outlive
 //! the launcher), [`run`] (`sluice run`), [`doctor`] (`sluice doctor`).
 
+use std::io::Write as _;
+
 pub mod doctor;
 pub mod image;
 pub mod jail;
@@ -33,7 +35,7 @@ pub fn image_build_main(
     });
     match result {
         Ok(img) => {
-            println!("{}", img.dir.display());
+            let _ = writeln!(std::io::stdout(), "{}", img.dir.display());
             0
         }
         Err(e) => {

@@ -688,7 +688,7 @@ impl Session {
                 },
                 "isolation": crate::doctor::layers_summary(),
             });
-            println!("{result}");
+            let _ = writeln!(io::stdout(), "{result}");
         }
         code
     }
