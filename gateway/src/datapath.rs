@@ -535,6 +535,7 @@ impl Datapath {
         self.counters.frames_in += 1;
         match packet::classify(frame, &self.addresses()) {
             Class::Stack => self.ingress(frame),
+            Class::IcmpEcho => packet::write_echo_reply(&mut self.tx, self.cfg.gateway_mac, frame),
             Class::TcpSyn { src, dst, seq } => self.on_syn(frame, src, dst, seq),
             Class::Dhcp { start, end } => {
                 if let Some(payload) = frame.get(start..end) {
@@ -578,7 +579,7 @@ impl Datapath {
             mtu: usize::from(self.cfg.mtu),
         };
         self.iface.poll_maintenance(now);
-        for _ in 0..64 {
+        for _ in 0..256 {
             if matches!(
                 self.iface.poll_egress(now, &mut dev, &mut self.sockets),
                 smoltcp::iface::PollResult::None
@@ -1370,4 +1371,258 @@ fn syn_seq(frame: &[u8]) -> u32 {
     frame
         .get(at..at + 4)
         .map_or(0, |b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::DEFAULT_SUBNET;
+    use crate::packet::tests::{GUEST_MAC, tcp_frame, udp_frame};
+    use smoltcp::wire::{
+        ArpOperation, ArpPacket, ArpRepr, EthernetFrame, EthernetProtocol, IpProtocol, Ipv4Packet,
+        TcpControl, TcpPacket,
+    };
+    use std::sync::Mutex;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    /// Allows everything except port 9, which the "policy" denies.
+    struct TestDecider;
+    impl Decider for TestDecider {
+        fn decide_tcp(&self, flow: &FlowKey, _ctx: &DecideContext<'_>) -> Decision {
+            if flow.dst.port() == 9 {
+                Decision::Deny(DenyReason::Policy("test_denied"))
+            } else {
+                Decision::Allow
+            }
+        }
+        fn decide_udp(&self, _flow: &FlowKey, _ctx: &DecideContext<'_>) -> Decision {
+            Decision::Deny(DenyReason::UdpNotAllowed)
+        }
+    }
+
+    #[derive(Clone, Default)]
+    struct SharedBuf(Arc<Mutex<Vec<u8>>>);
+    impl io::Write for SharedBuf {
+        fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    struct Guest {
+        stream: UnixStream,
+        buf: Vec<u8>,
+    }
+
+    impl Guest {
+        async fn send(&mut self, frames: &[Vec<u8>]) {
+            let mut out = Vec::new();
+            for f in frames {
+                out.extend_from_slice(&u32::try_from(f.len()).unwrap().to_be_bytes());
+                out.extend_from_slice(f);
+            }
+            self.stream.write_all(&out).await.unwrap();
+        }
+
+        /// Next frame from the gateway; a generous bound keeps a broken gateway from hanging the test.
+        async fn recv(&mut self) -> Vec<u8> {
+            loop {
+                if self.buf.len() >= 4 {
+                    let n = u32::from_be_bytes(self.buf[..4].try_into().unwrap()) as usize;
+                    if self.buf.len() >= 4 + n {
+                        let f = self.buf[4..4 + n].to_vec();
+                        self.buf.drain(..4 + n);
+                        return f;
+                    }
+                }
+                let mut chunk = vec![0u8; 65536];
+                let n = tokio::time::timeout(Duration::from_secs(30), self.stream.read(&mut chunk))
+                    .await
+                    .expect("gateway sent nothing")
+                    .unwrap();
+                assert!(n > 0, "gateway closed the stream");
+                self.buf.extend_from_slice(&chunk[..n]);
+            }
+        }
+
+        /// Next TCP segment (answering ARP requests for the guest on the way).
+        async fn recv_tcp(&mut self) -> (SocketAddrV4, SocketAddrV4, TcpControl, u32, Option<u32>) {
+            loop {
+                let f = self.recv().await;
+                let eth = EthernetFrame::new_checked(&f[..]).unwrap();
+                if eth.ethertype() == EthernetProtocol::Arp {
+                    let arp = ArpPacket::new_checked(eth.payload()).unwrap();
+                    assert_eq!(arp.operation(), ArpOperation::Request);
+                    let reply = ArpRepr::EthernetIpv4 {
+                        operation: ArpOperation::Reply,
+                        source_hardware_addr: EthernetAddress(GUEST_MAC),
+                        source_protocol_addr: Ipv4Addr::new(10, 0, 2, 15),
+                        target_hardware_addr: eth.src_addr(),
+                        target_protocol_addr: Ipv4Addr::from(
+                            <[u8; 4]>::try_from(arp.source_protocol_addr()).unwrap(),
+                        ),
+                    };
+                    let mut buf = vec![0u8; 14 + reply.buffer_len()];
+                    let mut e = EthernetFrame::new_unchecked(&mut buf[..]);
+                    e.set_src_addr(EthernetAddress(GUEST_MAC));
+                    e.set_dst_addr(eth.src_addr());
+                    e.set_ethertype(EthernetProtocol::Arp);
+                    reply.emit(&mut ArpPacket::new_unchecked(e.payload_mut()));
+                    self.send(&[buf]).await;
+                    continue;
+                }
+                let ip = Ipv4Packet::new_checked(eth.payload()).unwrap();
+                if ip.next_header() != IpProtocol::Tcp {
+                    continue;
+                }
+                let tcp = TcpPacket::new_checked(ip.payload()).unwrap();
+                let control = if tcp.rst() {
+                    TcpControl::Rst
+                } else if tcp.syn() {
+                    TcpControl::Syn
+                } else if tcp.fin() {
+                    TcpControl::Fin
+                } else {
+                    TcpControl::None
+                };
+                let ack = tcp.ack().then(|| tcp.ack_number().0 as u32);
+                return (
+                    SocketAddrV4::new(ip.src_addr(), tcp.src_port()),
+                    SocketAddrV4::new(ip.dst_addr(), tcp.dst_port()),
+                    control,
+                    tcp.seq_number().0 as u32,
+                    ack,
+                );
+            }
+        }
+    }
+
+    fn start(decider: Arc<dyn Decider>) -> (Guest, SharedBuf, tokio::task::JoinHandle<SessionEnd>) {
+        let (gw_end, test_end) = UnixStream::pair().unwrap();
+        let cfg = Arc::new(Config::new(DEFAULT_SUBNET, 1500).unwrap());
+        let audit_buf = SharedBuf::default();
+        let audit = AuditSink::new(Box::new(audit_buf.clone()), "test");
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let mut dp = Datapath::new(cfg, decider, audit, tx);
+        let task = tokio::spawn(async move { dp.run(&gw_end, &mut rx).await });
+        (
+            Guest {
+                stream: test_end,
+                buf: Vec::new(),
+            },
+            audit_buf,
+            task,
+        )
+    }
+
+    #[tokio::test]
+    async fn concurrent_syns_are_not_cross_wired_and_denied_syns_get_rst() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (mut guest, audit, task) = start(Arc::new(TestDecider));
+        let g = Ipv4Addr::new(10, 0, 2, 15);
+        let dst = SocketAddrV4::new(Ipv4Addr::LOCALHOST, port);
+        let (a, b) = (SocketAddrV4::new(g, 1000), SocketAddrV4::new(g, 1001));
+        // Two SYNs to the same destination in one write, then a duplicate of the first.
+        guest
+            .send(&[
+                tcp_frame(a, dst, TcpControl::Syn, 100, None),
+                tcp_frame(b, dst, TcpControl::Syn, 5000, None),
+                tcp_frame(a, dst, TcpControl::Syn, 100, None),
+            ])
+            .await;
+        let mut seen = HashMap::new();
+        while seen.len() < 2 {
+            let (src, to, control, _seq, ack) = guest.recv_tcp().await;
+            assert_eq!(control, TcpControl::Syn, "expected SYN-ACK");
+            assert_eq!(src, dst);
+            seen.insert(to.port(), ack);
+        }
+        assert_eq!(
+            seen[&1000],
+            Some(101),
+            "SYN-ACK for port 1000 acknowledges its own SYN"
+        );
+        assert_eq!(
+            seen[&1001],
+            Some(5001),
+            "SYN-ACK for port 1001 acknowledges its own SYN"
+        );
+        let (_c1, _) = listener.accept().await.unwrap();
+        let (_c2, _) = listener.accept().await.unwrap();
+
+        // A denied destination gets a RST acknowledging the SYN, and an audit line.
+        let denied = SocketAddrV4::new(Ipv4Addr::new(198, 51, 100, 1), 9);
+        guest
+            .send(&[tcp_frame(
+                SocketAddrV4::new(g, 1002),
+                denied,
+                TcpControl::Syn,
+                77,
+                None,
+            )])
+            .await;
+        let (src, to, control, _, ack) = guest.recv_tcp().await;
+        assert_eq!(
+            (src, to.port(), control, ack),
+            (denied, 1002, TcpControl::Rst, Some(78))
+        );
+        let text = String::from_utf8(audit.0.lock().unwrap().clone()).unwrap();
+        assert!(text.contains(r#""reason":"test_denied""#), "{text}");
+        assert_eq!(text.matches(r#""event":"flow_open""#).count(), 2, "{text}");
+
+        // A frame length below 14 ends the session cleanly.
+        guest.stream.write_all(&5u32.to_be_bytes()).await.unwrap();
+        guest.stream.write_all(&[0u8; 5]).await.unwrap();
+        let end = task.await.unwrap();
+        assert!(
+            matches!(
+                end,
+                SessionEnd::ProtocolError(FrameError::BadLength { len: 5, .. })
+            ),
+            "{end:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn platform_decider_refuses_loopback_and_garbage_is_counted() {
+        let deny = crate::decide::PlatformDenySet::new(
+            [],
+            Ipv4Addr::new(10, 0, 2, 2),
+            Ipv4Addr::new(10, 0, 2, 255),
+        );
+        let (mut guest, audit, task) = start(Arc::new(crate::decide::PlatformDecider::new(deny)));
+        let g = SocketAddrV4::new(Ipv4Addr::new(10, 0, 2, 15), 2000);
+        // Garbage and IPv6 frames first: dropped, the session goes on.
+        let mut v6 = vec![0u8; 60];
+        v6[12..14].copy_from_slice(&[0x86, 0xdd]);
+        let udp = udp_frame(
+            g,
+            SocketAddrV4::new(Ipv4Addr::new(198, 51, 100, 2), 443),
+            b"quic",
+        );
+        guest
+            .send(&[vec![0u8; 14], v6, vec![0xffu8; 100], udp])
+            .await;
+        guest
+            .send(&[tcp_frame(
+                g,
+                SocketAddrV4::new(Ipv4Addr::LOCALHOST, 22),
+                TcpControl::Syn,
+                9,
+                None,
+            )])
+            .await;
+        let (_, to, control, _, ack) = guest.recv_tcp().await;
+        assert_eq!((to, control, ack), (g, TcpControl::Rst, Some(10)));
+        let text = String::from_utf8(audit.0.lock().unwrap().clone()).unwrap();
+        assert!(text.contains(r#""reason":"platform_denied""#), "{text}");
+        assert!(text.contains(r#""reason":"udp_not_allowed""#), "{text}");
+        drop(guest);
+        assert!(matches!(task.await.unwrap(), SessionEnd::GuestClosed));
+    }
 }

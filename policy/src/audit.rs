@@ -412,3 +412,141 @@ impl<'a> AuditRecord<'a> {
         serde_json::from_str(line)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{CompileOptions, from_yaml_str};
+
+    fn policy() -> CompiledPolicy {
+        from_yaml_str(
+            "version: 1\nid: audit-test\nallow:\n  - domain: \"**.example.com\"\n",
+            "a.yaml",
+            &CompileOptions::default(),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn timestamp_format_is_rfc3339_utc_ms() {
+        let ts = Timestamp::from_unix_millis(1_795_288_830_123).unwrap();
+        let json = serde_json::to_string(&ts).unwrap();
+        assert_eq!(json, "\"2026-11-21T19:20:30.123Z\"");
+        let back: Timestamp = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, ts);
+        assert_eq!(back.unix_millis(), 1_795_288_830_123);
+        assert!(serde_json::from_str::<Timestamp>("\"2026-11-21T19:20:30.123+01:00\"").is_err());
+        assert!(serde_json::from_str::<Timestamp>("\"yesterday\"").is_err());
+    }
+
+    #[test]
+    fn connection_record_exact_line_and_round_trip() {
+        let p = policy();
+        let v = p.check_destination("93.184.215.14".parse().unwrap(), 443, &["www.example.com"]);
+        let ts = Timestamp::from_unix_millis(1_795_288_830_123).unwrap();
+        let rec = AuditRecord::from_verdict(ts, "vm-1", Kind::Connection, &p, &v)
+            .flow(7)
+            .endpoints(
+                Transport::Tcp,
+                "10.0.2.15:40000".parse().unwrap(),
+                "93.184.215.14:443".parse().unwrap(),
+            )
+            .sni("www.example.com");
+        let mut line = Vec::new();
+        rec.write_line(&mut line).unwrap();
+        let text = String::from_utf8(line).unwrap();
+        let want = format!(
+            concat!(
+                r#"{{"schema":1,"ts":"2026-11-21T19:20:30.123Z","sandbox":"vm-1","kind":"connection","#,
+                r#""decision":"allow","reason":"allowlisted","policy":{{"id":"audit-test","version":"{}"}},"#,
+                r#""flow":7,"transport":"tcp","src":{{"ip":"10.0.2.15","port":40000}},"#,
+                r#""dst":{{"ip":"93.184.215.14","port":443}},"sni":"www.example.com","#,
+                r#""rule":{{"id":"allow[0]","pattern":"**.example.com","name":"www.example.com"}}}}"#,
+                "\n"
+            ),
+            p.version_hash()
+        );
+        assert_eq!(text, want);
+        let back = AuditRecord::from_json(text.trim_end()).unwrap();
+        assert_eq!(back, rec);
+    }
+
+    #[test]
+    fn every_kind_round_trips() {
+        let p = policy();
+        let ts = Timestamp::from_unix_millis(0).unwrap();
+        let mut recs = Vec::new();
+        let mut dns = AuditRecord::new(
+            ts,
+            "vm",
+            Kind::Dns,
+            Reason::PrivateAnswer,
+            PolicyRef::of(&p),
+        )
+        .query("rebind.example.com", "A");
+        dns.rcode = Some("REFUSED".into());
+        recs.push(dns);
+        let mut ok_dns =
+            AuditRecord::new(ts, "vm", Kind::Dns, Reason::DnsAnswered, PolicyRef::of(&p));
+        ok_dns.answers = vec![
+            "93.184.215.14".parse().unwrap(),
+            "2606:2800::1".parse().unwrap(),
+        ];
+        recs.push(ok_dns);
+        let mut http =
+            AuditRecord::new(ts, "vm", Kind::Http, Reason::Allowlisted, PolicyRef::of(&p))
+                .flow(3)
+                .host("api.example.com")
+                .totals(100, 2000, 15);
+        http.method = Some("POST".into());
+        http.path = Some("/v1/chat".into());
+        http.status = Some(200);
+        http.secrets = vec![SecretUse {
+            name: "openai".into(),
+            location: SecretLocation::Header,
+        }];
+        recs.push(http);
+        recs.push(
+            AuditRecord::new(ts, "vm", Kind::FlowClose, Reason::Closed, PolicyRef::of(&p))
+                .flow(3)
+                .totals(1, 2, 3),
+        );
+        recs.push(
+            AuditRecord::new(
+                ts,
+                "vm",
+                Kind::PolicyReload,
+                Reason::ReloadRejected,
+                PolicyRef::of(&p),
+            )
+            .detail("p.yaml:3:1: unknown field `x`"),
+        );
+        let mut summary = AuditRecord::new(
+            ts,
+            "vm",
+            Kind::Summary,
+            Reason::RateLimitSummary,
+            PolicyRef::of(&p),
+        );
+        summary.suppressed = vec![Suppressed {
+            reason: Reason::NotAllowlisted,
+            count: 10_000,
+        }];
+        recs.push(summary);
+        for rec in recs {
+            let line = rec.to_json();
+            assert!(!line.contains("null"), "{line}");
+            let back = AuditRecord::from_json(&line).unwrap();
+            assert_eq!(back, rec, "{line}");
+            assert_eq!(back.decision, back.reason.decision());
+        }
+    }
+
+    #[test]
+    fn unknown_reason_or_kind_is_rejected() {
+        let line = r#"{"schema":1,"ts":"1970-01-01T00:00:00.000Z","sandbox":"vm","kind":"dns","decision":"deny","reason":"because","policy":{"id":"a","version":"b"}}"#;
+        assert!(AuditRecord::from_json(line).is_err());
+        let ok = line.replace("because", "not_allowlisted");
+        assert!(AuditRecord::from_json(&ok).is_ok());
+    }
+}

@@ -678,18 +678,21 @@ pub fn from_yaml_str(
     Compiler::new(origin).compile(raw, options)
 }
 
-/// Build a policy allowing exactly `domains` on port 443 (used by
-/// `sluice run --allow-domain NAME`). Each entry is a pattern as in an
-/// allow rule (`example.com`, `*.example.com`, `**.example.com`).
-///
-/// # Errors
-/// The problems with the given names (positions refer to the generated
-/// policy and are omitted; the origin is `--allow-domain`).
-pub fn from_domains(
-    domains: &[&str],
-    options: &CompileOptions,
-) -> Result<CompiledPolicy, PolicyErrors> {
-    let mut src = String::from("version: 1\nid: allow-domain\nlabel: \"--allow-domain\"\nallow:\n");
+/// The YAML text of a policy allowing exactly `domains` on port 443 (what
+/// `sluice run --allow-domain NAME` hands the gateway). Each entry is a
+/// pattern as in an allow rule (`example.com`, `*.example.com`,
+/// `**.example.com`); the text is valid YAML whatever the entries contain,
+/// and [`from_domains`] reports entries that are not valid patterns.
+#[must_use]
+pub fn allow_domains_yaml(domains: &[&str]) -> String {
+    let mut src = String::from(
+        "# Generated from --allow-domain.\nversion: 1\nid: allow-domain\nlabel: \"--allow-domain\"\nallow:",
+    );
+    if domains.is_empty() {
+        src.push_str(" []\n");
+    } else {
+        src.push('\n');
+    }
     for d in domains {
         // A JSON string is a valid YAML double-quoted scalar.
         let quoted = serde_json::to_string(d).unwrap_or_default();
@@ -697,7 +700,19 @@ pub fn from_domains(
         src.push_str(&quoted);
         src.push('\n');
     }
-    from_yaml_str(&src, "--allow-domain", options).map_err(|errs| {
+    src
+}
+
+/// Compile [`allow_domains_yaml`]`(domains)`.
+///
+/// # Errors
+/// The problems with the given names (positions refer to the generated
+/// text and are omitted; the origin is `--allow-domain`).
+pub fn from_domains(
+    domains: &[&str],
+    options: &CompileOptions,
+) -> Result<CompiledPolicy, PolicyErrors> {
+    from_yaml_str(&allow_domains_yaml(domains), "--allow-domain", options).map_err(|errs| {
         PolicyErrors::new(
             errs.into_iter()
                 .map(|e| PolicyError {
@@ -734,6 +749,9 @@ fn clamp_u32(v: u64) -> u32 {
 /// The parser's message without its own position suffix (we print ours in
 /// front).
 fn yaml_message(e: &serde_saphyr::Error) -> String {
+    let at_start = e
+        .location()
+        .is_none_or(|l| l.line() <= 1 && l.column() <= 1);
     let text = e.to_string();
     let first = text.lines().next().unwrap_or_default().trim().to_owned();
     let cut = first
@@ -744,7 +762,34 @@ fn yaml_message(e: &serde_saphyr::Error) -> String {
         let key = key.split(", set DuplicateKeyPolicy").next().unwrap_or(key);
         return format!("duplicate key `{key}`; each key may appear only once in a mapping");
     }
-    if msg.is_empty() { text } else { msg.to_owned() }
+    if let Some(field) = msg.strip_prefix("missing field ") {
+        return format!("missing required key {field}");
+    }
+    // The parser's terse messages, said in the policy's terms.
+    let rewritten = match msg {
+        "expected sequence start" => "expected a list here: `[a, b]` or one `- item` per line",
+        "expected mapping start" if at_start => {
+            "expected a mapping (`key: value` lines); a policy starts with `version: 1` and `id: NAME`"
+        }
+        "expected mapping start" => "expected a mapping here (`key: value` lines)",
+        m if m.contains("found a tab") => {
+            "found a tab character; YAML indentation and separation must use spaces"
+        }
+        "expected string scalar" => "expected a single string here",
+        "invalid i64" => "expected a whole number here",
+        "unexpected end of input" => {
+            "unexpected end of input; a policy needs at least `version: 1` and `id: NAME`"
+        }
+        m if m.starts_with("data did not match any variant of untagged enum RawUpstream") => {
+            "`upstream` must be `system` or a list of resolver addresses, e.g. [192.0.2.53, \"[2001:db8::53]:53\"]"
+        }
+        m if m.starts_with("multiple YAML documents detected") => {
+            "a policy file holds one YAML document; remove the `---` and what follows it"
+        }
+        "" => return text,
+        m => m,
+    };
+    rewritten.to_owned()
 }
 
 /// Serialised to compute the version hash.

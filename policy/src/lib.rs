@@ -32,7 +32,7 @@ mod verdict;
 pub use compile::{
     CompileOptions, CompiledPolicy, DEFAULT_TTL_MAX, DEFAULT_TTL_MIN, HTTP_PORT, MAX_POLICY_BYTES,
     PortProtocol, SecretLocations, SecretSource, SecretSpec, TLS_PORT, Transport, TtlBounds,
-    Upstream, from_domains, from_yaml_str, load_file,
+    Upstream, allow_domains_yaml, from_domains, from_yaml_str, load_file,
 };
 pub use error::{PolicyError, PolicyErrors};
 pub use name::{DomainPattern, NameError, NormalName, PatternKind, normalize_name};

@@ -66,7 +66,7 @@ pub enum NameError {
     #[error("label longer than 63 bytes")]
     LabelTooLong,
     /// A byte other than `A-Z a-z 0-9 - _ .` (including any non-ASCII byte).
-    #[error("invalid character in name (only A-Z a-z 0-9 - _ and . are allowed)")]
+    #[error("invalid character: only A-Z a-z 0-9 - _ and . are allowed")]
     InvalidChar,
 }
 
@@ -213,16 +213,17 @@ pub(crate) fn parse_pattern(src: &str, usage: PatternUse) -> Result<DomainPatter
             ip_hint(rest)
         ));
     }
-    let ascii = idna::domain_to_ascii(rest)
-        .map_err(|_| format!("`{src}` is not a valid domain name (IDNA conversion failed)"))?;
+    let ascii = idna::domain_to_ascii(rest).map_err(|_| {
+        format!("`{src}` is not a valid domain name (IDNA conversion failed); {DOMAIN_SHAPE}")
+    })?;
     let ascii = ascii.strip_suffix('.').unwrap_or(&ascii).to_owned();
     if looks_like_ip(&ascii) {
         return Err(format!(
             "`{src}` is an IP address, not a domain; use a `cidr:` rule for addresses"
         ));
     }
-    let normal =
-        normalize_name(&ascii).map_err(|e| format!("`{src}` is not a valid domain: {e}"))?;
+    let normal = normalize_name(&ascii)
+        .map_err(|e| format!("`{src}` is not a valid domain ({e}); {DOMAIN_SHAPE}"))?;
     let base = normal.as_str().to_owned();
     if base
         .rsplit('.')
@@ -245,6 +246,9 @@ pub(crate) fn parse_pattern(src: &str, usage: PatternUse) -> Result<DomainPatter
     }
     Ok(DomainPattern { kind, base })
 }
+
+const DOMAIN_SHAPE: &str =
+    "a domain is dot-separated labels of 1-63 letters, digits, `-` or `_`, at most 253 characters";
 
 /// Whether `name` (normalised) is a public suffix: a single label (any TLD,
 /// listed or not), or a suffix listed in the Public Suffix List (ICANN or

@@ -4,13 +4,15 @@
 //!
 //! Modules: [`image`] (the guest image and its cache), `qemu` (accelerator
 //! choice and the QEMU command line), `spawn` (children that never outlive
-//! the launcher), [`run`] (`sluice run`), [`doctor`] (`sluice doctor`).
+//! the launcher), [`run`] (`sluice run`), [`doctor`] (`sluice doctor`), [`policy_cmd`]
+//! (`sluice policy check|explain`).
 
 use std::io::Write as _;
 
 pub mod doctor;
 pub mod image;
 pub mod jail;
+pub mod policy_cmd;
 pub mod qemu;
 pub mod run;
 mod spawn;

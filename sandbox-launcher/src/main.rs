@@ -13,6 +13,7 @@ struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
+#[allow(clippy::large_enum_variant, reason = "parsed once at start-up")]
 enum Cmd {
     /// Boot a fresh VM and run COMMAND in it.
     Run(Box<sluice_launcher::run::RunArgs>),
@@ -23,6 +24,11 @@ enum Cmd {
     },
     /// Report the accelerator, QEMU, image cache and isolation layers.
     Doctor,
+    /// Validate a policy file, or explain its verdict for a name.
+    Policy {
+        #[command(subcommand)]
+        command: sluice_launcher::policy_cmd::PolicyCmd,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -54,6 +60,7 @@ fn main() {
                 },
         } => sluice_launcher::image_build_main(agent.as_deref(), kernel, rootfs),
         Cmd::Doctor => sluice_launcher::doctor::main(),
+        Cmd::Policy { command } => sluice_launcher::policy_cmd::main(command),
     };
     std::process::exit(code);
 }
