@@ -1,5 +1,7 @@
 //! `sluice doctor`: what this host gives a sluice VM, and why.
 
+use std::fmt::Write as _;
+
 use crate::image;
 use crate::jail;
 use crate::qemu;
@@ -29,25 +31,34 @@ pub(crate) fn layers_summary() -> serde_json::Value {
 /// Prints the report; returns the process exit status (0 when a VM can
 /// boot here: QEMU, a kernel and an agent were found).
 pub fn main() -> i32 {
+    // Collected and written once: a closed stdout (`sluice doctor | head`)
+    // is not an error worth a panic.
+    let mut out = String::new();
+    // Writing to a String cannot fail.
+    macro_rules! say {
+        ($($t:tt)*) => {{
+            let _ = writeln!(out, $($t)*);
+        }};
+    }
     let mut ok = true;
     let accel = qemu::choose_accel();
-    println!("accelerator: {} ({})", accel.name, accel.reason);
+    say!("accelerator: {} ({})", accel.name, accel.reason);
     match qemu::find_qemu() {
-        Some(q) => println!(
+        Some(q) => say!(
             "qemu: {} ({})",
             q.display(),
             qemu::qemu_version(&q).unwrap_or_else(|| "does not run".into())
         ),
         None => {
             ok = false;
-            println!("qemu: not found (install qemu-system-x86)");
+            say!("qemu: not found (install qemu-system-x86)");
         }
     }
     match image::default_kernel() {
-        Ok((k, v)) => println!("kernel: {} (modules /lib/modules/{v})", k.display()),
+        Ok((k, v)) => say!("kernel: {} (modules /lib/modules/{v})", k.display()),
         Err(e) => {
             ok = false;
-            println!("kernel: {e}");
+            say!("kernel: {e}");
         }
     }
     match image::find_agent(
@@ -55,10 +66,10 @@ pub fn main() -> i32 {
             .map(std::path::PathBuf::from)
             .as_deref(),
     ) {
-        Ok(a) => println!("guest agent: {}", a.display()),
+        Ok(a) => say!("guest agent: {}", a.display()),
         Err(e) => {
             ok = false;
-            println!("guest agent: {e}");
+            say!("guest agent: {e}");
         }
     }
     let cache = image::default_cache_dir();
@@ -69,18 +80,19 @@ pub fn main() -> i32 {
                 .count()
         })
         .unwrap_or(0);
-    println!("image cache: {} ({entries} image(s))", cache.display());
-    println!("isolation layers applied by `sluice run` today:");
-    println!("  qemu-sandbox (QEMU's own seccomp, -sandbox on,...): on");
-    println!("  death-signal + process group (QEMU, gateway): on");
-    println!("jail layers (NOT yet applied by `sluice run`; what this host could apply):");
+    say!("image cache: {} ({entries} image(s))", cache.display());
+    say!("isolation layers applied by `sluice run` today:");
+    say!("  qemu-sandbox (QEMU's own seccomp, -sandbox on,...): on");
+    say!("  death-signal + process group (QEMU, gateway): on");
+    say!("jail layers (NOT yet applied by `sluice run`; what this host could apply):");
     for l in jail::probe_layers() {
         let state = if l.available {
             "available"
         } else {
             "unavailable"
         };
-        println!("  {}: {state} ({})", l.name, l.reason);
+        say!("  {}: {state} ({})", l.name, l.reason);
     }
+    let _ = std::io::Write::write_all(&mut std::io::stdout(), out.as_bytes());
     if ok { 0 } else { 1 }
 }

@@ -209,7 +209,12 @@ pub fn main(args: RunArgs) -> i32 {
         }
     };
     let outcome = session.run(&args);
-    session.children.finish(Duration::from_secs(3));
+    if outcome.is_ok() {
+        // The guest was asked to power off: give it a moment to do so.
+        session.children.finish(Duration::from_secs(3));
+    } else {
+        session.children.kill_all();
+    }
     session.report(&args, outcome)
 }
 
@@ -688,7 +693,7 @@ impl Session {
                 },
                 "isolation": crate::doctor::layers_summary(),
             });
-            println!("{result}");
+            let _ = writeln!(io::stdout(), "{result}");
         }
         code
     }
