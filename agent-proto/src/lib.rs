@@ -637,7 +637,7 @@ mod tests {
         };
         for e in entries.flatten() {
             let data = std::fs::read(e.path()).unwrap();
-            if e.file_name() == "stream" {
+            if e.file_name() == "seed-stream" {
                 let mut r = data.as_slice();
                 let mut n = 0;
                 while read_frame(&mut r).unwrap().is_some() {
