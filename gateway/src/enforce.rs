@@ -277,6 +277,22 @@ fn method_plausible(bytes: &[u8]) -> bool {
 }
 
 impl Decider for PolicyDecider {
+    fn dns_query(&self, qname: &str) -> Option<(ResponseCode, &'static str)> {
+        match self.dns_action(qname) {
+            DnsAction::Forward => None,
+            DnsAction::Answer { rcode, reason } => Some((rcode, reason.as_str())),
+        }
+    }
+
+    fn keep_dns_answer(&self, ip: IpAddr) -> bool {
+        self.keep_answer(ip)
+    }
+
+    fn dns_ttl_bounds(&self) -> Option<(Duration, Duration)> {
+        let b = self.policy.load().ttl_bounds();
+        Some((b.min, b.max))
+    }
+
     fn decide_tcp(&self, flow: &FlowKey, ctx: &DecideContext<'_>) -> Decision {
         let policy = self.policy.load();
         match self.tcp_destination(&policy, flow, ctx) {
