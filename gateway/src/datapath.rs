@@ -1409,7 +1409,10 @@ impl Datapath {
             _ => InspectVerdict::NeedMore,
         };
         // Bytes past the ring buffer's wrap are not visible to peek; bound by what is queued.
-        let full = sock.recv_queue() >= max_bytes || !sock.may_recv();
+        // While the guest's handshake is still in progress `may_recv` is
+        // false too: that is not an end of stream.
+        let handshaking = matches!(sock.state(), tcp::State::Listen | tcp::State::SynReceived);
+        let full = sock.recv_queue() >= max_bytes || (!handshaking && !sock.may_recv());
         let verdict = match verdict {
             InspectVerdict::NeedMore if full || Instant::now() >= deadline => {
                 InspectVerdict::Deny(DenyReason::InspectTimeout)
