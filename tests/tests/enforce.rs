@@ -64,6 +64,12 @@ fn policy_allows_by_name_and_denies_the_rest() -> Result<()> {
     let out = w.guest_sh(&format!("dig +time=5 +tries=1 {ORIGIN2_NAME} A"), 30)?;
     let text = String::from_utf8_lossy(&out.stdout);
     ensure!(text.contains("status: REFUSED"), "denied name: {text}");
+    let out = w.guest_sh(&format!("dig +tcp +time=5 +tries=1 {ORIGIN2_NAME} A"), 30)?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    ensure!(
+        text.contains("status: REFUSED"),
+        "denied name over TCP: {text}"
+    );
     let dns_log = w.dns_log();
     ensure!(
         dns_log.contains(ORIGIN_NAME) && !dns_log.contains(ORIGIN2_NAME),
