@@ -72,8 +72,13 @@ pub enum AuditEvent<'a> {
         rcode: &'a str,
         /// Addresses returned (and recorded).
         answers: &'a [IpAddr],
-        /// `forwarded`, `local` or `failed`.
+        /// `forwarded`, `local`, `denied` (a policy refused the name or
+        /// every answer address) or `failed`.
         outcome: &'static str,
+        /// Why the query was denied (`not_allowlisted`, `denylisted`,
+        /// `private_answer`); absent otherwise.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        reason: Option<&'static str>,
     },
     /// Deny lines suppressed by the rate limit in the previous window.
     DenySuppressed {

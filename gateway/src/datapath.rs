@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use hickory_proto::op::ResponseCode;
+use hickory_proto::op::{Message, ResponseCode};
 use hickory_proto::rr::RecordType;
 use smoltcp::iface::{Config as IfaceConfig, Interface, SocketHandle, SocketSet};
 use smoltcp::phy::{Device, DeviceCapabilities, Medium, RxToken, TxToken};
@@ -159,6 +159,9 @@ pub struct Counters {
     pub syn_not_taken: u64,
     /// DNS queries from the guest.
     pub dns_queries: u64,
+    /// DNS queries denied by the policy (name refused or every answer
+    /// address refused).
+    pub dns_denied: u64,
     /// UDP datagrams denied.
     pub udp_denied: u64,
 }
@@ -180,6 +183,7 @@ impl Counters {
             syn_duplicates = self.syn_duplicates,
             syn_not_taken = self.syn_not_taken,
             dns_queries = self.dns_queries,
+            dns_denied = self.dns_denied,
             udp_denied = self.udp_denied,
             "counters"
         );
@@ -339,13 +343,17 @@ impl Datapath {
         });
         let _ = iface.routes_mut().add_default_ipv4_route(cfg.gateway_ip);
         iface.set_any_ip(true);
+        let mut dns = DnsTable::new(DNS_TABLE_CAPACITY);
+        if let Some((min, max)) = decider.dns_ttl_bounds() {
+            dns.set_ttl_bounds(min, max);
+        }
         Self {
             dhcp: DhcpServer::new(&cfg),
             cfg,
             decider,
             audit,
             counters: Counters::default(),
-            dns: DnsTable::new(DNS_TABLE_CAPACITY),
+            dns,
             iface,
             sockets: SocketSet::new(Vec::new()),
             tx,
@@ -889,24 +897,21 @@ impl Datapath {
             Ok(q) => q,
             Err(e) => {
                 tracing::debug!(error = %e, "bad DNS query from guest");
-                if let Some(b) = dns::minimal_servfail(payload) {
+                if let Some(b) = sluice_inspect::dns::formerr_response(payload) {
                     self.reply_udp(mac, src, &b);
                 }
                 return;
             }
         };
-        let local = if question.qtype == RecordType::AAAA {
-            Some(ResponseCode::NoError)
-        } else if self.dns_in_flight >= MAX_DNS_IN_FLIGHT || self.cfg.dns_upstreams.is_empty() {
-            Some(ResponseCode::ServFail)
-        } else {
-            None
-        };
-        if let Some(rcode) = local {
-            if let Ok(bytes) = dns::local_response(&msg, rcode) {
-                self.reply_udp(mac, src, &bytes);
-            }
-            self.audit_dns(&question, rcode, &[], "local");
+        if let Some(local) = self.dns_local(&msg, &question) {
+            self.reply_udp(mac, src, &local);
+            return;
+        }
+        if question.qtype == RecordType::AAAA
+            || self.dns_in_flight >= MAX_DNS_IN_FLIGHT
+            || self.cfg.dns_upstreams.is_empty()
+        {
+            // A local answer that could not be encoded: nothing to send.
             return;
         }
         self.dns_in_flight += 1;
@@ -943,6 +948,17 @@ impl Datapath {
         answers: &[IpAddr],
         outcome: &'static str,
     ) {
+        self.audit_dns_reason(q, rcode, answers, outcome, None);
+    }
+
+    fn audit_dns_reason(
+        &mut self,
+        q: &Question,
+        rcode: ResponseCode,
+        answers: &[IpAddr],
+        outcome: &'static str,
+        reason: Option<&'static str>,
+    ) {
         let qtype = q.qtype.to_string();
         let rcode = rcode.to_string();
         self.audit.record(&AuditEvent::Dns {
@@ -951,7 +967,31 @@ impl Datapath {
             rcode: &rcode,
             answers,
             outcome,
+            reason,
         });
+    }
+
+    /// The local answer for a query the guest must not get forwarded: a
+    /// policy denial of the name (audited with its reason) or a synthetic
+    /// answer (AAAA: IPv6 is off; SERVFAIL when no upstream / too busy).
+    /// `None` when the query is to be forwarded.
+    fn dns_local(&mut self, msg: &Message, question: &Question) -> Option<Vec<u8>> {
+        if let Some((rcode, reason)) = self.decider.dns_query(&question.name) {
+            self.counters.dns_denied += 1;
+            self.audit_dns_reason(question, rcode, &[], "denied", Some(reason));
+            return dns::local_response(msg, rcode)
+                .ok()
+                .or_else(|| dns::minimal_servfail(&[]));
+        }
+        let rcode = if question.qtype == RecordType::AAAA {
+            ResponseCode::NoError
+        } else if self.dns_in_flight >= MAX_DNS_IN_FLIGHT || self.cfg.dns_upstreams.is_empty() {
+            ResponseCode::ServFail
+        } else {
+            return None;
+        };
+        self.audit_dns(question, rcode, &[], "local");
+        dns::local_response(msg, rcode).ok()
     }
 
     /// Filters an upstream reply into the table; the bytes for the guest.
@@ -961,9 +1001,32 @@ impl Datapath {
         query: &[u8],
         reply: Option<Vec<u8>>,
     ) -> Option<Vec<u8>> {
-        let filtered =
-            reply.map(|r| dns::filter_response(&r, question, &mut self.dns, Instant::now()));
+        let decider = Arc::clone(&self.decider);
+        let keep = move |ip: IpAddr| decider.keep_dns_answer(ip);
+        let ttl = match self.decider.dns_ttl_bounds() {
+            Some((min, max)) => {
+                let secs = |d: Duration| u32::try_from(d.as_secs()).unwrap_or(u32::MAX);
+                secs(min)..=secs(max)
+            }
+            None => 0..=u32::MAX,
+        };
+        let filtered = reply
+            .map(|r| dns::filter_response(&r, question, &mut self.dns, Instant::now(), &keep, ttl));
         match filtered {
+            Some(Ok(ans)) if ans.private_answer => {
+                self.counters.dns_denied += 1;
+                self.audit_dns_reason(
+                    question,
+                    ResponseCode::Refused,
+                    &[],
+                    "denied",
+                    Some("private_answer"),
+                );
+                dns::parse_query(query)
+                    .ok()
+                    .and_then(|(msg, _)| dns::local_response(&msg, ResponseCode::Refused).ok())
+                    .or_else(|| dns::minimal_servfail(query))
+            }
             Some(Ok(ans)) => {
                 self.audit_dns(question, ans.rcode, &ans.addresses, "forwarded");
                 Some(ans.bytes)
@@ -1267,20 +1330,28 @@ impl Datapath {
             return;
         };
         let handle = *handle;
-        let parsed = dns::parse_query(&query);
-        let (msg, question) = match parsed {
+        *waiting = false;
+        let local = match dns::parse_query(&query) {
+            Ok((msg, question)) => match self.dns_local(&msg, &question) {
+                Some(b) => Err(Some(b)),
+                None => Ok(question),
+            },
+            Err(e) => {
+                tracing::debug!(error = %e, "bad DNS query from guest (TCP)");
+                Err(sluice_inspect::dns::formerr_response(&query))
+            }
+        };
+        let question = match local {
             Ok(q)
-                if self.dns_in_flight < MAX_DNS_IN_FLIGHT && !self.cfg.dns_upstreams.is_empty() =>
+                if q.qtype != RecordType::AAAA
+                    && self.dns_in_flight < MAX_DNS_IN_FLIGHT
+                    && !self.cfg.dns_upstreams.is_empty() =>
             {
                 q
             }
             other => {
-                *waiting = false;
+                let reply = other.err().flatten();
                 let sock = self.sockets.get_mut::<tcp::Socket<'_>>(handle);
-                let reply = match other {
-                    Ok((msg, _)) => dns::local_response(&msg, ResponseCode::ServFail).ok(),
-                    Err(_) => dns::minimal_servfail(&query),
-                };
                 match reply.and_then(|b| u16::try_from(b.len()).ok().map(|l| (l, b))) {
                     Some((l, b)) => {
                         let _ = sock.send_slice(&l.to_be_bytes());
@@ -1291,17 +1362,12 @@ impl Datapath {
                 return;
             }
         };
-        if question.qtype == RecordType::AAAA {
-            *waiting = false;
-            if let Ok(b) = dns::local_response(&msg, ResponseCode::NoError) {
-                let sock = self.sockets.get_mut::<tcp::Socket<'_>>(handle);
-                if let Ok(l) = u16::try_from(b.len()) {
-                    let _ = sock.send_slice(&l.to_be_bytes());
-                    let _ = sock.send_slice(&b);
-                }
-            }
-            self.audit_dns(&question, ResponseCode::NoError, &[], "local");
-            return;
+        if let Some(Flow {
+            state: FlowState::DnsTcp { waiting, .. },
+            ..
+        }) = self.flows.get_mut(&id)
+        {
+            *waiting = true;
         }
         self.dns_in_flight += 1;
         let events = self.events.clone();
@@ -1343,7 +1409,10 @@ impl Datapath {
             _ => InspectVerdict::NeedMore,
         };
         // Bytes past the ring buffer's wrap are not visible to peek; bound by what is queued.
-        let full = sock.recv_queue() >= max_bytes || !sock.may_recv();
+        // While the guest's handshake is still in progress `may_recv` is
+        // false too: that is not an end of stream.
+        let handshaking = matches!(sock.state(), tcp::State::Listen | tcp::State::SynReceived);
+        let full = sock.recv_queue() >= max_bytes || (!handshaking && !sock.may_recv());
         let verdict = match verdict {
             InspectVerdict::NeedMore if full || Instant::now() >= deadline => {
                 InspectVerdict::Deny(DenyReason::InspectTimeout)

@@ -123,6 +123,28 @@ pub trait Decider: Send + Sync {
         let _ = (flow, first_bytes, ctx);
         InspectVerdict::Allow
     }
+
+    /// Decides a guest DNS query on its normalised name before anything is
+    /// forwarded: `None` forwards it upstream; `Some((rcode, reason))`
+    /// answers `rcode` locally and audits `reason`. The default (no policy)
+    /// forwards every name.
+    fn dns_query(&self, qname: &str) -> Option<(hickory_proto::op::ResponseCode, &'static str)> {
+        let _ = qname;
+        None
+    }
+
+    /// Whether an upstream answer address may reach the guest and the DNS
+    /// table. The default keeps every address.
+    fn keep_dns_answer(&self, ip: IpAddr) -> bool {
+        let _ = ip;
+        true
+    }
+
+    /// The `(min, max)` TTL bounds for the DNS table and for the TTLs the
+    /// guest is told; `None` keeps the table's defaults and upstream TTLs.
+    fn dns_ttl_bounds(&self) -> Option<(Duration, Duration)> {
+        None
+    }
 }
 
 /// The non-overridable deny set, shared by every decider.

@@ -226,17 +226,26 @@ pub struct FilteredAnswer {
     pub addresses: Vec<IpAddr>,
     /// The upstream's response code.
     pub rcode: ResponseCode,
+    /// Whether `keep` refused every address the upstream gave: the caller
+    /// answers an error instead of `bytes` and audits `private_answer`.
+    pub private_answer: bool,
 }
 
 /// Filters an upstream response for `question`: the id must match; AAAA
-/// records are removed; each A record is recorded in `table` under its owner
-/// name and under the question's name (so CNAME chains resolve to the name the
-/// guest asked for). The table is updated before the bytes are returned.
+/// records are removed; A records whose address `keep` refuses are removed
+/// (rebinding defense); every remaining record's TTL is clamped into `ttl`;
+/// each kept A record is recorded in `table` under its owner name and under
+/// the question's name (the name the guest will send as SNI / Host, so CNAME
+/// chains resolve to it). The table is updated before the bytes are returned.
+/// When `keep` refused every address, nothing is recorded and
+/// [`FilteredAnswer::private_answer`] is set.
 pub fn filter_response(
     bytes: &[u8],
     question: &Question,
     table: &mut DnsTable,
     now: Instant,
+    keep: &dyn Fn(IpAddr) -> bool,
+    ttl: std::ops::RangeInclusive<u32>,
 ) -> Result<FilteredAnswer, DnsError> {
     let mut msg = Message::from_vec(bytes).map_err(|e| DnsError::Malformed(e.to_string()))?;
     if msg.metadata.id != question.id || msg.metadata.message_type != MessageType::Response {
@@ -244,17 +253,40 @@ pub fn filter_response(
             "response does not match the query".into(),
         ));
     }
-    let keep = |r: &hickory_proto::rr::Record| r.record_type() != RecordType::AAAA;
-    msg.answers.retain(keep);
-    msg.additionals.retain(keep);
+    let not_aaaa = |r: &hickory_proto::rr::Record| r.record_type() != RecordType::AAAA;
+    msg.answers.retain(not_aaaa);
+    msg.additionals.retain(not_aaaa);
+    let mut dropped = 0usize;
+    msg.answers.retain(|r| match &r.data {
+        RData::A(a) if !keep(IpAddr::V4(a.0)) => {
+            dropped += 1;
+            false
+        }
+        _ => true,
+    });
+    // Glue in the additional section is never needed by a stub resolver.
+    msg.additionals
+        .retain(|r| !matches!(&r.data, RData::A(a) if !keep(IpAddr::V4(a.0))));
+    let (lo, hi) = (*ttl.start(), (*ttl.end()).max(*ttl.start()));
+    for rec in msg.answers.iter_mut().chain(msg.additionals.iter_mut()) {
+        rec.ttl = rec.ttl.clamp(lo, hi);
+    }
     let mut addresses = Vec::new();
     for rec in &msg.answers {
         if let RData::A(a) = &rec.data {
             let ip = IpAddr::V4(a.0);
-            let ttl = Duration::from_secs(u64::from(rec.ttl));
-            table.insert(ip, &rec.name.to_ascii(), ttl, now);
-            table.insert(ip, &question.name, ttl, now);
             addresses.push(ip);
+        }
+    }
+    let private_answer = dropped > 0 && addresses.is_empty();
+    if !private_answer {
+        for rec in &msg.answers {
+            if let RData::A(a) = &rec.data {
+                let ip = IpAddr::V4(a.0);
+                let ttl = Duration::from_secs(u64::from(rec.ttl));
+                table.insert(ip, &rec.name.to_ascii(), ttl, now);
+                table.insert(ip, &question.name, ttl, now);
+            }
         }
     }
     let rcode = msg.metadata.response_code;
@@ -263,6 +295,7 @@ pub fn filter_response(
         bytes,
         addresses,
         rcode,
+        private_answer,
     })
 }
 
@@ -411,7 +444,7 @@ mod tests {
         let bytes = resp.to_vec().unwrap();
         let now = Instant::now();
         let mut t = DnsTable::new(16);
-        let out = filter_response(&bytes, &question, &mut t, now).unwrap();
+        let out = filter_response(&bytes, &question, &mut t, now, &|_| true, 0..=u32::MAX).unwrap();
         let ip: IpAddr = "198.51.100.9".parse().unwrap();
         assert_eq!(out.addresses, vec![ip]);
         assert!(t.resolved_for(ip, "www.example.com", now));
@@ -423,15 +456,42 @@ mod tests {
                 .iter()
                 .all(|r| r.record_type() != RecordType::AAAA)
         );
+
+        // TTLs are clamped into the bounds, in the bytes and in the table.
+        let mut t = DnsTable::new(16);
+        let out = filter_response(&bytes, &question, &mut t, now, &|_| true, 10..=30).unwrap();
+        let back = Message::from_vec(&out.bytes).unwrap();
+        assert!(back.answers.iter().all(|r| (10..=30).contains(&r.ttl)));
+        assert!(!t.resolved_for(ip, "www.example.com", now + Duration::from_secs(31)));
+
+        // Every address refused: nothing recorded, private_answer set.
+        let mut t = DnsTable::new(16);
+        let out =
+            filter_response(&bytes, &question, &mut t, now, &|a| a != ip, 0..=u32::MAX).unwrap();
+        assert!(out.private_answer);
+        assert!(out.addresses.is_empty());
+        assert!(t.is_empty());
     }
 
     #[test]
     fn mismatched_or_garbage_responses_are_errors() {
         let (_, question) = parse_query(&query("a.example.", RecordType::A)).unwrap();
         let mut t = DnsTable::new(4);
-        assert!(filter_response(b"\x00\x01garbage", &question, &mut t, Instant::now()).is_err());
+        assert!(
+            filter_response(
+                b"\x00\x01garbage",
+                &question,
+                &mut t,
+                Instant::now(),
+                &|_| true,
+                0..=9
+            )
+            .is_err()
+        );
         let other = Message::response(0x9999, OpCode::Query).to_vec().unwrap();
-        assert!(filter_response(&other, &question, &mut t, Instant::now()).is_err());
+        assert!(
+            filter_response(&other, &question, &mut t, Instant::now(), &|_| true, 0..=9).is_err()
+        );
         assert!(parse_query(b"").is_err());
         assert!(parse_query(&other).is_err());
     }

@@ -47,7 +47,10 @@
 //! its name before anything is forwarded: names the policy does not allow are
 //! answered REFUSED locally. [`keep_addr`] (or [`PolicyDecider::keep_answer`])
 //! is the address predicate for `sluice_inspect::dns::sanitize_response`, and
-//! [`ttl_range`] its TTL clamp.
+//! [`ttl_range`] its TTL clamp. The datapath reaches them through the
+//! [`Decider`] DNS hooks this type implements (`dns_query`,
+//! `keep_dns_answer`, `dns_ttl_bounds`); it filters answers with its own
+//! `dns::filter_response`, which applies the same address predicate and clamp.
 //!
 //! # Reload
 //! [`PolicyDecider::swap`] installs a new snapshot; [`PolicyDecider::recheck_tcp`]
@@ -277,6 +280,22 @@ fn method_plausible(bytes: &[u8]) -> bool {
 }
 
 impl Decider for PolicyDecider {
+    fn dns_query(&self, qname: &str) -> Option<(ResponseCode, &'static str)> {
+        match self.dns_action(qname) {
+            DnsAction::Forward => None,
+            DnsAction::Answer { rcode, reason } => Some((rcode, reason.as_str())),
+        }
+    }
+
+    fn keep_dns_answer(&self, ip: IpAddr) -> bool {
+        self.keep_answer(ip)
+    }
+
+    fn dns_ttl_bounds(&self) -> Option<(Duration, Duration)> {
+        let b = self.policy.load().ttl_bounds();
+        Some((b.min, b.max))
+    }
+
     fn decide_tcp(&self, flow: &FlowKey, ctx: &DecideContext<'_>) -> Decision {
         let policy = self.policy.load();
         match self.tcp_destination(&policy, flow, ctx) {
@@ -1225,6 +1244,27 @@ internal:
             }
         );
         assert!(!d.keep_answer("10.20.0.9".parse().unwrap()));
+    }
+
+    #[test]
+    fn decider_trait_dns_hooks_apply_the_policy() {
+        let d = decider();
+        let dyn_d: &dyn Decider = &d;
+        assert_eq!(dyn_d.dns_query("api.github.com"), None);
+        assert_eq!(
+            dyn_d.dns_query("evil.example.net"),
+            Some((ResponseCode::Refused, "not_allowlisted"))
+        );
+        assert!(dyn_d.keep_dns_answer("10.20.0.9".parse().unwrap()));
+        assert!(!dyn_d.keep_dns_answer("10.0.2.2".parse().unwrap()));
+        assert!(!dyn_d.keep_dns_answer("192.168.1.1".parse().unwrap()));
+        let b = d.policy().ttl_bounds();
+        assert_eq!(dyn_d.dns_ttl_bounds(), Some((b.min, b.max)));
+        // The platform-only decider keeps the defaults: forward everything.
+        let p = crate::decide::PlatformDecider::new(platform());
+        let dyn_p: &dyn Decider = &p;
+        assert_eq!(dyn_p.dns_query("evil.example.net"), None);
+        assert_eq!(dyn_p.dns_ttl_bounds(), None);
     }
 
     #[test]

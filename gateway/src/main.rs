@@ -8,8 +8,10 @@ use anyhow::{Context, bail};
 use clap::{Parser, ValueEnum};
 use sluice_gateway::audit::AuditSink;
 use sluice_gateway::config::{self, Config, PublishSpec};
-use sluice_gateway::decide::{PlatformDecider, PlatformDenySet, host_addresses};
+use sluice_gateway::decide::{Decider, PlatformDecider, PlatformDenySet, host_addresses};
+use sluice_gateway::enforce::PolicyDecider;
 use sluice_gateway::{GuestSource, serve};
+use sluice_policy::CompileOptions;
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum LogFormat {
@@ -33,7 +35,8 @@ struct Args {
     /// the gateway exits when the guest closes it.
     #[arg(long)]
     fd: Option<i32>,
-    /// Policy file (YAML). Until the enforcement layer lands only the platform deny set applies.
+    /// Policy file (YAML), compiled at start (exit non-zero if invalid) and enforced on every
+    /// flow and DNS query. Without it only the platform deny set applies.
     #[arg(long)]
     policy: Option<PathBuf>,
     /// Audit JSON lines destination: a file path (appended) or `-` for stdout.
@@ -91,10 +94,16 @@ fn main() -> anyhow::Result<()> {
     if cfg.dns_upstreams.iter().any(|u| u.ip().is_loopback()) {
         bail!("a loopback DNS upstream would expose the host's resolver to the guest");
     }
-    if let Some(p) = &args.policy {
-        std::fs::metadata(p).with_context(|| format!("policy file {}", p.display()))?;
-        tracing::warn!(policy = %p.display(), "policy enforcement is not wired yet: only the platform deny set applies");
-    }
+    let policy = match &args.policy {
+        Some(p) => {
+            let mut options = CompileOptions::default();
+            options.host_addresses = host_addresses();
+            let compiled = sluice_policy::load_file(p, &options)
+                .map_err(|e| anyhow::anyhow!("invalid policy {}:\n{e}", p.display()))?;
+            Some(Arc::new(compiled))
+        }
+        None => None,
+    };
 
     let out: Box<dyn Write + Send> = if args.audit == "-" {
         Box::new(std::io::stdout())
@@ -110,7 +119,16 @@ fn main() -> anyhow::Result<()> {
     let audit = AuditSink::new(out, &cfg.sandbox_id);
     let broadcast = cfg.subnet.broadcast();
     let deny = PlatformDenySet::new(host_addresses(), cfg.gateway_ip, broadcast);
-    let decider = Arc::new(PlatformDecider::new(deny));
+    let decider: Arc<dyn Decider> = match policy {
+        Some(policy) => {
+            tracing::info!(policy = ?args.policy, "enforcing policy");
+            Arc::new(PolicyDecider::new(policy, deny))
+        }
+        None => {
+            tracing::warn!("no --policy: only the platform deny set applies");
+            Arc::new(PlatformDecider::new(deny))
+        }
+    };
 
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
