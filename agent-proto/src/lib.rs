@@ -626,4 +626,28 @@ mod tests {
             let _ = read_frame(&mut body.as_slice());
         }
     }
+
+    /// The fuzz seeds are valid messages (so the fuzzer starts from inputs
+    /// that reach every decoder branch, not only the tag check).
+    #[test]
+    fn fuzz_seeds_decode() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../fuzz/corpus/agent_frame");
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let data = std::fs::read(e.path()).unwrap();
+            if e.file_name() == "stream" {
+                let mut r = data.as_slice();
+                let mut n = 0;
+                while read_frame(&mut r).unwrap().is_some() {
+                    n += 1;
+                }
+                assert_eq!(n, 4);
+            } else {
+                let m = Message::decode(&data).unwrap();
+                assert_eq!(m.encode(), data);
+            }
+        }
+    }
 }

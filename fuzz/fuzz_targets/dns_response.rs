@@ -17,10 +17,15 @@ fuzz_target!(|data: &[u8]| {
             return;
         };
         let keep = |_: &str, ip: std::net::IpAddr| !ip.is_loopback();
-        if let Ok(s) = dns::sanitize_response(&query, data, keep, i != 0) {
-            // The sanitised answer must itself be a valid message.
+        if let Ok(s) = dns::sanitize_response_clamped(&query, data, keep, i != 0, 30..=600) {
+            // The sanitised answer must itself be a valid message, with
+            // nothing outside the answer section and every TTL clamped.
             let msg = hickory_proto::op::Message::from_vec(&s.bytes);
-            assert!(msg.is_ok());
+            let Ok(msg) = msg else {
+                panic!("sanitised answer does not decode");
+            };
+            assert!(msg.authorities.is_empty() && msg.additionals.is_empty());
+            assert!(msg.answers.iter().all(|r| (30..=600).contains(&r.ttl)));
             assert!(s.answers.iter().all(|(_, ip, _)| !ip.is_loopback()));
         }
     }

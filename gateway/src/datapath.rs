@@ -68,6 +68,8 @@ const DNS_TIMEOUT: Duration = Duration::from_secs(3);
 const COUNTER_LOG_INTERVAL: Duration = Duration::from_secs(60);
 /// First local port for published-port connections into the guest.
 const PUBLISH_PORT_BASE: u16 = 49152;
+/// Host peers of published UDP ports remembered at once (for replies).
+const MAX_UDP_PUBLISH_PEERS: usize = 1024;
 
 /// Messages from helper tasks to the datapath.
 #[derive(Debug)]
@@ -107,6 +109,17 @@ pub enum Event {
         stream: TcpStream,
         /// Guest port to connect to.
         guest_port: u16,
+    },
+    /// A datagram to a published UDP port.
+    PublishUdp {
+        /// The host socket it arrived on (replies leave through it).
+        socket: Arc<tokio::net::UdpSocket>,
+        /// The host peer that sent it.
+        peer: SocketAddr,
+        /// Guest port to deliver to.
+        guest_port: u16,
+        /// The payload.
+        data: Vec<u8>,
     },
     /// Log the counters now (SIGUSR1).
     DumpCounters,
@@ -277,6 +290,10 @@ pub struct Datapath {
     next_id: u64,
     next_publish_port: u16,
     dns_in_flight: usize,
+    /// Published UDP: gateway-side port -> (host socket, host peer).
+    udp_published: HashMap<u16, (Arc<tokio::net::UdpSocket>, SocketAddr)>,
+    /// Published UDP: (host socket address, host peer) -> gateway-side port.
+    udp_published_by_peer: HashMap<(SocketAddr, SocketAddr), u16>,
     events: mpsc::UnboundedSender<Event>,
     epoch: Instant,
 }
@@ -338,6 +355,8 @@ impl Datapath {
             next_id: 1,
             next_publish_port: PUBLISH_PORT_BASE,
             dns_in_flight: 0,
+            udp_published: HashMap::new(),
+            udp_published_by_peer: HashMap::new(),
             events,
             epoch,
         }
@@ -457,6 +476,14 @@ impl Datapath {
             let delay = delay
                 .unwrap_or(Duration::from_secs(1))
                 .min(self.next_inspect_deadline());
+            // With the output batch full, smoltcp's "poll now" cannot make
+            // progress: wait for the guest to drain instead of spinning.
+            let tx_full = self.tx.queued() >= TX_HIGH_WATER;
+            let delay = if tx_full {
+                delay.max(Duration::from_millis(100))
+            } else {
+                delay
+            };
             if delay.is_zero() {
                 tokio::task::yield_now().await;
                 continue;
@@ -535,6 +562,7 @@ impl Datapath {
         self.counters.frames_in += 1;
         match packet::classify(frame, &self.addresses()) {
             Class::Stack => self.ingress(frame),
+            Class::IcmpEcho => packet::write_echo_reply(&mut self.tx, self.cfg.gateway_mac, frame),
             Class::TcpSyn { src, dst, seq } => self.on_syn(frame, src, dst, seq),
             Class::Dhcp { start, end } => {
                 if let Some(payload) = frame.get(start..end) {
@@ -578,7 +606,7 @@ impl Datapath {
             mtu: usize::from(self.cfg.mtu),
         };
         self.iface.poll_maintenance(now);
-        for _ in 0..64 {
+        for _ in 0..256 {
             if matches!(
                 self.iface.poll_egress(now, &mut dev, &mut self.sockets),
                 smoltcp::iface::PollResult::None
@@ -783,10 +811,55 @@ impl Datapath {
         }
     }
 
+    fn on_publish_udp(
+        &mut self,
+        socket: Arc<tokio::net::UdpSocket>,
+        peer: SocketAddr,
+        guest_port: u16,
+        data: &[u8],
+    ) {
+        let Ok(local) = socket.local_addr() else {
+            return;
+        };
+        let port = match self.udp_published_by_peer.get(&(local, peer)) {
+            Some(p) => *p,
+            None => {
+                if self.udp_published.len() >= MAX_UDP_PUBLISH_PEERS {
+                    self.udp_published.clear();
+                    self.udp_published_by_peer.clear();
+                }
+                let mut p = self.next_publish_port;
+                while self.udp_published.contains_key(&p) {
+                    p = p.checked_add(1).unwrap_or(PUBLISH_PORT_BASE);
+                }
+                self.next_publish_port = p.checked_add(1).unwrap_or(PUBLISH_PORT_BASE);
+                self.udp_published.insert(p, (socket, peer));
+                self.udp_published_by_peer.insert((local, peer), p);
+                p
+            }
+        };
+        let mac = self.guest_mac.unwrap_or([0xff; 6]);
+        packet::write_udp(
+            &mut self.tx,
+            self.cfg.gateway_mac,
+            mac,
+            SocketAddrV4::new(self.cfg.gateway_ip, port),
+            SocketAddrV4::new(self.cfg.guest_ip, guest_port),
+            data,
+        );
+    }
+
     fn on_udp(&mut self, frame: &[u8], src: SocketAddrV4, dst: SocketAddrV4, payload: &[u8]) {
         if *dst.ip() == self.cfg.gateway_ip && dst.port() == 53 {
             self.on_dns_udp(frame, src, payload);
             return;
+        }
+        if *dst.ip() == self.cfg.gateway_ip {
+            // A guest reply on a published UDP port goes back to the host peer.
+            if let Some((sock, peer)) = self.udp_published.get(&dst.port()) {
+                let _ = sock.try_send_to(payload, *peer);
+                return;
+            }
         }
         let key = FlowKey {
             transport: Transport::Udp,
@@ -952,6 +1025,12 @@ impl Datapath {
                 }
             }
             Event::PublishTcp { stream, guest_port } => self.on_publish(stream, guest_port),
+            Event::PublishUdp {
+                socket,
+                peer,
+                guest_port,
+                data,
+            } => self.on_publish_udp(socket, peer, guest_port, &data),
         }
         false
     }
@@ -1095,11 +1174,7 @@ impl Datapath {
                             }
                         }
                     }
-                    if !*host_write_shut
-                        && !sock.may_recv()
-                        && !sock.can_recv()
-                        && sock.state() != tcp::State::SynReceived
-                    {
+                    if !*host_write_shut && guest_finished(sock) {
                         *host_write_shut = true;
                         let _ = socket2::SockRef::from(&*host).shutdown(std::net::Shutdown::Write);
                     }
@@ -1166,7 +1241,7 @@ impl Datapath {
                                 continue;
                             }
                         }
-                        if !sock.may_recv() && sock.state() != tcp::State::SynReceived {
+                        if guest_finished(sock) {
                             sock.close();
                         }
                     }
@@ -1363,6 +1438,17 @@ impl Datapath {
     }
 }
 
+/// Whether the guest has sent its FIN (or the connection is gone) and every
+/// received byte has been read. False before the handshake completes (a
+/// `SynSent`/`SynReceived` socket cannot receive yet either).
+fn guest_finished(sock: &tcp::Socket<'_>) -> bool {
+    use tcp::State::{CloseWait, Closed, Closing, LastAck, TimeWait};
+    matches!(
+        sock.state(),
+        CloseWait | LastAck | Closing | TimeWait | Closed
+    ) && !sock.can_recv()
+}
+
 /// The sequence number of a held SYN frame (0 when it cannot be read).
 fn syn_seq(frame: &[u8]) -> u32 {
     let ihl = frame.get(14).map_or(20, |b| usize::from(b & 0x0f) * 4);
@@ -1370,4 +1456,258 @@ fn syn_seq(frame: &[u8]) -> u32 {
     frame
         .get(at..at + 4)
         .map_or(0, |b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::DEFAULT_SUBNET;
+    use crate::packet::tests::{GUEST_MAC, tcp_frame, udp_frame};
+    use smoltcp::wire::{
+        ArpOperation, ArpPacket, ArpRepr, EthernetFrame, EthernetProtocol, IpProtocol, Ipv4Packet,
+        TcpControl, TcpPacket,
+    };
+    use std::sync::Mutex;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    /// Allows everything except port 9, which the "policy" denies.
+    struct TestDecider;
+    impl Decider for TestDecider {
+        fn decide_tcp(&self, flow: &FlowKey, _ctx: &DecideContext<'_>) -> Decision {
+            if flow.dst.port() == 9 {
+                Decision::Deny(DenyReason::Policy("test_denied"))
+            } else {
+                Decision::Allow
+            }
+        }
+        fn decide_udp(&self, _flow: &FlowKey, _ctx: &DecideContext<'_>) -> Decision {
+            Decision::Deny(DenyReason::UdpNotAllowed)
+        }
+    }
+
+    #[derive(Clone, Default)]
+    struct SharedBuf(Arc<Mutex<Vec<u8>>>);
+    impl io::Write for SharedBuf {
+        fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    struct Guest {
+        stream: UnixStream,
+        buf: Vec<u8>,
+    }
+
+    impl Guest {
+        async fn send(&mut self, frames: &[Vec<u8>]) {
+            let mut out = Vec::new();
+            for f in frames {
+                out.extend_from_slice(&u32::try_from(f.len()).unwrap().to_be_bytes());
+                out.extend_from_slice(f);
+            }
+            self.stream.write_all(&out).await.unwrap();
+        }
+
+        /// Next frame from the gateway; a generous bound keeps a broken gateway from hanging the test.
+        async fn recv(&mut self) -> Vec<u8> {
+            loop {
+                if self.buf.len() >= 4 {
+                    let n = u32::from_be_bytes(self.buf[..4].try_into().unwrap()) as usize;
+                    if self.buf.len() >= 4 + n {
+                        let f = self.buf[4..4 + n].to_vec();
+                        self.buf.drain(..4 + n);
+                        return f;
+                    }
+                }
+                let mut chunk = vec![0u8; 65536];
+                let n = tokio::time::timeout(Duration::from_secs(30), self.stream.read(&mut chunk))
+                    .await
+                    .expect("gateway sent nothing")
+                    .unwrap();
+                assert!(n > 0, "gateway closed the stream");
+                self.buf.extend_from_slice(&chunk[..n]);
+            }
+        }
+
+        /// Next TCP segment (answering ARP requests for the guest on the way).
+        async fn recv_tcp(&mut self) -> (SocketAddrV4, SocketAddrV4, TcpControl, u32, Option<u32>) {
+            loop {
+                let f = self.recv().await;
+                let eth = EthernetFrame::new_checked(&f[..]).unwrap();
+                if eth.ethertype() == EthernetProtocol::Arp {
+                    let arp = ArpPacket::new_checked(eth.payload()).unwrap();
+                    assert_eq!(arp.operation(), ArpOperation::Request);
+                    let reply = ArpRepr::EthernetIpv4 {
+                        operation: ArpOperation::Reply,
+                        source_hardware_addr: EthernetAddress(GUEST_MAC),
+                        source_protocol_addr: Ipv4Addr::new(10, 0, 2, 15),
+                        target_hardware_addr: eth.src_addr(),
+                        target_protocol_addr: Ipv4Addr::from(
+                            <[u8; 4]>::try_from(arp.source_protocol_addr()).unwrap(),
+                        ),
+                    };
+                    let mut buf = vec![0u8; 14 + reply.buffer_len()];
+                    let mut e = EthernetFrame::new_unchecked(&mut buf[..]);
+                    e.set_src_addr(EthernetAddress(GUEST_MAC));
+                    e.set_dst_addr(eth.src_addr());
+                    e.set_ethertype(EthernetProtocol::Arp);
+                    reply.emit(&mut ArpPacket::new_unchecked(e.payload_mut()));
+                    self.send(&[buf]).await;
+                    continue;
+                }
+                let ip = Ipv4Packet::new_checked(eth.payload()).unwrap();
+                if ip.next_header() != IpProtocol::Tcp {
+                    continue;
+                }
+                let tcp = TcpPacket::new_checked(ip.payload()).unwrap();
+                let control = if tcp.rst() {
+                    TcpControl::Rst
+                } else if tcp.syn() {
+                    TcpControl::Syn
+                } else if tcp.fin() {
+                    TcpControl::Fin
+                } else {
+                    TcpControl::None
+                };
+                let ack = tcp.ack().then(|| tcp.ack_number().0 as u32);
+                return (
+                    SocketAddrV4::new(ip.src_addr(), tcp.src_port()),
+                    SocketAddrV4::new(ip.dst_addr(), tcp.dst_port()),
+                    control,
+                    tcp.seq_number().0 as u32,
+                    ack,
+                );
+            }
+        }
+    }
+
+    fn start(decider: Arc<dyn Decider>) -> (Guest, SharedBuf, tokio::task::JoinHandle<SessionEnd>) {
+        let (gw_end, test_end) = UnixStream::pair().unwrap();
+        let cfg = Arc::new(Config::new(DEFAULT_SUBNET, 1500).unwrap());
+        let audit_buf = SharedBuf::default();
+        let audit = AuditSink::new(Box::new(audit_buf.clone()), "test");
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let mut dp = Datapath::new(cfg, decider, audit, tx);
+        let task = tokio::spawn(async move { dp.run(&gw_end, &mut rx).await });
+        (
+            Guest {
+                stream: test_end,
+                buf: Vec::new(),
+            },
+            audit_buf,
+            task,
+        )
+    }
+
+    #[tokio::test]
+    async fn concurrent_syns_are_not_cross_wired_and_denied_syns_get_rst() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (mut guest, audit, task) = start(Arc::new(TestDecider));
+        let g = Ipv4Addr::new(10, 0, 2, 15);
+        let dst = SocketAddrV4::new(Ipv4Addr::LOCALHOST, port);
+        let (a, b) = (SocketAddrV4::new(g, 1000), SocketAddrV4::new(g, 1001));
+        // Two SYNs to the same destination in one write, then a duplicate of the first.
+        guest
+            .send(&[
+                tcp_frame(a, dst, TcpControl::Syn, 100, None),
+                tcp_frame(b, dst, TcpControl::Syn, 5000, None),
+                tcp_frame(a, dst, TcpControl::Syn, 100, None),
+            ])
+            .await;
+        let mut seen = HashMap::new();
+        while seen.len() < 2 {
+            let (src, to, control, _seq, ack) = guest.recv_tcp().await;
+            assert_eq!(control, TcpControl::Syn, "expected SYN-ACK");
+            assert_eq!(src, dst);
+            seen.insert(to.port(), ack);
+        }
+        assert_eq!(
+            seen[&1000],
+            Some(101),
+            "SYN-ACK for port 1000 acknowledges its own SYN"
+        );
+        assert_eq!(
+            seen[&1001],
+            Some(5001),
+            "SYN-ACK for port 1001 acknowledges its own SYN"
+        );
+        let (_c1, _) = listener.accept().await.unwrap();
+        let (_c2, _) = listener.accept().await.unwrap();
+
+        // A denied destination gets a RST acknowledging the SYN, and an audit line.
+        let denied = SocketAddrV4::new(Ipv4Addr::new(198, 51, 100, 1), 9);
+        guest
+            .send(&[tcp_frame(
+                SocketAddrV4::new(g, 1002),
+                denied,
+                TcpControl::Syn,
+                77,
+                None,
+            )])
+            .await;
+        let (src, to, control, _, ack) = guest.recv_tcp().await;
+        assert_eq!(
+            (src, to.port(), control, ack),
+            (denied, 1002, TcpControl::Rst, Some(78))
+        );
+        let text = String::from_utf8(audit.0.lock().unwrap().clone()).unwrap();
+        assert!(text.contains(r#""reason":"test_denied""#), "{text}");
+        assert_eq!(text.matches(r#""event":"flow_open""#).count(), 2, "{text}");
+
+        // A frame length below 14 ends the session cleanly.
+        guest.stream.write_all(&5u32.to_be_bytes()).await.unwrap();
+        guest.stream.write_all(&[0u8; 5]).await.unwrap();
+        let end = task.await.unwrap();
+        assert!(
+            matches!(
+                end,
+                SessionEnd::ProtocolError(FrameError::BadLength { len: 5, .. })
+            ),
+            "{end:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn platform_decider_refuses_loopback_and_garbage_is_counted() {
+        let deny = crate::decide::PlatformDenySet::new(
+            [],
+            Ipv4Addr::new(10, 0, 2, 2),
+            Ipv4Addr::new(10, 0, 2, 255),
+        );
+        let (mut guest, audit, task) = start(Arc::new(crate::decide::PlatformDecider::new(deny)));
+        let g = SocketAddrV4::new(Ipv4Addr::new(10, 0, 2, 15), 2000);
+        // Garbage and IPv6 frames first: dropped, the session goes on.
+        let mut v6 = vec![0u8; 60];
+        v6[12..14].copy_from_slice(&[0x86, 0xdd]);
+        let udp = udp_frame(
+            g,
+            SocketAddrV4::new(Ipv4Addr::new(198, 51, 100, 2), 443),
+            b"quic",
+        );
+        guest
+            .send(&[vec![0u8; 14], v6, vec![0xffu8; 100], udp])
+            .await;
+        guest
+            .send(&[tcp_frame(
+                g,
+                SocketAddrV4::new(Ipv4Addr::LOCALHOST, 22),
+                TcpControl::Syn,
+                9,
+                None,
+            )])
+            .await;
+        let (_, to, control, _, ack) = guest.recv_tcp().await;
+        assert_eq!((to, control, ack), (g, TcpControl::Rst, Some(10)));
+        let text = String::from_utf8(audit.0.lock().unwrap().clone()).unwrap();
+        assert!(text.contains(r#""reason":"platform_denied""#), "{text}");
+        assert!(text.contains(r#""reason":"udp_not_allowed""#), "{text}");
+        drop(guest);
+        assert!(matches!(task.await.unwrap(), SessionEnd::GuestClosed));
+    }
 }

@@ -19,8 +19,11 @@ use tokio::net::{TcpStream, UdpSocket};
 
 /// Largest DNS message accepted over TCP (the 2-byte length prefix allows 65535).
 pub const MAX_TCP_MESSAGE: usize = 65535;
-/// Upper bound on TTLs recorded in the table.
-const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
+/// Default upper bound on TTLs recorded in the table.
+pub const DEFAULT_MAX_TTL: Duration = Duration::from_secs(24 * 3600);
+/// Default lower bound on TTLs recorded in the table: answers with TTL 0 (common
+/// for local resolvers) must still cover the connection that follows them.
+pub const DEFAULT_MIN_TTL: Duration = Duration::from_secs(10);
 
 /// A DNS message the gateway cannot handle.
 #[derive(Debug, Error)]
@@ -46,13 +49,16 @@ struct NameEntry {
 /// The sandbox's address-to-names table, filled from DNS answers.
 ///
 /// Bounded to `capacity` (address, name) pairs: when full, expired entries are
-/// purged and, if still full, the pair expiring soonest is evicted. Lookups do
-/// not allocate.
+/// purged and, if still full, the pair expiring soonest is evicted. TTLs are
+/// clamped to `[min_ttl, max_ttl]` (defaults [`DEFAULT_MIN_TTL`],
+/// [`DEFAULT_MAX_TTL`]). Lookups do not allocate.
 #[derive(Debug)]
 pub struct DnsTable {
     by_ip: HashMap<IpAddr, Vec<NameEntry>>,
     len: usize,
     capacity: usize,
+    min_ttl: Duration,
+    max_ttl: Duration,
 }
 
 impl DnsTable {
@@ -62,14 +68,22 @@ impl DnsTable {
             by_ip: HashMap::new(),
             len: 0,
             capacity: capacity.max(1),
+            min_ttl: DEFAULT_MIN_TTL,
+            max_ttl: DEFAULT_MAX_TTL,
         }
     }
 
-    /// Records that `name` resolved to `ip` with `ttl` (capped at one day).
+    /// Sets the TTL clamp (the policy's min/max TTL); `min` is capped at `max`.
+    pub fn set_ttl_bounds(&mut self, min: Duration, max: Duration) {
+        self.max_ttl = max;
+        self.min_ttl = min.min(max);
+    }
+
+    /// Records that `name` resolved to `ip` with `ttl` (clamped to the TTL bounds).
     /// Names are stored lower-case without the trailing dot.
     pub fn insert(&mut self, ip: IpAddr, name: &str, ttl: Duration, now: Instant) {
         let name = normalise(name);
-        let expires = now + ttl.min(MAX_TTL);
+        let expires = now + ttl.clamp(self.min_ttl, self.max_ttl);
         if let Some(list) = self.by_ip.get_mut(&ip)
             && let Some(e) = list.iter_mut().find(|e| *e.name == *name)
         {
@@ -328,6 +342,7 @@ mod tests {
     fn table_records_expires_and_is_bounded() {
         let now = Instant::now();
         let mut t = DnsTable::new(2);
+        t.set_ttl_bounds(Duration::ZERO, DEFAULT_MAX_TTL);
         let ip: IpAddr = "198.51.100.7".parse().unwrap();
         t.insert(ip, "Example.COM.", Duration::from_secs(10), now);
         assert!(t.resolved_for(ip, "example.com", now));
@@ -347,6 +362,26 @@ mod tests {
         assert!(t.resolved_for(ip, "b.com", now));
         t.purge_expired(now + Duration::from_secs(1000));
         assert!(t.is_empty());
+    }
+
+    #[test]
+    fn zero_ttls_are_raised_to_the_floor() {
+        let now = Instant::now();
+        let mut t = DnsTable::new(4);
+        let ip: IpAddr = "198.51.100.7".parse().unwrap();
+        t.insert(ip, "zero.example", Duration::ZERO, now);
+        assert!(t.resolved_for(
+            ip,
+            "zero.example",
+            now + DEFAULT_MIN_TTL - Duration::from_millis(1)
+        ));
+        assert!(!t.resolved_for(ip, "zero.example", now + DEFAULT_MIN_TTL));
+        t.insert(ip, "long.example", Duration::from_secs(u64::MAX / 4), now);
+        assert!(!t.resolved_for(
+            ip,
+            "long.example",
+            now + DEFAULT_MAX_TTL + Duration::from_secs(1)
+        ));
     }
 
     #[test]

@@ -14,6 +14,7 @@ pub mod datapath;
 pub mod decide;
 pub mod dhcp;
 pub mod dns;
+pub mod enforce;
 pub mod frames;
 pub mod packet;
 
@@ -107,7 +108,39 @@ pub async fn serve(
                 });
             }
             Proto::Udp => {
-                tracing::warn!(host = %spec.host, "UDP publishing is not implemented yet; ignored")
+                let socket = tokio::net::UdpSocket::bind(spec.host)
+                    .await
+                    .map_err(|source| GatewayError::BindPublish {
+                        addr: spec.host,
+                        source,
+                    })?;
+                let socket = Arc::new(socket);
+                let tx = events_tx.clone();
+                let guest_port = spec.guest_port;
+                tracing::info!(host = %spec.host, guest_port, "publishing UDP port");
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 65535];
+                    loop {
+                        match socket.recv_from(&mut buf).await {
+                            Ok((n, peer)) => {
+                                let data = buf[..n].to_vec();
+                                let ev = Event::PublishUdp {
+                                    socket: socket.clone(),
+                                    peer,
+                                    guest_port,
+                                    data,
+                                };
+                                if tx.send(ev).is_err() {
+                                    break;
+                                }
+                            }
+                            Err(e) => {
+                                tracing::debug!(error = %e, "publish UDP receive failed");
+                                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                            }
+                        }
+                    }
+                });
             }
         }
     }

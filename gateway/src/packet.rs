@@ -11,9 +11,9 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 
 use smoltcp::phy::ChecksumCapabilities;
 use smoltcp::wire::{
-    ArpOperation, ArpPacket, EthernetAddress, EthernetFrame, EthernetProtocol, IpAddress,
-    IpProtocol, Ipv4Packet, Ipv4Repr, TcpControl, TcpPacket, TcpRepr, TcpSeqNumber, UdpPacket,
-    UdpRepr,
+    ArpOperation, ArpPacket, EthernetAddress, EthernetFrame, EthernetProtocol, Icmpv4Message,
+    Icmpv4Packet, IpAddress, IpProtocol, Ipv4Packet, Ipv4Repr, TcpControl, TcpPacket, TcpRepr,
+    TcpSeqNumber, UdpPacket, UdpRepr,
 };
 
 use crate::frames::TxBatch;
@@ -98,6 +98,8 @@ pub enum Class {
         /// Payload end.
         end: usize,
     },
+    /// An ICMP echo request to the gateway (answered without smoltcp).
+    IcmpEcho,
     /// Any other UDP datagram; payload is `frame[start..end]`.
     Udp {
         /// Guest endpoint.
@@ -213,7 +215,13 @@ fn classify_ipv4(payload: &[u8], a: &Addresses) -> Class {
             }
             Class::Stack
         }
-        IpProtocol::Icmp if dst == a.gateway_ip => Class::Stack,
+        IpProtocol::Icmp if dst == a.gateway_ip => match Icmpv4Packet::new_checked(ip.payload()) {
+            Ok(icmp) if icmp.msg_type() == Icmpv4Message::EchoRequest && icmp.verify_checksum() => {
+                Class::IcmpEcho
+            }
+            Ok(_) => Class::Drop(DropReason::Icmp),
+            Err(_) => Class::Drop(DropReason::Malformed),
+        },
         IpProtocol::Icmp => Class::Drop(DropReason::Icmp),
         _ => Class::Drop(DropReason::Protocol),
     }
@@ -257,6 +265,45 @@ pub fn write_udp(
             |b| b.copy_from_slice(payload),
             &caps,
         );
+    });
+}
+
+/// Appends the echo reply to an echo request `frame` already classified as
+/// [`Class::IcmpEcho`]; nothing when the frame does not hold one.
+pub fn write_echo_reply(out: &mut TxBatch, gateway_mac: [u8; 6], request: &[u8]) {
+    let Ok(eth) = EthernetFrame::new_checked(request) else {
+        return;
+    };
+    let Ok(ip) = Ipv4Packet::new_checked(eth.payload()) else {
+        return;
+    };
+    let Ok(icmp) = Icmpv4Packet::new_checked(ip.payload()) else {
+        return;
+    };
+    let (src_mac, src_ip, dst_ip) = (eth.src_addr(), ip.src_addr(), ip.dst_addr());
+    let ip_repr = Ipv4Repr {
+        src_addr: dst_ip,
+        dst_addr: src_ip,
+        next_header: IpProtocol::Icmp,
+        payload_len: 8 + icmp.data().len(),
+        hop_limit: 64,
+    };
+    let (ident, seq_no, data) = (icmp.echo_ident(), icmp.echo_seq_no(), icmp.data());
+    out.push_with(ETH_HEADER + IPV4_HEADER + 8 + data.len(), |buf| {
+        let caps = ChecksumCapabilities::default();
+        let mut e = EthernetFrame::new_unchecked(&mut *buf);
+        e.set_src_addr(EthernetAddress(gateway_mac));
+        e.set_dst_addr(src_mac);
+        e.set_ethertype(EthernetProtocol::Ipv4);
+        let mut ipp = Ipv4Packet::new_unchecked(e.payload_mut());
+        ip_repr.emit(&mut ipp, &caps);
+        let mut reply = Icmpv4Packet::new_unchecked(ipp.payload_mut());
+        reply.set_msg_type(Icmpv4Message::EchoReply);
+        reply.set_msg_code(0);
+        reply.set_echo_ident(ident);
+        reply.set_echo_seq_no(seq_no);
+        reply.data_mut().copy_from_slice(data);
+        reply.fill_checksum();
     });
 }
 

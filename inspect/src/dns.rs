@@ -30,6 +30,7 @@
 //! [`truncated`]) so the guest retries over TCP.
 
 use std::net::IpAddr;
+use std::ops::RangeInclusive;
 
 use hickory_proto::op::{Edns, Message, MessageType, OpCode, Query as Question, ResponseCode};
 use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};
@@ -283,7 +284,8 @@ pub struct Sanitized {
     /// SERVFAIL, ...).
     pub rcode: ResponseCode,
     /// The addresses kept: owner name (normalised; the end of the CNAME
-    /// chain), address, TTL as upstream gave it.
+    /// chain), address, TTL (as upstream gave it, or clamped by
+    /// [`sanitize_response_clamped`]).
     pub answers: Vec<(String, IpAddr, u32)>,
     /// The CNAME targets followed from the question's name, in order
     /// (normalised).
@@ -313,6 +315,22 @@ pub fn sanitize_response(
     keep_addr: impl Fn(&str, IpAddr) -> bool,
     ipv6: bool,
 ) -> Result<Sanitized, DnsReject> {
+    sanitize_response_clamped(query, upstream, keep_addr, ipv6, 0..=u32::MAX)
+}
+
+/// [`sanitize_response`], with every kept record's TTL (CNAMEs and
+/// addresses, in `bytes` and in [`Sanitized::answers`]) clamped into `ttl`.
+///
+/// The gateway passes the policy's TTL bounds, so the guest re-resolves no
+/// later than the gateway's name-to-IP entry expires.
+pub fn sanitize_response_clamped(
+    query: &Query,
+    upstream: &[u8],
+    keep_addr: impl Fn(&str, IpAddr) -> bool,
+    ipv6: bool,
+    ttl: RangeInclusive<u32>,
+) -> Result<Sanitized, DnsReject> {
+    let clamp = |t: u32| t.clamp(*ttl.start(), (*ttl.end()).max(*ttl.start()));
     let message = Message::from_vec(upstream).map_err(|_| DnsReject::Malformed)?;
     let meta = &message.metadata;
     if meta.message_type != MessageType::Response || meta.id != query.id {
@@ -369,6 +387,7 @@ pub fn sanitize_response(
             }
             let mut kept = (*record).clone();
             kept.name = Name::from_ascii(&current).map_err(|_| DnsReject::BadChain)?;
+            kept.ttl = clamp(kept.ttl);
             out.add_answer(kept);
             cname_chain.push(target.clone());
             current = target;
@@ -380,8 +399,10 @@ pub fn sanitize_response(
                 _ => continue,
             };
             if keep_addr(&query.name, ip) {
-                answers.push((owner.clone(), ip, record.ttl));
-                out.add_answer((*record).clone());
+                let mut kept = (*record).clone();
+                kept.ttl = clamp(kept.ttl);
+                answers.push((owner.clone(), ip, kept.ttl));
+                out.add_answer(kept);
             } else {
                 dropped_private += 1;
             }

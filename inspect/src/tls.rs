@@ -16,7 +16,7 @@
 //!   name, so the real destination cannot be checked.
 //!
 //! The parser follows smoltcp's shape: every read goes through a bounds-checked
-//! cursor ([`Cursor`]) that returns `None` past the end, so no length field in
+//! cursor (`Cursor`) that returns `None` past the end, so no length field in
 //! the input can cause an out-of-bounds access or a panic. Extensions other
 //! than server_name, ALPN and ECH are skipped unread, except that two
 //! extensions of the same type make the hello unreadable (RFC 8446 4.2).
@@ -99,9 +99,10 @@ pub struct ClientHelloInfo {
     pub server_name: String,
     /// The ALPN protocol names offered, in the client's order.
     pub alpn: Vec<Vec<u8>>,
-    /// Whether an encrypted_client_hello extension was present. Always
-    /// `false` in a `Done`: such hellos are rejected with
-    /// [`Reject::EchPresent`]; kept so callers can log what they saw.
+    /// Whether an encrypted_client_hello extension was present (then
+    /// `server_name` is only the outer, public name). Always `false` unless
+    /// the reader was built with [`ClientHelloReader::allow_ech_outer`]:
+    /// by default such hellos are rejected with [`Reject::EchPresent`].
     pub ech: bool,
     /// The ClientHello's legacy_version (0x0303 for TLS 1.2 and 1.3).
     pub legacy_version: u16,
@@ -135,6 +136,7 @@ pub struct ClientHelloReader {
     /// Handshake bytes reassembled from the record payloads so far.
     handshake: Vec<u8>,
     finished: Option<Reject>,
+    allow_ech_outer: bool,
 }
 
 impl Default for ClientHelloReader {
@@ -152,7 +154,16 @@ impl ClientHelloReader {
             next_record: 0,
             handshake: Vec::new(),
             finished: None,
+            allow_ech_outer: false,
         }
+    }
+
+    /// Accept ClientHellos with an encrypted_client_hello extension,
+    /// reporting it in [`ClientHelloInfo::ech`] instead of rejecting with
+    /// [`Reject::EchPresent`]. The SNI is then the outer (public) name only.
+    pub fn allow_ech_outer(mut self, allow: bool) -> Self {
+        self.allow_ech_outer = allow;
+        self
     }
 
     /// The raw bytes pushed so far.
@@ -256,11 +267,11 @@ impl ClientHelloReader {
                 rest.get(..u24(header[1], header[2], header[3]))
             })
             .unwrap_or_default();
-        match parse_client_hello(body) {
+        match parse_client_hello(body, self.allow_ech_outer) {
             Ok(hello) => Progress::Done(ClientHelloInfo {
                 server_name: hello.server_name,
                 alpn: hello.alpn,
-                ech: false,
+                ech: hello.ech,
                 legacy_version: hello.legacy_version,
                 raw: std::mem::take(&mut self.raw),
             }),
@@ -348,10 +359,11 @@ struct Hello {
     legacy_version: u16,
     server_name: String,
     alpn: Vec<Vec<u8>>,
+    ech: bool,
 }
 
 /// Parses a complete ClientHello body (after the handshake header).
-fn parse_client_hello(body: &[u8]) -> Result<Hello, Reject> {
+fn parse_client_hello(body: &[u8], allow_ech_outer: bool) -> Result<Hello, Reject> {
     let mut c = Cursor::new(body);
     let legacy_version = c.u16().ok_or(Reject::NotTls)?;
     c.take(32).ok_or(Reject::NotTls)?; // random
@@ -398,7 +410,7 @@ fn parse_client_hello(body: &[u8]) -> Result<Hello, Reject> {
             _ => {}
         }
     }
-    if ech {
+    if ech && !allow_ech_outer {
         return Err(Reject::EchPresent);
     }
     let server_name = parse_server_name(sni.ok_or(Reject::SniAbsent)?)?;
@@ -406,6 +418,7 @@ fn parse_client_hello(body: &[u8]) -> Result<Hello, Reject> {
         legacy_version,
         server_name,
         alpn,
+        ech,
     })
 }
 

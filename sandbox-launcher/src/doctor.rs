@@ -1,59 +1,64 @@
 //! `sluice doctor`: what this host gives a sluice VM, and why.
 
+use std::fmt::Write as _;
+
 use crate::image;
+use crate::jail;
 use crate::qemu;
 
-/// The isolation layers `sluice run` is meant to apply around QEMU and the
-/// gateway. None is applied yet: the jail (`crate::jail`) is written in
-/// parallel; until it is wired in, each is reported as not implemented.
-const LAYERS: [&str; 11] = [
-    "mount namespace + pivot_root",
-    "pid namespace",
-    "ipc namespace",
-    "uts namespace",
-    "network namespace",
-    "unprivileged uid, no capabilities",
-    "no_new_privs",
-    "rlimits",
-    "seccomp filter",
-    "landlock",
-    "cgroup limits",
-];
-
-/// The isolation layers as a JSON object for `sluice run --json`:
-/// layer name to status.
+/// The isolation layers as a JSON object for `sluice run --json`: what
+/// `sluice run` applies today (QEMU's own `-sandbox` and the death signal /
+/// process group), and, under `jail_available`, what the jail
+/// (`crate::jail::probe_layers`) could apply on this host. `sluice run` does
+/// not spawn QEMU through the jail yet: those layers are not active.
 pub(crate) fn layers_summary() -> serde_json::Value {
-    let mut m = serde_json::Map::new();
-    for l in LAYERS {
-        m.insert(l.to_owned(), "not implemented".into());
-    }
-    m.insert("qemu -sandbox (QEMU's own seccomp)".to_owned(), "on".into());
-    m.insert("PDEATHSIG + process group".to_owned(), "on".into());
-    serde_json::Value::Object(m)
+    let probe: serde_json::Map<String, serde_json::Value> = jail::probe_layers()
+        .into_iter()
+        .map(|l| {
+            (
+                l.name,
+                serde_json::json!({"available": l.available, "reason": l.reason}),
+            )
+        })
+        .collect();
+    serde_json::json!({
+        "active": ["qemu-sandbox", "death-signal", "process-group"],
+        "jail_active": false,
+        "jail_available": probe,
+    })
 }
 
 /// Prints the report; returns the process exit status (0 when a VM can
 /// boot here: QEMU, a kernel and an agent were found).
 pub fn main() -> i32 {
+    // Collected and written once: a closed stdout (`sluice doctor | head`)
+    // is not an error worth a panic.
+    let mut out = String::new();
+    // Writing to a String cannot fail.
+    macro_rules! say {
+        ($($t:tt)*) => {{
+            let _ = writeln!(out, $($t)*);
+        }};
+    }
     let mut ok = true;
     let accel = qemu::choose_accel();
-    println!("accelerator: {} ({})", accel.name, accel.reason);
+    say!("accelerator: {} ({})", accel.name, accel.reason);
     match qemu::find_qemu() {
-        Some(q) => println!(
+        Some(q) => say!(
             "qemu: {} ({})",
             q.display(),
             qemu::qemu_version(&q).unwrap_or_else(|| "does not run".into())
         ),
         None => {
             ok = false;
-            println!("qemu: not found (install qemu-system-x86)");
+            say!("qemu: not found (install qemu-system-x86)");
         }
     }
     match image::default_kernel() {
-        Ok((k, v)) => println!("kernel: {} (modules /lib/modules/{v})", k.display()),
+        Ok((k, v)) => say!("kernel: {} (modules /lib/modules/{v})", k.display()),
         Err(e) => {
             ok = false;
-            println!("kernel: {e}");
+            say!("kernel: {e}");
         }
     }
     match image::find_agent(
@@ -61,10 +66,10 @@ pub fn main() -> i32 {
             .map(std::path::PathBuf::from)
             .as_deref(),
     ) {
-        Ok(a) => println!("guest agent: {}", a.display()),
+        Ok(a) => say!("guest agent: {}", a.display()),
         Err(e) => {
             ok = false;
-            println!("guest agent: {e}");
+            say!("guest agent: {e}");
         }
     }
     let cache = image::default_cache_dir();
@@ -75,12 +80,19 @@ pub fn main() -> i32 {
                 .count()
         })
         .unwrap_or(0);
-    println!("image cache: {} ({entries} image(s))", cache.display());
-    println!("isolation layers:");
-    println!("  qemu -sandbox (QEMU's own seccomp): on");
-    println!("  PDEATHSIG + process group: on");
-    for l in LAYERS {
-        println!("  {l}: NOT IMPLEMENTED (the jail is not wired in yet)");
+    say!("image cache: {} ({entries} image(s))", cache.display());
+    say!("isolation layers applied by `sluice run` today:");
+    say!("  qemu-sandbox (QEMU's own seccomp, -sandbox on,...): on");
+    say!("  death-signal + process group (QEMU, gateway): on");
+    say!("jail layers (NOT yet applied by `sluice run`; what this host could apply):");
+    for l in jail::probe_layers() {
+        let state = if l.available {
+            "available"
+        } else {
+            "unavailable"
+        };
+        say!("  {}: {state} ({})", l.name, l.reason);
     }
+    let _ = std::io::Write::write_all(&mut std::io::stdout(), out.as_bytes());
     if ok { 0 } else { 1 }
 }

@@ -7,6 +7,8 @@
 //! the launcher), [`run`] (`sluice run`), [`doctor`] (`sluice doctor`), [`policy_cmd`]
 //! (`sluice policy check|explain`).
 
+use std::io::Write as _;
+
 pub mod doctor;
 pub mod image;
 pub mod jail;
@@ -35,7 +37,7 @@ pub fn image_build_main(
     });
     match result {
         Ok(img) => {
-            println!("{}", img.dir.display());
+            let _ = writeln!(std::io::stdout(), "{}", img.dir.display());
             0
         }
         Err(e) => {

@@ -16,7 +16,7 @@ struct Cli {
 #[allow(clippy::large_enum_variant, reason = "parsed once at start-up")]
 enum Cmd {
     /// Boot a fresh VM and run COMMAND in it.
-    Run(sluice_launcher::run::RunArgs),
+    Run(Box<sluice_launcher::run::RunArgs>),
     /// Manage the guest image.
     Image {
         #[command(subcommand)]
@@ -50,7 +50,7 @@ enum ImageCmd {
 fn main() {
     let cli = Cli::parse();
     let code = match cli.command {
-        Cmd::Run(args) => sluice_launcher::run::main(args),
+        Cmd::Run(args) => sluice_launcher::run::main(*args),
         Cmd::Image {
             command:
                 ImageCmd::Build {

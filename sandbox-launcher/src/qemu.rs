@@ -83,7 +83,12 @@ fn host_khz() -> u64 {
         })
         .map(|mhz| (mhz * 1000.0).round())
         .filter(|khz| khz.is_finite() && *khz > 0.0)
-        .map_or(2_000_000, |khz| khz as u64)
+        // In range: a positive finite kHz figure far below u64::MAX.
+        .map_or(2_000_000, |khz| {
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            let khz = khz as u64;
+            khz
+        })
 }
 
 /// What the VM is booted with.
@@ -95,12 +100,20 @@ pub(crate) struct VmConfig {
     pub(crate) initrd: PathBuf,
     pub(crate) memory_mib: u32,
     pub(crate) cpus: u32,
+    pub(crate) verbose_console: bool,
 }
 
 /// The QEMU command; the caller places [`NET_FD`], [`AGENT_FD`] and
 /// [`CONSOLE_FD`] in the child.
 pub(crate) fn command(cfg: &VmConfig) -> Command {
-    let mut append = String::from("console=ttyS0 rdinit=/init panic=-1 quiet loglevel=4");
+    let mut append = String::from("console=ttyS0 rdinit=/init panic=-1");
+    // Every console byte costs a trap under TCG: keep the kernel quiet
+    // unless the console is being watched.
+    append.push_str(if cfg.verbose_console {
+        " printk.time=1"
+    } else {
+        " quiet loglevel=3"
+    });
     if cfg.accel.name == "tcg" {
         append.push_str(&format!(
             " tsc_early_khz={} tsc=reliable no_timer_check",

@@ -49,11 +49,6 @@ const CONSOLE_KEEP: usize = 256 * 1024;
 /// How much output `--json` captures per stream.
 const JSON_CAPTURE: usize = 16 * 1024 * 1024;
 
-/// Policy used when neither `--policy` nor `--allow-domain` is given.
-/// Placeholder until `sluice_policy::DEFAULT_POLICY_YAML` lands on main.
-const DEFAULT_POLICY_YAML: &str =
-    "# sluice default policy (placeholder): deny everything.\nversion: 1\nallow: []\n";
-
 /// Options of `sluice run`.
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
@@ -103,6 +98,9 @@ pub struct RunArgs {
     /// The sluice-gateway binary (default: next to this executable).
     #[arg(long, env = "SLUICE_GATEWAY", value_name = "PATH")]
     pub gateway: Option<PathBuf>,
+    /// Boot without a gateway: the guest's network link has nobody on it.
+    #[arg(long, conflicts_with_all = ["policy", "allow_domain", "publish", "audit", "gateway"])]
+    pub no_network: bool,
     /// A root filesystem directory to boot instead of the default userland.
     #[arg(long, value_name = "DIR")]
     pub rootfs: Option<PathBuf>,
@@ -211,7 +209,12 @@ pub fn main(args: RunArgs) -> i32 {
         }
     };
     let outcome = session.run(&args);
-    session.children.finish(Duration::from_secs(3));
+    if outcome.is_ok() {
+        // The guest was asked to power off: give it a moment to do so.
+        session.children.finish(Duration::from_secs(3));
+    } else {
+        session.children.kill_all();
+    }
     session.report(&args, outcome)
 }
 
@@ -259,7 +262,16 @@ impl Session {
 
         let mut children = Children::default();
         let audit = Arc::new(Mutex::new(Vec::new()));
-        let gateway = find_gateway(args.gateway.as_deref());
+        let gateway = if args.no_network {
+            None
+        } else {
+            Some(find_gateway(args.gateway.as_deref()).ok_or_else(|| {
+                anyhow!(
+                    "no sluice-gateway found (--gateway, SLUICE_GATEWAY, or next to sluice); \
+                     pass --no-network to run without a network"
+                )
+            })?)
+        };
         let mut audit_reader = None;
         let has_gateway = gateway.is_some();
         match gateway {
@@ -270,10 +282,6 @@ impl Session {
                 audit_reader = Some(reader);
             }
             None => {
-                eprintln!(
-                    "sluice: no sluice-gateway found (--gateway, SLUICE_GATEWAY, or next to sluice): \
-                     the guest has no network"
-                );
                 // Hold the link open and discard what the guest sends: the
                 // guest sees a cable with nobody on it.
                 thread::spawn(move || {
@@ -291,6 +299,7 @@ impl Session {
             initrd: image.initrd.clone(),
             memory_mib: args.memory,
             cpus: args.cpus,
+            verbose_console: args.debug,
         };
         let net_guest = OwnedFd::from(net_guest);
         let agent_guest = OwnedFd::from(agent_guest);
@@ -649,13 +658,13 @@ impl Session {
         if args.json {
             let t = &self.timings;
             let audit = self.audit.lock().map(|a| a.clone()).unwrap_or_default();
-            let mut by_decision: BTreeMap<String, u64> = BTreeMap::new();
+            // Audit lines are counted by "event:outcome" (e.g. "dns:forwarded",
+            // "tcp:denied"), whatever the gateway's record carries.
+            let mut by_outcome: BTreeMap<String, u64> = BTreeMap::new();
             for rec in &audit {
-                let d = ["decision", "verdict", "action"]
-                    .iter()
-                    .find_map(|k| rec.get(*k).and_then(|v| v.as_str()))
-                    .unwrap_or("other");
-                *by_decision.entry(d.to_owned()).or_default() += 1;
+                let field = |k: &str| rec.get(k).and_then(|v| v.as_str()).unwrap_or("-");
+                let key = format!("{}:{}", field("event"), field("outcome"));
+                *by_outcome.entry(key).or_default() += 1;
             }
             let signal = match outcome {
                 Ok(ExitStatus::Signal(s)) => Some(s),
@@ -680,11 +689,11 @@ impl Session {
                 "network": if self.has_gateway { "sluice-gateway" } else { "none" },
                 "audit": {
                     "records": audit.len(),
-                    "by_decision": by_decision,
+                    "by_outcome": by_outcome,
                 },
                 "isolation": crate::doctor::layers_summary(),
             });
-            println!("{result}");
+            let _ = writeln!(io::stdout(), "{result}");
         }
         code
     }
@@ -758,8 +767,13 @@ fn spawn_gateway(
         }
         None => {
             let yaml = if args.allow_domain.is_empty() {
-                DEFAULT_POLICY_YAML.to_owned()
+                sluice_policy::DEFAULT_POLICY_YAML.to_owned()
             } else {
+                // Refuse bad names here, with the policy crate's message,
+                // rather than as a gateway start failure.
+                let names: Vec<&str> = args.allow_domain.iter().map(String::as_str).collect();
+                sluice_policy::from_domains(&names, &sluice_policy::CompileOptions::default())
+                    .map_err(|e| anyhow!("--allow-domain: {e}"))?;
                 inline_policy(&args.allow_domain)
             };
             let fd = rustix::fs::memfd_create("sluice-policy", rustix::fs::MemfdFlags::CLOEXEC)
@@ -808,10 +822,11 @@ fn spawn_gateway(
             if debug {
                 eprint!("sluice-gateway audit: {line}");
             }
-            if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) {
-                if let Ok(mut a) = audit.lock() {
-                    a.push(v);
-                }
+            if let (Ok(v), Ok(mut a)) = (
+                serde_json::from_str::<serde_json::Value>(&line),
+                audit.lock(),
+            ) {
+                a.push(v);
             }
             line.clear();
         }
@@ -819,10 +834,10 @@ fn spawn_gateway(
     Ok((child, reader))
 }
 
-/// A policy allowing HTTPS to exactly these domains.
-/// Placeholder schema until the policy crate's format lands on main.
+/// A policy allowing exactly these domains (HTTPS), the same document
+/// `sluice_policy::from_domains` compiles.
 fn inline_policy(domains: &[String]) -> String {
-    let mut y = String::from("# sluice inline policy from --allow-domain\nversion: 1\nallow:\n");
+    let mut y = String::from("version: 1\nid: allow-domain\nlabel: \"--allow-domain\"\nallow:\n");
     for d in domains {
         y.push_str(&format!(
             "  - domain: {}\n",

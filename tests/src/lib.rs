@@ -1,2 +1,1011 @@
 //! The end-to-end harness: network namespaces that act as the guest and as a
 //! fake internet, driven by real clients.
+//!
+//! A [`World`] is three namespaces, all created per test with unique names
+//! (`slh<pid>x<n>`) and removed in `Drop` (also after a panic):
+//!
+//! ```text
+//!  guest netns                 host netns                      inet netns ("fake internet")
+//!  TAP slht <- sluice-tap-bridge --unix socket--> sidecar      lo: 198.51.100.10 origin (80, 443, 7 echo, 9 banner)
+//!  DHCP from the sidecar                    veth 192.0.2.1 <-> 192.0.2.2   198.51.100.53 dnsmasq
+//!  curl, dig, nc, iperf3 ...                default via 192.0.2.2      203.0.113.10 origin, 5201 iperf3
+//!                                                                      203.0.113.99 nothing listens (RST)
+//! ```
+//!
+//! The sidecar (sluice-gateway or passt, see [`Sidecar`]) runs in the host
+//! namespace, so the root namespace is never touched. The guest is configured
+//! by the sidecar's own DHCP (busybox udhcpc), and `/etc/netns/<guest>/resolv.conf`
+//! is written from the answer, so clients run with `ip netns exec` use the
+//! DNS server the sidecar advertised.
+//!
+//! Everything here needs root; tests that use it are `#[ignore]`d and run via
+//! `scripts/test`.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+
+/// Address of the host namespace's end of the veth to the fake internet.
+pub const HOST_VETH_ADDR: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 1);
+/// Address of the fake internet's end of the veth (the host's default route).
+pub const INET_VETH_ADDR: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 2);
+/// The main origin: HTTP 80, HTTPS 443, TCP echo 7, banner 9, iperf3 5201.
+pub const ORIGIN_ADDR: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 10);
+/// A second origin address (same services), for tests that need two.
+pub const ORIGIN2_ADDR: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 10);
+/// The fake internet's DNS server (dnsmasq).
+pub const DNS_ADDR: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 53);
+/// An address in the fake internet where nothing listens: connects get RST.
+pub const REFUSING_ADDR: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 99);
+/// The name dnsmasq resolves to [`ORIGIN_ADDR`].
+pub const ORIGIN_NAME: &str = "origin.test";
+/// The name dnsmasq resolves to [`ORIGIN2_ADDR`].
+pub const ORIGIN2_NAME: &str = "other.test";
+/// TCP port of the origin's echo service.
+pub const ECHO_PORT: u16 = 7;
+/// TCP port of the origin's banner service (writes one byte, then closes).
+pub const BANNER_PORT: u16 = 9;
+/// The guest's TAP device name (inside its own namespace).
+pub const GUEST_TAP: &str = "slht";
+
+/// Byte `i` of the deterministic pattern the origin serves at `/bytes/N`.
+pub fn pattern_byte(i: u64) -> u8 {
+    // Not a multiple of any power of two: a dropped or duplicated segment
+    // changes the checksum.
+    let v = (i % 251) ^ ((i >> 16) % 7);
+    u8::try_from(v & 0xff).unwrap_or(0)
+}
+
+/// The first `n` pattern bytes.
+pub fn pattern(n: u64) -> Vec<u8> {
+    (0..n).map(pattern_byte).collect()
+}
+
+/// Lower-case hex sha256 of `data`.
+pub fn sha256_hex(data: &[u8]) -> String {
+    use sha2::Digest as _;
+    let d = sha2::Sha256::digest(data);
+    let mut s = String::with_capacity(64);
+    for b in d {
+        let _ = write!(s, "{b:02x}");
+    }
+    s
+}
+
+/// True when the process runs as root (the harness needs it).
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    #[allow(unsafe_code)]
+    let uid = unsafe { libc::geteuid() };
+    uid == 0
+}
+
+/// Fails with a clear message when not root.
+pub fn require_root() -> Result<()> {
+    if !is_root() {
+        bail!("this test needs root (network namespaces): run it via scripts/test as root");
+    }
+    Ok(())
+}
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// A unique short name: `slh<pid>x<n>` (at most 14 bytes, fits IFNAMSIZ with
+/// a one-letter suffix).
+pub fn unique_name() -> String {
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!("slh{}x{}", std::process::id() % 1_000_000, n)
+}
+
+/// Path of a binary of this workspace: `$SLUICE_BIN_<NAME>` if set, else next
+/// to the running test executable's profile directory (`target/<profile>/`).
+pub fn bin_path(name: &str) -> Result<PathBuf> {
+    let var = format!("SLUICE_BIN_{}", name.replace('-', "_").to_uppercase());
+    if let Ok(p) = std::env::var(&var) {
+        return Ok(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe().context("current_exe")?;
+    let mut dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    let p = dir.join(name);
+    if p.exists() {
+        return Ok(p);
+    }
+    bail!(
+        "{} not found; build it (cargo build --release --workspace --bins) or set {var}",
+        p.display()
+    )
+}
+
+/// Runs `cmd`, returning its output, failing only when it cannot be spawned.
+fn output(cmd: &mut Command) -> Result<Output> {
+    cmd.stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("running {cmd:?}"))
+}
+
+/// Runs `cmd` and requires exit status 0.
+pub fn run_ok(cmd: &mut Command) -> Result<Output> {
+    let out = output(cmd)?;
+    if !out.status.success() {
+        bail!(
+            "{cmd:?} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(out)
+}
+
+/// `ip ARGS...`, required to succeed.
+fn ip(args: &[&str]) -> Result<()> {
+    run_ok(Command::new("ip").args(args)).map(|_| ())
+}
+
+/// A network namespace, deleted (with `/etc/netns/<name>`) on drop.
+#[derive(Debug)]
+pub struct Netns {
+    name: String,
+}
+
+impl Netns {
+    /// Creates namespace `name` with its loopback up.
+    pub fn new(name: &str) -> Result<Self> {
+        ip(&["netns", "add", name])?;
+        let ns = Self {
+            name: name.to_string(),
+        };
+        ip(&["-n", name, "link", "set", "lo", "up"])?;
+        Ok(ns)
+    }
+
+    /// The namespace's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// A command that runs `prog` inside the namespace (`ip netns exec`).
+    pub fn cmd(&self, prog: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.name]).arg(prog);
+        c
+    }
+
+    /// Runs `ip -n <ns> ARGS...`, required to succeed.
+    pub fn ip(&self, args: &[&str]) -> Result<()> {
+        let mut all = vec!["-n", self.name.as_str()];
+        all.extend_from_slice(args);
+        ip(&all)
+    }
+
+    /// Runs `sh -c script` inside the namespace under a deadline of `secs`
+    /// (killed after it), returning its output whatever the exit status.
+    pub fn sh(&self, script: &str, secs: u32) -> Result<Output> {
+        let mut c = self.cmd("timeout");
+        c.args(["-k", "5", &secs.to_string(), "sh", "-c", script]);
+        output(&mut c)
+    }
+
+    /// Like [`Netns::sh`] but requires exit status 0; returns stdout.
+    pub fn sh_ok(&self, script: &str, secs: u32) -> Result<String> {
+        let out = self.sh(script, secs)?;
+        if !out.status.success() {
+            bail!(
+                "in {}: `{script}` failed ({}): stdout: {} stderr: {}",
+                self.name,
+                out.status,
+                String::from_utf8_lossy(&out.stdout).trim(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// The `/etc/netns/<name>` directory `ip netns exec` bind-mounts over /etc.
+    pub fn etc_dir(&self) -> PathBuf {
+        Path::new("/etc/netns").join(&self.name)
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        // Kill whatever still runs inside, then delete.
+        let _ = Command::new("ip")
+            .args(["netns", "pids", &self.name])
+            .output()
+            .map(|o| {
+                for pid in String::from_utf8_lossy(&o.stdout).split_whitespace() {
+                    if let Ok(pid) = pid.parse::<i32>() {
+                        // SAFETY: kill has no memory effects.
+                        #[allow(unsafe_code)]
+                        unsafe {
+                            libc::kill(pid, libc::SIGKILL);
+                        }
+                    }
+                }
+            });
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
+        let _ = std::fs::remove_dir_all(self.etc_dir());
+    }
+}
+
+/// A child process killed (SIGKILL) and reaped on drop.
+#[derive(Debug)]
+pub struct Proc {
+    what: String,
+    child: Option<Child>,
+}
+
+impl Proc {
+    /// Spawns `cmd` (stdout and stderr to `log`, stdin closed).
+    pub fn spawn(what: &str, cmd: &mut Command, log: &Path) -> Result<Self> {
+        let f =
+            std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
+        let f2 = f.try_clone()?;
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(f)
+            .stderr(f2)
+            .spawn()
+            .with_context(|| format!("spawning {what}: {cmd:?}"))?;
+        Ok(Self {
+            what: what.to_string(),
+            child: Some(child),
+        })
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Fails if the process has already exited.
+    pub fn check_alive(&mut self) -> Result<()> {
+        if let Some(c) = self.child.as_mut()
+            && let Some(st) = c.try_wait()?
+        {
+            bail!("{} exited early: {st}", self.what);
+        }
+        Ok(())
+    }
+
+    /// Sends `sig` and waits for the exit, up to `deadline` (then SIGKILL and
+    /// an error).
+    pub fn signal_and_wait(&mut self, sig: i32, deadline: Duration) -> Result<ExitStatus> {
+        let Some(mut c) = self.child.take() else {
+            bail!("{} already reaped", self.what);
+        };
+        let pid = i32::try_from(c.id()).context("pid")?;
+        // SAFETY: kill has no memory effects; pid is our own unreaped child.
+        #[allow(unsafe_code)]
+        unsafe {
+            libc::kill(pid, sig);
+        }
+        let start = Instant::now();
+        loop {
+            if let Some(st) = c.try_wait()? {
+                return Ok(st);
+            }
+            if start.elapsed() > deadline {
+                let _ = c.kill();
+                let _ = c.wait();
+                bail!(
+                    "{} did not exit within {deadline:?} of signal {sig}",
+                    self.what
+                );
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Resident set size in kB (from /proc), if the process lives.
+    pub fn rss_kb(&self) -> Option<u64> {
+        let pid = self.pid()?;
+        let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        s.lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Waits until `cond` holds, polling, up to `deadline`.
+pub fn wait_until(what: &str, deadline: Duration, mut cond: impl FnMut() -> bool) -> Result<()> {
+    let start = Instant::now();
+    while !cond() {
+        if start.elapsed() > deadline {
+            bail!("timed out waiting for {what}");
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+    Ok(())
+}
+
+/// Which sidecar serves the guest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sidecar {
+    /// `sluice-gateway` (release build of this workspace): the product.
+    Gateway,
+    /// Debian's passt: the reference the harness is validated against.
+    Passt,
+}
+
+impl Sidecar {
+    /// Short name, as used in benchmark tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Gateway => "sluice-gateway",
+            Self::Passt => "passt",
+        }
+    }
+}
+
+/// A port to publish from the host namespace into the guest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Publish {
+    /// Port on 127.0.0.1 in the host namespace.
+    pub host_port: u16,
+    /// Port in the guest.
+    pub guest_port: u16,
+    /// UDP rather than TCP.
+    pub udp: bool,
+}
+
+/// How to build a [`World`].
+#[derive(Debug, Clone)]
+pub struct WorldBuilder {
+    sidecar: Sidecar,
+    mtu: u32,
+    publish: Vec<Publish>,
+    records: Vec<(String, Ipv4Addr)>,
+    policy: Option<String>,
+    extra_args: Vec<String>,
+    iperf: bool,
+    connect_guest: bool,
+}
+
+impl Default for WorldBuilder {
+    fn default() -> Self {
+        Self {
+            sidecar: Sidecar::Gateway,
+            mtu: 65520,
+            publish: Vec::new(),
+            records: vec![
+                (ORIGIN_NAME.to_string(), ORIGIN_ADDR),
+                (ORIGIN2_NAME.to_string(), ORIGIN2_ADDR),
+            ],
+            policy: None,
+            extra_args: Vec::new(),
+            iperf: false,
+            connect_guest: true,
+        }
+    }
+}
+
+impl WorldBuilder {
+    /// The sidecar to run (default: the gateway).
+    pub fn sidecar(mut self, s: Sidecar) -> Self {
+        self.sidecar = s;
+        self
+    }
+    /// The MTU the sidecar advertises (default 65520).
+    pub fn mtu(mut self, mtu: u32) -> Self {
+        self.mtu = mtu;
+        self
+    }
+    /// Publishes 127.0.0.1:`host_port` (host namespace) to guest `guest_port`.
+    pub fn publish(mut self, p: Publish) -> Self {
+        self.publish.push(p);
+        self
+    }
+    /// Adds an A record to the fake internet's DNS (the origin's certificate
+    /// is valid for every such name).
+    pub fn dns_record(mut self, name: &str, addr: Ipv4Addr) -> Self {
+        self.records.push((name.to_string(), addr));
+        self
+    }
+    /// Gives the gateway this policy (YAML text), via `--policy`.
+    pub fn policy(mut self, yaml: &str) -> Self {
+        self.policy = Some(yaml.to_string());
+        self
+    }
+    /// Extra sidecar arguments.
+    pub fn sidecar_arg(mut self, a: &str) -> Self {
+        self.extra_args.push(a.to_string());
+        self
+    }
+    /// Also runs an iperf3 server on the origin addresses (port 5201).
+    pub fn iperf(mut self) -> Self {
+        self.iperf = true;
+        self
+    }
+    /// Whether to connect and configure the guest at start (default yes).
+    pub fn connect_guest(mut self, yes: bool) -> Self {
+        self.connect_guest = yes;
+        self
+    }
+    /// Builds the namespaces, starts the services and the sidecar, and (by
+    /// default) connects the guest and runs DHCP.
+    pub fn start(self) -> Result<World> {
+        World::start(self)
+    }
+}
+
+/// What the guest learnt from the sidecar's DHCP.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    /// The guest's address.
+    pub ip: Ipv4Addr,
+    /// Prefix length from the subnet mask.
+    pub prefix: u8,
+    /// The default router.
+    pub router: Option<Ipv4Addr>,
+    /// DNS servers.
+    pub dns: Vec<Ipv4Addr>,
+    /// MTU (option 26), if offered.
+    pub mtu: Option<u32>,
+    /// Lease time in seconds, if offered.
+    pub lease_secs: Option<u64>,
+    /// The DHCP server identifier.
+    pub server_id: Option<Ipv4Addr>,
+}
+
+impl Lease {
+    fn from_env(env: &HashMap<String, String>) -> Result<Self> {
+        let ip = env
+            .get("ip")
+            .ok_or_else(|| anyhow!("no ip in lease"))?
+            .parse()?;
+        let mask: Ipv4Addr = env
+            .get("subnet")
+            .ok_or_else(|| anyhow!("no subnet in lease"))?
+            .parse()?;
+        let prefix = u8::try_from(u32::from(mask).count_ones()).context("prefix")?;
+        let parse_list = |k: &str| -> Vec<Ipv4Addr> {
+            env.get(k)
+                .map(|v| {
+                    v.split_whitespace()
+                        .filter_map(|a| a.parse().ok())
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        Ok(Self {
+            ip,
+            prefix,
+            router: parse_list("router").first().copied(),
+            dns: parse_list("dns"),
+            mtu: env.get("mtu").and_then(|v| v.parse().ok()),
+            lease_secs: env.get("lease").and_then(|v| v.parse().ok()),
+            server_id: env.get("serverid").and_then(|v| v.parse().ok()),
+        })
+    }
+}
+
+/// The guest's connection to the sidecar: the bridge process.
+#[derive(Debug)]
+struct GuestLink {
+    bridge: Proc,
+}
+
+/// A complete test world. Fields drop in order: processes, then namespaces,
+/// then the temporary directory.
+#[derive(Debug)]
+pub struct World {
+    link: Option<GuestLink>,
+    sidecar: Option<Proc>,
+    _services: Vec<Proc>,
+    lease: Option<Lease>,
+    /// The guest namespace (TAP + bridge; run clients here).
+    pub guest: Netns,
+    /// The host namespace (the sidecar runs here).
+    pub host: Netns,
+    /// The fake internet namespace (origins, DNS, iperf3).
+    pub inet: Netns,
+    dir: TempDir,
+    sidecar_kind: Sidecar,
+    mtu: u32,
+    socket: PathBuf,
+    sidecar_startup: Duration,
+    builder: WorldBuilder,
+}
+
+/// A temporary directory `/tmp/slh-<name>`, removed on drop.
+#[derive(Debug)]
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    /// Creates `/tmp/<name>`.
+    pub fn new(name: &str) -> Result<Self> {
+        let p = std::env::temp_dir().join(name);
+        std::fs::create_dir_all(&p).with_context(|| format!("creating {}", p.display()))?;
+        Ok(Self(p))
+    }
+    /// The path.
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        if std::env::var_os("SLUICE_E2E_KEEP").is_none() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+impl World {
+    /// A builder with the defaults (gateway, MTU 65520).
+    pub fn builder() -> WorldBuilder {
+        WorldBuilder::default()
+    }
+
+    fn start(b: WorldBuilder) -> Result<Self> {
+        require_root()?;
+        let base = unique_name();
+        let dir = TempDir::new(&format!("{base}-dir"))?;
+        let inet = Netns::new(&format!("{base}i"))?;
+        let host = Netns::new(&format!("{base}h"))?;
+        let guest = Netns::new(&format!("{base}g"))?;
+
+        // veth host <-> inet.
+        let vh = format!("{base}a");
+        let vi = format!("{base}b");
+        host.ip(&["link", "add", &vh, "type", "veth", "peer", "name", &vi])?;
+        host.ip(&["link", "set", &vi, "netns", inet.name()])?;
+        host.ip(&["addr", "add", &format!("{HOST_VETH_ADDR}/24"), "dev", &vh])?;
+        host.ip(&["link", "set", &vh, "up"])?;
+        host.ip(&[
+            "route",
+            "add",
+            "default",
+            "via",
+            &INET_VETH_ADDR.to_string(),
+        ])?;
+        inet.ip(&["addr", "add", &format!("{INET_VETH_ADDR}/24"), "dev", &vi])?;
+        inet.ip(&["link", "set", &vi, "up"])?;
+        for a in [ORIGIN_ADDR, ORIGIN2_ADDR, DNS_ADDR, REFUSING_ADDR] {
+            inet.ip(&["addr", "add", &format!("{a}/32"), "dev", "lo"])?;
+        }
+        inet.ip(&[
+            "route",
+            "add",
+            "default",
+            "via",
+            &HOST_VETH_ADDR.to_string(),
+        ])?;
+
+        let mut services = Vec::new();
+        let d = dir.path();
+
+        // dnsmasq.
+        let mut dns = inet.cmd("dnsmasq");
+        dns.args([
+            "--keep-in-foreground",
+            "--conf-file=/dev/null",
+            "--no-resolv",
+            "--no-hosts",
+            "--bind-interfaces",
+            "--user=root",
+            "--pid-file=",
+            "--log-queries",
+            // Authoritative for .test: unknown names get NXDOMAIN.
+            "--local=/test/",
+        ])
+        .arg(format!("--listen-address={DNS_ADDR}"))
+        .arg(format!(
+            "--log-facility={}",
+            d.join("dns-queries.log").display()
+        ));
+        for (name, addr) in &b.records {
+            dns.arg(format!("--host-record={name},{addr}"));
+        }
+        services.push(Proc::spawn("dnsmasq", &mut dns, &d.join("dnsmasq.out"))?);
+
+        // The origin.
+        let ready = d.join("origin.ready");
+        let mut o = inet.cmd(bin_path("sluice-test-origin")?);
+        o.args(["--http", "0.0.0.0:80", "--https", "0.0.0.0:443"])
+            .args(["--echo", &format!("0.0.0.0:{ECHO_PORT}")])
+            .args(["--banner", &format!("0.0.0.0:{BANNER_PORT}")])
+            .arg("--ca-out")
+            .arg(d.join("ca.pem"))
+            .arg("--log")
+            .arg(d.join("origin-requests.jsonl"))
+            .arg("--ready")
+            .arg(&ready);
+        for (name, _) in &b.records {
+            o.args(["--name", name]);
+        }
+        for a in [ORIGIN_ADDR, ORIGIN2_ADDR] {
+            o.args(["--name", &a.to_string()]);
+        }
+        let mut origin = Proc::spawn("origin", &mut o, &d.join("origin.out"))?;
+        wait_until("the origin", Duration::from_secs(20), || {
+            ready.exists() || origin.check_alive().is_err()
+        })?;
+        origin.check_alive()?;
+        services.push(origin);
+
+        if b.iperf {
+            let mut c = inet.cmd("iperf3");
+            c.args(["-s", "-p", "5201"]);
+            services.push(Proc::spawn("iperf3", &mut c, &d.join("iperf3.out"))?);
+        }
+
+        // passt drops privileges before binding its socket: give it a
+        // world-writable directory of its own.
+        let sock_dir = d.join("sock");
+        std::fs::create_dir_all(&sock_dir)?;
+        std::fs::set_permissions(
+            &sock_dir,
+            std::os::unix::fs::PermissionsExt::from_mode(0o777),
+        )?;
+        let socket = sock_dir.join("sidecar.sock");
+        let mut w = Self {
+            link: None,
+            sidecar: None,
+            _services: services,
+            lease: None,
+            guest,
+            host,
+            inet,
+            sidecar_kind: b.sidecar,
+            mtu: b.mtu,
+            socket,
+            sidecar_startup: Duration::ZERO,
+            dir,
+            builder: b,
+        };
+        w.start_sidecar()?;
+        // Wait for dnsmasq to listen (it is quick; the guest retries anyway).
+        if w.builder.connect_guest {
+            w.connect_guest()?;
+        }
+        Ok(w)
+    }
+
+    /// Starts the sidecar in the host namespace and waits for its socket.
+    fn start_sidecar(&mut self) -> Result<()> {
+        let d = self.dir.path().to_path_buf();
+        let mut c;
+        match self.sidecar_kind {
+            Sidecar::Gateway => {
+                c = self.host.cmd(bin_path("sluice-gateway")?);
+                c.arg("--socket")
+                    .arg(&self.socket)
+                    .args(["--mtu", &self.mtu.to_string()])
+                    .args(["--dns-upstream", &DNS_ADDR.to_string()])
+                    .args(["--log-format", "json"])
+                    .arg("--audit")
+                    .arg(d.join("audit.jsonl"));
+                if let Some(p) = &self.builder.policy {
+                    let path = d.join("policy.yaml");
+                    std::fs::write(&path, p)?;
+                    c.arg("--policy").arg(path);
+                }
+                for p in &self.builder.publish {
+                    c.arg("--publish").arg(format!(
+                        "127.0.0.1:{}:{}/{}",
+                        p.host_port,
+                        p.guest_port,
+                        if p.udp { "udp" } else { "tcp" }
+                    ));
+                }
+                c.env(
+                    "RUST_LOG",
+                    std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+                );
+            }
+            Sidecar::Passt => {
+                c = self.host.cmd("passt");
+                c.args(["-f", "-q", "-4", "--no-map-gw"])
+                    .arg("--socket")
+                    .arg(&self.socket)
+                    .args(["-m", &self.mtu.to_string()])
+                    .args(["-a", "10.0.2.15", "-n", "24", "-g", "10.0.2.2"])
+                    .args(["-D", &DNS_ADDR.to_string()]);
+                let mut any_tcp = false;
+                let mut any_udp = false;
+                for p in &self.builder.publish {
+                    let flag = if p.udp { "-u" } else { "-t" };
+                    any_udp |= p.udp;
+                    any_tcp |= !p.udp;
+                    c.args([flag, &format!("127.0.0.1/{}:{}", p.host_port, p.guest_port)]);
+                }
+                if !any_tcp {
+                    c.args(["-t", "none"]);
+                }
+                if !any_udp {
+                    c.args(["-u", "none"]);
+                }
+            }
+        }
+        c.args(&self.builder.extra_args);
+        let _ = std::fs::remove_file(&self.socket);
+        let start = Instant::now();
+        let mut p = Proc::spawn("sidecar", &mut c, &d.join("sidecar.log"))?;
+        let sock = self.socket.clone();
+        wait_until("the sidecar's socket", Duration::from_secs(20), || {
+            sock.exists() || p.check_alive().is_err()
+        })
+        .with_context(|| self.sidecar_log())?;
+        self.sidecar_startup = start.elapsed();
+        p.check_alive().with_context(|| self.sidecar_log())?;
+        self.sidecar = Some(p);
+        Ok(())
+    }
+
+    /// (Re)connects the guest: a fresh TAP and bridge, then DHCP.
+    pub fn connect_guest(&mut self) -> Result<()> {
+        self.link = None;
+        let _ = self.guest.ip(&["link", "del", GUEST_TAP]);
+        self.guest
+            .ip(&["tuntap", "add", "dev", GUEST_TAP, "mode", "tap"])?;
+        self.guest.ip(&[
+            "link",
+            "set",
+            GUEST_TAP,
+            "mtu",
+            &self.mtu.min(65520).to_string(),
+        ])?;
+        self.guest.ip(&["link", "set", GUEST_TAP, "up"])?;
+        let d = self.dir.path().to_path_buf();
+        let mut c = self.guest.cmd(bin_path("sluice-tap-bridge")?);
+        c.args(["--tap", GUEST_TAP])
+            .arg("--socket")
+            .arg(&self.socket);
+        let bridge = Proc::spawn("tap bridge", &mut c, &d.join("bridge.log"))?;
+        self.link = Some(GuestLink { bridge });
+        self.dhcp()
+    }
+
+    /// Disconnects the guest (kills the bridge: the sidecar sees EOF).
+    pub fn disconnect_guest(&mut self) {
+        self.link = None;
+        self.lease = None;
+    }
+
+    /// Runs udhcpc on the TAP and applies the lease.
+    fn dhcp(&mut self) -> Result<()> {
+        let d = self.dir.path();
+        let script = d.join("udhcpc.sh");
+        let env_out = d.join("lease.env");
+        let _ = std::fs::remove_file(&env_out);
+        std::fs::write(
+            &script,
+            format!(
+                "#!/bin/sh\ncase \"$1\" in bound|renew) env > {}.tmp && mv {0}.tmp {0};; esac\nexit 0\n",
+                env_out.display()
+            ),
+        )?;
+        run_ok(Command::new("chmod").arg("755").arg(&script))?;
+        let out = self.guest.sh(
+            &format!(
+                "busybox udhcpc -i {GUEST_TAP} -f -q -n -t 10 -T 1 -O mtu -s {}",
+                script.display()
+            ),
+            60,
+        )?;
+        if !out.status.success() || !env_out.exists() {
+            bail!(
+                "DHCP failed ({}): {}\n{}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr),
+                self.sidecar_log()
+            );
+        }
+        let env: HashMap<String, String> = std::fs::read_to_string(&env_out)?
+            .lines()
+            .filter_map(|l| {
+                l.split_once('=')
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+            })
+            .collect();
+        let lease = Lease::from_env(&env)?;
+        self.guest.ip(&["addr", "flush", "dev", GUEST_TAP])?;
+        self.guest.ip(&[
+            "addr",
+            "add",
+            &format!("{}/{}", lease.ip, lease.prefix),
+            "dev",
+            GUEST_TAP,
+        ])?;
+        if let Some(mtu) = lease.mtu {
+            self.guest
+                .ip(&["link", "set", GUEST_TAP, "mtu", &mtu.to_string()])?;
+        }
+        if let Some(r) = lease.router {
+            let _ = self.guest.ip(&["route", "del", "default"]);
+            self.guest
+                .ip(&["route", "add", "default", "via", &r.to_string()])?;
+        }
+        let etc = self.guest.etc_dir();
+        std::fs::create_dir_all(&etc)?;
+        let mut resolv = String::new();
+        for s in &lease.dns {
+            let _ = writeln!(resolv, "nameserver {s}");
+        }
+        std::fs::write(etc.join("resolv.conf"), resolv)?;
+        self.lease = Some(lease);
+        Ok(())
+    }
+
+    /// The DHCP lease the guest holds.
+    pub fn lease(&self) -> Option<&Lease> {
+        self.lease.as_ref()
+    }
+
+    /// Which sidecar runs.
+    pub fn sidecar_kind(&self) -> Sidecar {
+        self.sidecar_kind
+    }
+
+    /// The MTU the sidecar was told to advertise.
+    pub fn mtu(&self) -> u32 {
+        self.mtu
+    }
+
+    /// The sidecar's socket path.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// The per-world temporary directory.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The test CA (PEM) that signed the origin's certificate.
+    pub fn ca_pem(&self) -> PathBuf {
+        self.dir.path().join("ca.pem")
+    }
+
+    /// The gateway's audit log path.
+    pub fn audit_path(&self) -> PathBuf {
+        self.dir.path().join("audit.jsonl")
+    }
+
+    /// Everything dnsmasq logged (queries that reached the fake upstream).
+    pub fn dns_log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("dns-queries.log")).unwrap_or_default()
+    }
+
+    /// The origin's request log (one JSON value per request).
+    pub fn origin_requests(&self) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(self.dir.path().join("origin-requests.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+
+    /// The sidecar's log, for error context.
+    pub fn sidecar_log(&self) -> String {
+        let s = std::fs::read_to_string(self.dir.path().join("sidecar.log")).unwrap_or_default();
+        let tail: Vec<&str> = s.lines().rev().take(40).collect();
+        let tail: Vec<&str> = tail.into_iter().rev().collect();
+        format!("--- sidecar log (tail) ---\n{}", tail.join("\n"))
+    }
+
+    /// The sidecar process (for signals, RSS).
+    pub fn sidecar(&mut self) -> Option<&mut Proc> {
+        self.sidecar.as_mut()
+    }
+
+    /// Time from spawning the sidecar until its socket existed.
+    pub fn sidecar_startup(&self) -> Duration {
+        self.sidecar_startup
+    }
+
+    /// Fails if the sidecar or the bridge died.
+    pub fn check_alive(&mut self) -> Result<()> {
+        let log = self.sidecar_log();
+        if let Some(p) = self.sidecar.as_mut() {
+            p.check_alive().context(log)?;
+        }
+        if let Some(l) = self.link.as_mut() {
+            l.bridge.check_alive()?;
+        }
+        Ok(())
+    }
+
+    /// Runs `script` with `sh -c` in the guest (deadline `secs`), returning the
+    /// output whatever the status.
+    pub fn guest_sh(&self, script: &str, secs: u32) -> Result<Output> {
+        self.guest.sh(script, secs)
+    }
+
+    /// Runs `script` in the guest and requires success; returns stdout.
+    pub fn guest_ok(&self, script: &str, secs: u32) -> Result<String> {
+        self.guest
+            .sh_ok(script, secs)
+            .with_context(|| self.sidecar_log())
+    }
+
+    /// Spawns a long-running process in the guest namespace, killed when the
+    /// returned [`Proc`] drops; output goes to `<dir>/<what>.log`.
+    pub fn guest_spawn(&self, what: &str, args: &[&str]) -> Result<Proc> {
+        let Some((prog, rest)) = args.split_first() else {
+            bail!("empty command");
+        };
+        let mut c = self.guest.cmd(prog);
+        c.args(rest);
+        Proc::spawn(what, &mut c, &self.dir.path().join(format!("{what}.log")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lease_from_udhcpc_env() -> Result<()> {
+        let env: HashMap<String, String> = [
+            ("ip", "10.0.2.15"),
+            ("subnet", "255.255.255.0"),
+            ("router", "10.0.2.2"),
+            ("dns", "10.0.2.2 10.0.2.3"),
+            ("mtu", "1500"),
+            ("lease", "3600"),
+            ("serverid", "10.0.2.2"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let l = Lease::from_env(&env)?;
+        assert_eq!(l.ip, Ipv4Addr::new(10, 0, 2, 15));
+        assert_eq!(l.prefix, 24);
+        assert_eq!(l.router, Some(Ipv4Addr::new(10, 0, 2, 2)));
+        assert_eq!(l.dns.len(), 2);
+        assert_eq!(l.mtu, Some(1500));
+        assert_eq!(l.lease_secs, Some(3600));
+        Ok(())
+    }
+
+    #[test]
+    fn lease_without_address_is_an_error() {
+        let env = HashMap::from([("subnet".to_string(), "255.255.255.0".to_string())]);
+        assert!(Lease::from_env(&env).is_err());
+    }
+
+    #[test]
+    fn pattern_is_not_periodic_in_powers_of_two() {
+        let p = pattern(1 << 17);
+        assert_ne!(p[..4096], p[4096..8192]);
+        assert_ne!(p[..65536], p[65536..]);
+        assert_eq!(
+            sha256_hex(b""),
+            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+        );
+    }
+
+    #[test]
+    fn unique_names_fit_interface_names() {
+        let a = unique_name();
+        let b = unique_name();
+        assert_ne!(a, b);
+        assert!(a.len() + 1 < libc::IFNAMSIZ, "{a}");
+    }
+}

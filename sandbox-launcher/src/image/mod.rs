@@ -149,13 +149,14 @@ pub fn find_agent(explicit: Option<&Path>) -> Result<PathBuf, ImageError> {
     let mut candidates = Vec::new();
     if let Some(p) = explicit {
         candidates.push(p.to_owned());
-    } else if let Ok(exe) = std::env::current_exe() {
-        if let Some(dir) = exe.parent() {
-            if let Some(target) = dir.parent() {
-                candidates.push(target.join("x86_64-unknown-linux-gnu/release/sluice-agent"));
-            }
-            candidates.push(dir.join("sluice-agent"));
+    } else if let Some(dir) = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(Path::to_owned))
+    {
+        if let Some(target) = dir.parent() {
+            candidates.push(target.join("x86_64-unknown-linux-gnu/release/sluice-agent"));
         }
+        candidates.push(dir.join("sluice-agent"));
     }
     for c in &candidates {
         if c.is_file() {

@@ -56,12 +56,31 @@ fn helper_main() -> i32 {
             return 1;
         }
     };
+    close_stray_fds(&request.spec);
     match supervise(&request) {
         Ok(()) => 0,
         Err(error) => {
             report(&Report::Failed { error });
             1
         }
+    }
+}
+
+/// Closes every fd the helper inherited by accident (a launcher's fds that
+/// lack close-on-exec): only stdio and the passed fds stay.
+fn close_stray_fds(spec: &JailSpec) {
+    let keep: BTreeSet<RawFd> = [0, 1, 2]
+        .into_iter()
+        .chain(spec.fds.iter().map(|m| m.parent))
+        .collect();
+    let open: Vec<RawFd> = match fs::read_dir("/proc/self/fd") {
+        Ok(dir) => dir
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+            .collect(),
+        Err(_) => return,
+    };
+    for fd in open.into_iter().filter(|fd| !keep.contains(fd)) {
+        sys::close(fd);
     }
 }
 

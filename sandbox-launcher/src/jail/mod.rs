@@ -339,10 +339,6 @@ impl JailSpec {
                 return bad(format!("fd mapping {m:?} is negative or a duplicate"));
             }
         }
-        if !self.namespaces.mount && self.landlock.is_some() {
-            // Without a jail root, the derived rules would name host paths:
-            // still valid, so allowed.
-        }
         Ok(())
     }
 }
@@ -454,9 +450,32 @@ impl Jailed {
         self.wait()
     }
 
+    /// Takes the lifeline out, so that another thread can kill the jail
+    /// while this one blocks in [`Jailed::wait`] (e.g. to enforce a timeout).
+    /// The jail is killed when the handle is [`KillHandle::kill`]ed **or
+    /// dropped**. `None` if it was taken before.
+    pub fn kill_handle(&mut self) -> Option<KillHandle> {
+        self.lifeline.take().map(|l| KillHandle { _lifeline: l })
+    }
+
     /// The supervising helper's pid (root, outside the jail).
     pub fn helper_pid(&self) -> u32 {
         self.helper.id()
+    }
+}
+
+/// Kills a jail from another thread; see [`Jailed::kill_handle`].
+#[derive(Debug)]
+pub struct KillHandle {
+    /// Held only to be closed: closing the lifeline makes the helper kill.
+    _lifeline: ChildStdin,
+}
+
+impl KillHandle {
+    /// Kills the jail (SIGKILL to its PID 1); its [`Jailed::wait`] then
+    /// returns once the helper has cleaned up.
+    pub fn kill(self) {
+        drop(self);
     }
 }
 
@@ -738,4 +757,143 @@ pub fn library_deps(program: &Path) -> Result<Vec<PathBuf>, JailError> {
         }
     }
     Ok(deps)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn all_available() -> Vec<LayerStatus> {
+        Layer::ALL
+            .iter()
+            .map(|l| LayerStatus {
+                name: l.name().to_owned(),
+                available: true,
+                reason: "probed".to_owned(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn unavailable_layer_is_an_error_unless_allowed() {
+        let mut spec = JailSpec::new("slj-plan", "/bin/true");
+        let mut probed = all_available();
+        if let Some(s) = probed.iter_mut().find(|s| s.name == "landlock") {
+            s.available = false;
+            s.reason = "disabled".to_owned();
+        }
+        let err = plan_layers(&spec, &probed).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                JailError::LayerUnavailable {
+                    layer: "landlock",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+
+        spec.allow_missing.insert(Layer::Landlock);
+        let plan = plan_layers(&spec, &probed).unwrap();
+        let (_, landlock) = plan.iter().find(|(l, _)| *l == Layer::Landlock).unwrap();
+        assert!(!landlock.available);
+        assert!(
+            landlock.reason.contains("allowed by the user"),
+            "{}",
+            landlock.reason
+        );
+        assert_eq!(plan.len(), Layer::ALL.len());
+    }
+
+    #[test]
+    fn layers_the_caller_turned_off_are_reported_off_not_errors() {
+        let mut spec = JailSpec::new("slj-plan", "/bin/true");
+        spec.seccomp = SeccompProfile::None;
+        spec.namespaces.net = NetNamespace::Inherit;
+        let mut probed = all_available();
+        for s in &mut probed {
+            if s.name == "seccomp" || s.name == "net-ns" || s.name.starts_with("cgroup") {
+                s.available = false;
+            }
+        }
+        let plan = plan_layers(&spec, &probed).unwrap();
+        for (layer, status) in plan {
+            let off = matches!(
+                layer,
+                Layer::Seccomp
+                    | Layer::NetNs
+                    | Layer::CgroupMemory
+                    | Layer::CgroupPids
+                    | Layer::CgroupCpu
+            );
+            assert_eq!(status.available, !off, "{layer:?}: {}", status.reason);
+        }
+    }
+
+    #[test]
+    fn invalid_specs_are_refused() {
+        let ok = JailSpec::new("slj-ok", "/bin/true");
+        assert!(ok.validate().is_ok());
+        for bad in [
+            JailSpec {
+                name: "../x".to_owned(),
+                ..ok.clone()
+            },
+            JailSpec {
+                name: String::new(),
+                ..ok.clone()
+            },
+            JailSpec {
+                program: PathBuf::from("true"),
+                ..ok.clone()
+            },
+            JailSpec {
+                ro_paths: vec![PathBuf::from("/a/../etc")],
+                ..ok.clone()
+            },
+            JailSpec {
+                uid: 0,
+                ..ok.clone()
+            },
+            JailSpec {
+                fds: vec![
+                    FdMap {
+                        parent: 3,
+                        child: 4,
+                    },
+                    FdMap {
+                        parent: 5,
+                        child: 4,
+                    },
+                ],
+                ..ok.clone()
+            },
+        ] {
+            assert!(
+                matches!(bad.validate(), Err(JailError::InvalidSpec(_))),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn probe_names_every_layer_once() {
+        let probed = probe_layers();
+        let names: BTreeSet<&str> = probed.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names.len(), Layer::ALL.len());
+        assert!(probed.iter().all(|s| !s.reason.is_empty()));
+    }
+
+    #[test]
+    fn library_deps_of_a_dynamic_and_a_static_binary() {
+        let deps = library_deps(Path::new("/bin/sh")).unwrap();
+        assert!(
+            deps.iter().any(|p| p.to_string_lossy().contains("libc.so")),
+            "{deps:?}"
+        );
+        if Path::new("/bin/busybox").exists() {
+            assert!(library_deps(Path::new("/bin/busybox")).unwrap().is_empty());
+        }
+    }
 }

@@ -1,0 +1,1258 @@
+//! Policy enforcement: the [`Decider`] that puts every guest flow to the
+//! compiled policy, and the DNS filter the forwarder consults.
+//!
+//! [`PolicyDecider`] holds the policy in an [`ArcSwap`], so a reload
+//! ([`PolicyDecider::swap`]) replaces it atomically while the datapath keeps
+//! deciding; a decision uses one snapshot from start to end.
+//!
+//! # TCP, in order
+//! 1. The platform deny set ([`PlatformDenySet`], then the policy's own
+//!    platform classes and the host's addresses): `platform_denied`, whatever
+//!    the policy says.
+//! 2. DNS to any resolver but the gateway (TCP 53, DoT 853):
+//!    `dns_resolver_denied`, whatever the policy says.
+//! 3. [`CompiledPolicy::check_destination`] with the names the [`DnsTable`]
+//!    holds for the destination IP (unexpired only): non-public addresses
+//!    nothing opens are `private_destination`; a CIDR allow rule for the port
+//!    allows at once (no name needed, even on TLS ports); otherwise some name
+//!    resolved to this IP must be allowed on this port, or the flow is denied
+//!    (`ip_not_resolved_for_name` when no name resolved to it: IP literals,
+//!    hard-coded and foreign addresses; `port_not_allowed`, `denylisted`,
+//!    `not_allowlisted` otherwise).
+//! 4. Raw TCP ports stop there (allowed). TLS ports (443 and `ports.tls`) and
+//!    plain-HTTP ports (80 and `ports.http`) get [`Decision::Inspect`] with
+//!    [`INSPECT_MAX_BYTES`] and [`INSPECT_DEADLINE`]; [`Decider::inspect`]
+//!    then requires the name on the wire to be allowed on the port and the
+//!    destination IP to be in the table *for that name*:
+//!    - TLS: exactly one host_name SNI, no ECH (`sni_absent`, `sni_multiple`,
+//!      `sni_unreadable`, `not_tls`, `ech_present`), allowed on the port
+//!      (`not_allowlisted`, `denylisted`, `port_not_allowed`), and resolved
+//!      to the destination (`sni_dns_mismatch`).
+//!    - HTTP: one Host (`http_host_absent`), no CONNECT
+//!      (`http_connect_denied`), a well-formed head within the bound
+//!      (`http_unreadable`), a Host that is a name allowed on the port (an IP
+//!      literal Host is `not_allowlisted`) and resolved to the destination
+//!      (`http_host_mismatch`, also used when an absolute-form target
+//!      disagrees with Host).
+//!
+//! # UDP
+//! Platform deny set first; UDP/TCP 53 and 853 to anything but the gateway
+//! (whose DNS the datapath serves before asking) are `dns_resolver_denied`;
+//! otherwise [`CompiledPolicy::check_udp`] with the table's names: allowed only
+//! when a rule's `udp_ports` names the port, else `quic_blocked` (port 443) or
+//! `udp_blocked`.
+//!
+//! # DNS
+//! [`dns_filter`] (or [`PolicyDecider::dns_action`]) decides a guest query on
+//! its name before anything is forwarded: names the policy does not allow are
+//! answered REFUSED locally. [`keep_addr`] (or [`PolicyDecider::keep_answer`])
+//! is the address predicate for `sluice_inspect::dns::sanitize_response`, and
+//! [`ttl_range`] its TTL clamp.
+//!
+//! # Reload
+//! [`PolicyDecider::swap`] installs a new snapshot; [`PolicyDecider::recheck_tcp`]
+//! says which open flows the new policy revokes, given the names that admitted
+//! them ([`wire_name`] recovers the SNI / Host from the inspected bytes).
+//!
+//! # Limits
+//! - [`Decider::inspect`] is called with the whole accumulated buffer each
+//!   time and re-parses it from the start (the trait gives no per-flow state):
+//!   quadratic in the number of segments but bounded by
+//!   [`INSPECT_MAX_BYTES`] (16 KiB).
+//! - Only the first request head of a plain-HTTP connection is read: later
+//!   requests on a kept-alive connection may name another Host, served by the
+//!   same (allowed, cross-validated) address. Like domain fronting through a
+//!   shared CDN address, only TLS/HTTP interception closes this.
+//! - TTL: a flow is decided once, at its SYN / first bytes, against entries
+//!   valid at that moment; an open flow is not cut when its entry expires
+//!   (the grace for open flows is their lifetime). Reload revocation is the
+//!   caller's job ([`PolicyDecider::swap`] returns the old snapshot).
+
+use std::net::IpAddr;
+use std::ops::RangeInclusive;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use hickory_proto::op::ResponseCode;
+use sluice_inspect::{http, tls};
+use sluice_policy::{CompiledPolicy, PortProtocol, Reason, Transport as PolicyTransport, Verdict};
+
+use crate::decide::{
+    DecideContext, Decider, Decision, DenyReason, FlowKey, InspectVerdict, PlatformDenySet,
+};
+use crate::dns::DnsTable;
+
+/// Bound on the first bytes buffered for TLS / HTTP inspection (16 KiB:
+/// post-quantum ClientHellos of several KB fit).
+pub const INSPECT_MAX_BYTES: usize = sluice_inspect::DEFAULT_MAX_BYTES;
+/// How long the datapath waits for a complete ClientHello / request head.
+pub const INSPECT_DEADLINE: Duration = Duration::from_secs(5);
+/// The most table names considered for one destination IP (a CDN address
+/// shared by many allowed names); further names are ignored.
+pub const MAX_NAMES_PER_IP: usize = 32;
+
+/// DNS ports that only the gateway may serve: plain DNS and DNS over TLS.
+const DNS_PORTS: [u16; 2] = [53, 853];
+
+/// The decider that enforces a [`CompiledPolicy`] (see the module docs for
+/// the order of checks and the reasons).
+#[derive(Debug)]
+pub struct PolicyDecider {
+    policy: ArcSwap<CompiledPolicy>,
+    platform: PlatformDenySet,
+}
+
+impl PolicyDecider {
+    /// A decider enforcing `policy` on top of the non-overridable `platform`
+    /// deny set.
+    pub fn new(policy: Arc<CompiledPolicy>, platform: PlatformDenySet) -> Self {
+        Self {
+            policy: ArcSwap::new(policy),
+            platform,
+        }
+    }
+
+    /// The policy in force now (a cheap snapshot; later swaps do not change it).
+    pub fn policy(&self) -> Arc<CompiledPolicy> {
+        self.policy.load_full()
+    }
+
+    /// Atomically replaces the policy (reload) and returns the previous one.
+    /// Decisions already taken are not revisited here: the caller resets the
+    /// flows the new policy denies (`reload_revoked`).
+    pub fn swap(&self, policy: Arc<CompiledPolicy>) -> Arc<CompiledPolicy> {
+        self.policy.swap(policy)
+    }
+
+    /// The non-overridable deny set this decider applies first.
+    pub fn platform(&self) -> &PlatformDenySet {
+        &self.platform
+    }
+
+    /// Re-decides an open TCP flow under the policy in force now (after a
+    /// [`PolicyDecider::swap`]): `Err` with the reason when the flow must be
+    /// reset (`reload_revoked` in the audit, with this reason as detail).
+    ///
+    /// `names` are the names that admitted the flow, remembered by the caller:
+    /// the SNI or Host for an inspected flow ([`wire_name`]), the table's
+    /// names for the destination at SYN time for a raw-TCP flow. The DNS
+    /// table is deliberately not consulted: an open flow keeps its admission
+    /// after its entry's TTL ends; only the policy is re-checked (platform,
+    /// DNS ports, non-public ranges, CIDR rules, names on the port).
+    pub fn recheck_tcp(&self, flow: &FlowKey, names: &[&str]) -> Result<(), DenyReason> {
+        let policy = self.policy.load();
+        let ip = flow.dst.ip();
+        let port = flow.dst.port();
+        if self.platform_denied(&policy, ip) {
+            return Err(DenyReason::PlatformDenied);
+        }
+        if DNS_PORTS.contains(&port) {
+            return Err(deny(Reason::DnsResolverDenied));
+        }
+        verdict_decision(&policy.check_destination(ip, port, names))
+    }
+
+    /// [`dns_filter`] under the policy in force now.
+    pub fn dns_action(&self, qname: &str) -> DnsAction {
+        dns_filter(&self.policy.load(), qname)
+    }
+
+    /// [`keep_addr`] under the policy in force now, for one answer address.
+    pub fn keep_answer(&self, ip: IpAddr) -> bool {
+        keep_addr(&self.policy.load(), &self.platform)("", ip)
+    }
+
+    /// The platform gate shared by TCP and UDP.
+    fn platform_denied(&self, policy: &CompiledPolicy, ip: IpAddr) -> bool {
+        self.platform.denies(ip) || policy.is_platform_denied(ip)
+    }
+}
+
+/// The audit reason of a deny verdict as the datapath's [`DenyReason`].
+fn deny(reason: Reason) -> DenyReason {
+    match reason {
+        Reason::PlatformDenied => DenyReason::PlatformDenied,
+        other => DenyReason::Policy(other.as_str()),
+    }
+}
+
+/// The unexpired names the table holds for `ip` (at most [`MAX_NAMES_PER_IP`]).
+fn table_names(table: &DnsTable, ip: IpAddr, now: Instant) -> Vec<&str> {
+    table.names_for(ip, now).take(MAX_NAMES_PER_IP).collect()
+}
+
+/// Whether a verdict is an allow, as a [`Decision`] for a raw TCP port.
+fn verdict_decision(v: &Verdict<'_>) -> Result<(), DenyReason> {
+    if v.is_allowed() {
+        Ok(())
+    } else {
+        Err(deny(v.reason))
+    }
+}
+
+impl PolicyDecider {
+    /// Steps 1-3 of the TCP order: `Ok(true)` when the flow is allowed without
+    /// inspection (CIDR rule), `Ok(false)` when a name allows it on this port.
+    fn tcp_destination(
+        &self,
+        policy: &CompiledPolicy,
+        flow: &FlowKey,
+        ctx: &DecideContext<'_>,
+    ) -> Result<bool, DenyReason> {
+        let ip = flow.dst.ip();
+        let port = flow.dst.port();
+        if self.platform_denied(policy, ip) {
+            return Err(DenyReason::PlatformDenied);
+        }
+        if DNS_PORTS.contains(&port) {
+            return Err(deny(Reason::DnsResolverDenied));
+        }
+        let names = table_names(ctx.dns, ip, ctx.now);
+        let v = policy.check_destination(ip, port, &names);
+        verdict_decision(&v)?;
+        Ok(v.reason == Reason::CidrAllowed)
+    }
+
+    /// The name seen on the wire (SNI or Host) must be allowed on the port
+    /// and resolved to the destination; `mismatch` is the reason otherwise.
+    fn check_wire_name(
+        policy: &CompiledPolicy,
+        flow: &FlowKey,
+        name: &str,
+        ctx: &DecideContext<'_>,
+        mismatch: Reason,
+    ) -> InspectVerdict {
+        let v = policy.check_name_port(name, PolicyTransport::Tcp, flow.dst.port());
+        if !v.is_allowed() {
+            return InspectVerdict::Deny(deny(v.reason));
+        }
+        if ctx.dns.resolved_for(flow.dst.ip(), name, ctx.now) {
+            InspectVerdict::Allow
+        } else {
+            InspectVerdict::Deny(deny(mismatch))
+        }
+    }
+}
+
+/// The policy reason for a ClientHello rejection.
+fn tls_reason(r: tls::Reject) -> Reason {
+    match r {
+        tls::Reject::NotTls => Reason::NotTls,
+        tls::Reject::SniAbsent => Reason::SniAbsent,
+        tls::Reject::SniMultiple => Reason::SniMultiple,
+        tls::Reject::EchPresent => Reason::EchPresent,
+        // Unreadable, too large, and any future variant: fail closed.
+        _ => Reason::SniUnreadable,
+    }
+}
+
+/// The policy reason for a request-head rejection.
+fn http_reason(r: http::Reject) -> Reason {
+    match r {
+        http::Reject::HostAbsent => Reason::HttpHostAbsent,
+        http::Reject::Connect => Reason::HttpConnectDenied,
+        http::Reject::HostMismatch => Reason::HttpHostMismatch,
+        // Several Hosts, malformed, too large, and any future variant.
+        _ => Reason::HttpUnreadable,
+    }
+}
+
+/// The longest request method accepted before its space.
+const MAX_METHOD_LEN: usize = 16;
+
+/// Whether `bytes` can still start an HTTP/1 request: a method of
+/// [`MAX_METHOD_LEN`] token characters or fewer, then a space. Lets binary
+/// first bytes (a ClientHello, SSH) on a plain-HTTP port be denied at once
+/// instead of waiting for the bound or the deadline for a head that never
+/// ends.
+fn method_plausible(bytes: &[u8]) -> bool {
+    let is_tchar = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
+    let head = bytes.get(..=MAX_METHOD_LEN).unwrap_or(bytes);
+    match head.iter().position(|&b| b == b' ') {
+        Some(0) => false,
+        Some(n) => head.iter().take(n).all(|&b| is_tchar(b)),
+        None => head.len() <= MAX_METHOD_LEN && head.iter().all(|&b| is_tchar(b)),
+    }
+}
+
+impl Decider for PolicyDecider {
+    fn decide_tcp(&self, flow: &FlowKey, ctx: &DecideContext<'_>) -> Decision {
+        let policy = self.policy.load();
+        match self.tcp_destination(&policy, flow, ctx) {
+            Err(reason) => Decision::Deny(reason),
+            Ok(true) => Decision::Allow,
+            Ok(false) => match policy.port_protocol(flow.dst.port()) {
+                PortProtocol::Tcp => Decision::Allow,
+                PortProtocol::Tls | PortProtocol::Http => Decision::Inspect {
+                    max_bytes: INSPECT_MAX_BYTES,
+                    deadline: INSPECT_DEADLINE,
+                },
+            },
+        }
+    }
+
+    fn decide_udp(&self, flow: &FlowKey, ctx: &DecideContext<'_>) -> Decision {
+        let policy = self.policy.load();
+        let ip = flow.dst.ip();
+        let port = flow.dst.port();
+        if self.platform_denied(&policy, ip) {
+            return Decision::Deny(DenyReason::PlatformDenied);
+        }
+        if DNS_PORTS.contains(&port) {
+            return Decision::Deny(deny(Reason::DnsResolverDenied));
+        }
+        let names = table_names(ctx.dns, ip, ctx.now);
+        match verdict_decision(&policy.check_udp(ip, port, &names)) {
+            Ok(()) => Decision::Allow,
+            Err(reason) => Decision::Deny(reason),
+        }
+    }
+
+    /// Re-checks the destination under the policy in force now (it may have
+    /// been swapped since the SYN), then reads `first_bytes` from the start
+    /// with a fresh reader. A raw-TCP port (never sent to inspection) or a
+    /// CIDR-allowed destination gets the same answer as `decide_tcp`.
+    fn inspect(
+        &self,
+        flow: &FlowKey,
+        first_bytes: &[u8],
+        ctx: &DecideContext<'_>,
+    ) -> InspectVerdict {
+        let policy = self.policy.load();
+        match self.tcp_destination(&policy, flow, ctx) {
+            Err(reason) => return InspectVerdict::Deny(reason),
+            Ok(true) => return InspectVerdict::Allow,
+            Ok(false) => {}
+        }
+        match policy.port_protocol(flow.dst.port()) {
+            PortProtocol::Tcp => InspectVerdict::Allow,
+            PortProtocol::Tls => {
+                match tls::ClientHelloReader::new(INSPECT_MAX_BYTES).push(first_bytes) {
+                    tls::Progress::NeedMore => InspectVerdict::NeedMore,
+                    tls::Progress::Reject(r) => InspectVerdict::Deny(deny(tls_reason(r))),
+                    tls::Progress::Done(hello) => Self::check_wire_name(
+                        &policy,
+                        flow,
+                        &hello.server_name,
+                        ctx,
+                        Reason::SniDnsMismatch,
+                    ),
+                }
+            }
+            PortProtocol::Http => {
+                if !method_plausible(first_bytes) {
+                    return InspectVerdict::Deny(deny(Reason::HttpUnreadable));
+                }
+                match http::RequestHeadReader::new(INSPECT_MAX_BYTES).push(first_bytes) {
+                    http::Progress::NeedMore => InspectVerdict::NeedMore,
+                    http::Progress::Reject(r) => InspectVerdict::Deny(deny(http_reason(r))),
+                    http::Progress::Done(head) => match &head.host {
+                        http::Host::Name(name) => Self::check_wire_name(
+                            &policy,
+                            flow,
+                            name,
+                            ctx,
+                            Reason::HttpHostMismatch,
+                        ),
+                        http::Host::V4(_) | http::Host::V6(_) => {
+                            InspectVerdict::Deny(deny(Reason::NotAllowlisted))
+                        }
+                    },
+                }
+            }
+        }
+    }
+}
+
+/// The name a flow's first bytes present, for the audit line and for
+/// [`PolicyDecider::recheck_tcp`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WireName {
+    /// The single SNI of a ClientHello (lowercase, no trailing dot).
+    Sni(String),
+    /// The Host of an HTTP/1 request head (a name, or an IP literal as
+    /// written, IPv6 in brackets), without its port.
+    Host(String),
+}
+
+impl WireName {
+    /// The name itself.
+    pub fn as_str(&self) -> &str {
+        match self {
+            Self::Sni(n) | Self::Host(n) => n,
+        }
+    }
+}
+
+/// Reads the SNI or Host from `first_bytes` the way [`Decider::inspect`]
+/// does, for `protocol` (`None` for raw TCP, or when the bytes are
+/// incomplete or were rejected: then there is no single name to report).
+pub fn wire_name(protocol: PortProtocol, first_bytes: &[u8]) -> Option<WireName> {
+    match protocol {
+        PortProtocol::Tcp => None,
+        PortProtocol::Tls => match tls::ClientHelloReader::new(INSPECT_MAX_BYTES).push(first_bytes)
+        {
+            tls::Progress::Done(hello) => Some(WireName::Sni(hello.server_name)),
+            _ => None,
+        },
+        PortProtocol::Http => {
+            match http::RequestHeadReader::new(INSPECT_MAX_BYTES).push(first_bytes) {
+                http::Progress::Done(head) => Some(WireName::Host(head.host.to_string())),
+                _ => None,
+            }
+        }
+    }
+}
+
+/// The policy's TTL bounds in whole seconds, for
+/// `sluice_inspect::dns::sanitize_response_clamped` (the guest re-resolves no
+/// later than the gateway's table entry expires). The table itself takes the
+/// same bounds through [`DnsTable::set_ttl_bounds`].
+pub fn ttl_range(policy: &CompiledPolicy) -> RangeInclusive<u32> {
+    let secs = |d: Duration| u32::try_from(d.as_secs()).unwrap_or(u32::MAX);
+    let b = policy.ttl_bounds();
+    secs(b.min)..=secs(b.max).max(secs(b.min))
+}
+
+/// What to do with a guest DNS query, decided on its (normalised) name alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DnsAction {
+    /// Forward upstream; filter the answer with [`keep_addr`].
+    Forward,
+    /// Answer locally with `rcode` and audit `reason`; never forward.
+    Answer {
+        /// The response code for the guest.
+        rcode: ResponseCode,
+        /// The audit reason (`not_allowlisted` or `denylisted`).
+        reason: Reason,
+    },
+}
+
+/// Decides a guest query for `qname` (as normalised by
+/// `sluice_inspect::dns::parse_query`; queries that do not parse are answered
+/// FORMERR by the caller before this).
+///
+/// A name the policy does not allow on any port (`not_allowlisted`) or that a
+/// deny rule matches (`denylisted`) is answered **REFUSED** locally and never
+/// forwarded, so a denied name never leaves the machine (DNS exfiltration).
+/// REFUSED rather than NXDOMAIN because it is the truth: the name may well
+/// exist, the gateway declines to resolve it. NXDOMAIN would assert
+/// non-existence, be negatively cached by stub resolvers, and make a denial
+/// look like a typo when an operator debugs an agent; REFUSED is also what
+/// the audit schema's examples use. Either fails promptly (one nameserver).
+///
+/// The query type is not decided here: `sanitize_response` answers only
+/// what a client needs to connect.
+pub fn dns_filter(policy: &CompiledPolicy, qname: &str) -> DnsAction {
+    let v = policy.check_name(qname);
+    if v.is_allowed() {
+        DnsAction::Forward
+    } else {
+        DnsAction::Answer {
+            rcode: ResponseCode::Refused,
+            reason: v.reason,
+        }
+    }
+}
+
+/// The `keep_addr` predicate for `sluice_inspect::dns::sanitize_response`:
+/// whether an answer address may reach the guest (and the table).
+///
+/// Dropped: the platform deny set (`platform`, and the policy's platform
+/// classes and host addresses: loopback, link-local, the gateway's own
+/// addresses, IPv4-mapped forms, ...) always, and other non-public addresses
+/// (private, CGNAT, ULA, documentation, reserved) unless
+/// [`CompiledPolicy::internal_allows`] them (rebinding defense). When every
+/// address is dropped the caller answers an error and audits
+/// `private_answer`.
+pub fn keep_addr<'a>(
+    policy: &'a CompiledPolicy,
+    platform: &'a PlatformDenySet,
+) -> impl Fn(&str, IpAddr) -> bool + 'a {
+    move |_qname, ip| !platform.denies(ip) && policy.check_dns_answer(ip).is_allowed()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+
+    use sluice_policy::{CompileOptions, from_yaml_str};
+
+    use super::*;
+    use crate::decide::Transport;
+
+    const POLICY: &str = r#"
+version: 1
+id: enforce-test
+allow:
+  - domain: "www.example.com"
+    ports: [80, 443]
+  - domain: "**.github.com"
+  - domains: ["example.org", "**.example.org"]
+    ports: [80, 443]
+  - domains: ["python.example.com", "big.example.com", "pq.example.com", "tls12.example.net"]
+  - domain: "db.example.net"
+    ports: [5432]
+  - domain: "quic.example.net"
+    ports: [443]
+    udp_ports: [443]
+  - cidr: "203.0.113.0/24"
+    ports: [22, 443]
+deny:
+  - "bad.example.org"
+internal:
+  - "10.20.0.0/16"
+"#;
+
+    const WWW: &str = "93.184.216.34";
+    const GITHUB: &str = "140.82.112.3";
+    const OTHER: &str = "151.101.1.1";
+    const GUEST: &str = "10.0.2.15:40000";
+
+    fn policy() -> Arc<CompiledPolicy> {
+        let mut host = CompileOptions::default();
+        host.host_addresses = vec!["192.0.2.77".parse().unwrap()];
+        Arc::new(from_yaml_str(POLICY, "enforce-test.yaml", &host).unwrap())
+    }
+
+    fn platform() -> PlatformDenySet {
+        PlatformDenySet::new(
+            ["192.0.2.77".parse().unwrap()],
+            Ipv4Addr::new(10, 0, 2, 2),
+            Ipv4Addr::new(10, 0, 2, 255),
+        )
+    }
+
+    fn decider() -> PolicyDecider {
+        PolicyDecider::new(policy(), platform())
+    }
+
+    /// A table as the forwarder leaves it after resolving the test names.
+    fn table(now: Instant) -> DnsTable {
+        let mut t = DnsTable::new(64);
+        let ttl = Duration::from_secs(60);
+        t.insert(WWW.parse().unwrap(), "www.example.com.", ttl, now);
+        t.insert(GITHUB.parse().unwrap(), "api.github.com", ttl, now);
+        t.insert(OTHER.parse().unwrap(), "python.example.com", ttl, now);
+        for name in [
+            "example.org",
+            "big.example.com",
+            "pq.example.com",
+            "tls12.example.net",
+        ] {
+            t.insert(OTHER.parse().unwrap(), name, ttl, now);
+        }
+        t.insert("151.101.2.2".parse().unwrap(), "db.example.net", ttl, now);
+        t.insert("151.101.3.3".parse().unwrap(), "quic.example.net", ttl, now);
+        t.insert("151.101.4.4".parse().unwrap(), "bad.example.org", ttl, now);
+        t.insert("10.20.1.1".parse().unwrap(), "www.example.com", ttl, now);
+        t
+    }
+
+    fn tcp(dst: &str) -> FlowKey {
+        FlowKey {
+            transport: Transport::Tcp,
+            src: GUEST.parse().unwrap(),
+            dst: dst.parse().unwrap(),
+        }
+    }
+
+    fn udp(dst: &str) -> FlowKey {
+        FlowKey {
+            transport: Transport::Udp,
+            src: GUEST.parse().unwrap(),
+            dst: dst.parse().unwrap(),
+        }
+    }
+
+    fn denied(reason: &str) -> Decision {
+        match Reason::from_name(reason) {
+            Some(Reason::PlatformDenied) => Decision::Deny(DenyReason::PlatformDenied),
+            Some(r) => Decision::Deny(DenyReason::Policy(r.as_str())),
+            None => panic!("unknown reason {reason}"),
+        }
+    }
+
+    fn inspect_denied(reason: &str) -> InspectVerdict {
+        match denied(reason) {
+            Decision::Deny(r) => InspectVerdict::Deny(r),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    const INSPECT: Decision = Decision::Inspect {
+        max_bytes: INSPECT_MAX_BYTES,
+        deadline: INSPECT_DEADLINE,
+    };
+
+    fn testdata(path: &str) -> Vec<u8> {
+        let p = format!("{}/../inspect/testdata/{path}", env!("CARGO_MANIFEST_DIR"));
+        std::fs::read(&p).unwrap_or_else(|e| panic!("{p}: {e}"))
+    }
+
+    /// A TLS 1.3-style ClientHello in one record with the given host names
+    /// (one server_name extension listing them all) and, optionally, an
+    /// encrypted_client_hello extension.
+    fn client_hello(names: &[&str], ech: bool) -> Vec<u8> {
+        fn u16be(v: usize) -> [u8; 2] {
+            u16::try_from(v).unwrap().to_be_bytes()
+        }
+        let mut exts = Vec::new();
+        if !names.is_empty() {
+            let mut list = Vec::new();
+            for n in names {
+                list.push(0u8);
+                list.extend(u16be(n.len()));
+                list.extend(n.as_bytes());
+            }
+            exts.extend([0, 0]);
+            exts.extend(u16be(list.len() + 2));
+            exts.extend(u16be(list.len()));
+            exts.extend(list);
+        }
+        // supported_versions: TLS 1.3.
+        exts.extend([0x00, 0x2b, 0x00, 0x03, 0x02, 0x03, 0x04]);
+        if ech {
+            // outer ECH: type 0, kdf 1, aead 1, config id 7, empty enc, 4-byte payload.
+            let body = [0u8, 0, 1, 0, 1, 7, 0, 0, 0, 4, 1, 2, 3, 4];
+            exts.extend([0xfe, 0x0d]);
+            exts.extend(u16be(body.len()));
+            exts.extend(body);
+        }
+        let mut hello = vec![0x03, 0x03];
+        hello.extend([0x5a; 32]);
+        hello.push(0); // session id
+        hello.extend([0x00, 0x02, 0x13, 0x01]); // one cipher suite
+        hello.extend([0x01, 0x00]); // null compression
+        hello.extend(u16be(exts.len()));
+        hello.extend(exts);
+        let len = u32::try_from(hello.len()).unwrap().to_be_bytes();
+        let mut hs = vec![0x01, len[1], len[2], len[3]];
+        hs.extend(hello);
+        let mut rec = vec![0x16, 0x03, 0x01];
+        rec.extend(u16be(hs.len()));
+        rec.extend(hs);
+        rec
+    }
+
+    /// Runs a flow through `decide_tcp` and, when asked to, `inspect`.
+    fn run_tcp(d: &PolicyDecider, dst: &str, first: &[u8]) -> InspectVerdict {
+        let now = Instant::now();
+        let t = table(now);
+        let ctx = DecideContext { dns: &t, now };
+        let f = tcp(dst);
+        match d.decide_tcp(&f, &ctx) {
+            Decision::Allow => InspectVerdict::Allow,
+            Decision::Deny(r) => InspectVerdict::Deny(r),
+            Decision::Inspect { .. } => d.inspect(&f, first, &ctx),
+        }
+    }
+
+    #[test]
+    fn allowed_tls_with_real_client_hellos() {
+        let d = decider();
+        // curl, SNI www.example.com, to the address www.example.com resolved to.
+        let hello = testdata("tls/curl-https.bin");
+        assert_eq!(
+            run_tcp(&d, &format!("{WWW}:443"), &hello),
+            InspectVerdict::Allow
+        );
+        // curl --http1.1, SNI api.github.com (allowed by **.github.com).
+        let hello = testdata("tls/curl-http11.bin");
+        assert_eq!(
+            run_tcp(&d, &format!("{GITHUB}:443"), &hello),
+            InspectVerdict::Allow
+        );
+        // python ssl, on an address shared with another allowed name.
+        let hello = testdata("tls/python-ssl.bin");
+        assert_eq!(
+            run_tcp(&d, &format!("{OTHER}:443"), &hello),
+            InspectVerdict::Allow
+        );
+        // A 7 KB ClientHello (112 ALPN names) passes within the bound.
+        let hello = testdata("tls/openssl-big-alpn.bin");
+        assert!(hello.len() > 4096);
+        assert_eq!(
+            run_tcp(&d, &format!("{OTHER}:443"), &hello),
+            InspectVerdict::Allow
+        );
+        // Upper-case SNI (Example.ORG), many groups, TLS 1.2 only.
+        for f in ["openssl-sni", "openssl-pq", "openssl-tls12"] {
+            let hello = testdata(&format!("tls/{f}.bin"));
+            assert_eq!(
+                run_tcp(&d, &format!("{OTHER}:443"), &hello),
+                InspectVerdict::Allow,
+                "{f}"
+            );
+        }
+    }
+
+    #[test]
+    fn tls_is_inspected_and_needs_more_until_complete() {
+        let d = decider();
+        let now = Instant::now();
+        let t = table(now);
+        let ctx = DecideContext { dns: &t, now };
+        let f = tcp(&format!("{WWW}:443"));
+        assert_eq!(d.decide_tcp(&f, &ctx), INSPECT);
+        let hello = testdata("tls/curl-https.bin");
+        // Every proper prefix (one-byte segments accumulated) needs more.
+        for cut in [0, 1, 5, 6, hello.len() / 2, hello.len() - 1] {
+            assert_eq!(
+                d.inspect(&f, &hello[..cut], &ctx),
+                InspectVerdict::NeedMore,
+                "prefix {cut}"
+            );
+        }
+        assert_eq!(d.inspect(&f, &hello, &ctx), InspectVerdict::Allow);
+    }
+
+    #[test]
+    fn client_hello_split_across_records_is_reassembled() {
+        let d = decider();
+        let one = testdata("tls/curl-https.bin");
+        // Re-frame the handshake message as three records of uneven sizes.
+        let hs = &one[5..];
+        let mut split = Vec::new();
+        for part in [&hs[..7], &hs[7..100], &hs[100..]] {
+            split.extend([0x16, 0x03, 0x01]);
+            split.extend(u16::try_from(part.len()).unwrap().to_be_bytes());
+            split.extend(part);
+        }
+        assert_eq!(
+            run_tcp(&d, &format!("{WWW}:443"), &split),
+            InspectVerdict::Allow
+        );
+        assert_eq!(
+            run_tcp(&d, &format!("{GITHUB}:443"), &split),
+            inspect_denied("sni_dns_mismatch")
+        );
+    }
+
+    #[test]
+    fn garbage_first_bytes_never_allow_or_panic() {
+        let d = decider();
+        let now = Instant::now();
+        let t = table(now);
+        let ctx = DecideContext { dns: &t, now };
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for round in 0..2000 {
+            let len = usize::try_from(next() % 600).unwrap();
+            let mut bytes: Vec<u8> = (0..len).map(|_| next().to_le_bytes()[0]).collect();
+            // Half the rounds start like a handshake record to get past the first check.
+            if round % 2 == 0 && bytes.len() > 3 {
+                bytes[..3].copy_from_slice(&[0x16, 0x03, 0x01]);
+            }
+            for dst in [format!("{WWW}:443"), format!("{WWW}:80")] {
+                let v = d.inspect(&tcp(&dst), &bytes, &ctx);
+                assert_ne!(v, InspectVerdict::Allow, "{dst} {bytes:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn ip_literal_not_in_table_is_denied_at_syn() {
+        let d = decider();
+        for dst in [
+            "8.8.4.4:443",
+            "8.8.4.4:80",
+            "8.8.4.4:5432",
+            "[2606:4700::1]:443",
+        ] {
+            assert_eq!(
+                run_tcp(&d, dst, &testdata("tls/curl-https.bin")),
+                inspect_denied("ip_not_resolved_for_name"),
+                "{dst}"
+            );
+        }
+    }
+
+    #[test]
+    fn sni_of_allowed_host_sent_to_another_ip() {
+        let d = decider();
+        // GITHUB's address is in the table (for api.github.com) and allowed,
+        // but the SNI names www.example.com, which did not resolve there.
+        let hello = testdata("tls/curl-https.bin");
+        assert_eq!(
+            run_tcp(&d, &format!("{GITHUB}:443"), &hello),
+            inspect_denied("sni_dns_mismatch")
+        );
+    }
+
+    #[test]
+    fn sni_not_allowed_or_denylisted() {
+        let d = decider();
+        let hello = client_hello(&["evil.example.net"], false);
+        assert_eq!(
+            run_tcp(&d, &format!("{WWW}:443"), &hello),
+            inspect_denied("not_allowlisted")
+        );
+        let hello = client_hello(&["bad.example.org"], false);
+        assert_eq!(
+            run_tcp(&d, &format!("{OTHER}:443"), &hello),
+            inspect_denied("denylisted")
+        );
+        // A denylisted name alone in the table does not open its address.
+        assert_eq!(
+            run_tcp(&d, "151.101.4.4:443", &hello),
+            inspect_denied("denylisted")
+        );
+    }
+
+    #[test]
+    fn tls_without_sni_with_two_names_or_ech() {
+        let d = decider();
+        let dst = format!("{WWW}:443");
+        assert_eq!(
+            run_tcp(&d, &dst, &testdata("tls/openssl-nosni.bin")),
+            inspect_denied("sni_absent")
+        );
+        assert_eq!(
+            run_tcp(&d, &dst, &client_hello(&[], false)),
+            inspect_denied("sni_absent")
+        );
+        assert_eq!(
+            run_tcp(&d, &dst, &client_hello(&["www.example.com"], false)),
+            InspectVerdict::Allow,
+            "the crafted hello is well-formed"
+        );
+        assert_eq!(
+            run_tcp(
+                &d,
+                &dst,
+                &client_hello(&["www.example.com", "evil.example.net"], false)
+            ),
+            inspect_denied("sni_multiple")
+        );
+        assert_eq!(
+            run_tcp(&d, &dst, &client_hello(&["www.example.com"], true)),
+            inspect_denied("ech_present")
+        );
+    }
+
+    #[test]
+    fn non_tls_and_unreadable_on_443() {
+        let d = decider();
+        let dst = format!("{WWW}:443");
+        assert_eq!(
+            run_tcp(&d, &dst, b"GET / HTTP/1.1\r\nHost: www.example.com\r\n\r\n"),
+            inspect_denied("not_tls")
+        );
+        assert_eq!(
+            run_tcp(&d, &dst, b"SSH-2.0-OpenSSH_9.2\r\n"),
+            inspect_denied("not_tls")
+        );
+        // A handshake record claiming more than the bound.
+        let mut big = client_hello(&["www.example.com"], false);
+        big.resize(INSPECT_MAX_BYTES + 1, 0);
+        let v = run_tcp(&d, &dst, &big);
+        assert_eq!(v, inspect_denied("sni_unreadable"));
+        // Garbage extensions after a valid header.
+        let mut bad = client_hello(&["www.example.com"], false);
+        let n = bad.len();
+        bad[n - 9] = 0xff; // corrupt the server_name/extension lengths
+        bad[n - 10] = 0xff;
+        assert_eq!(run_tcp(&d, &dst, &bad), inspect_denied("sni_unreadable"));
+    }
+
+    #[test]
+    fn http_host_allowed_spoofed_and_connect() {
+        let d = decider();
+        let dst = format!("{WWW}:80");
+        let ok = b"GET /path HTTP/1.1\r\nHost: www.example.com\r\nUser-Agent: t\r\n\r\n";
+        assert_eq!(run_tcp(&d, &dst, ok), InspectVerdict::Allow);
+        // Real curl head (Host: www.example.com:18443): the port in Host does not matter.
+        assert_eq!(
+            run_tcp(&d, &dst, &testdata("http/curl-http-plain.bin")),
+            InspectVerdict::Allow
+        );
+        // Host spoofing: a name allowed on port 80, but this IP was not resolved for it.
+        let spoof = b"GET / HTTP/1.1\r\nHost: example.org\r\n\r\n";
+        assert_eq!(
+            run_tcp(&d, &dst, spoof),
+            inspect_denied("http_host_mismatch")
+        );
+        // Host naming a name the policy does not allow at all.
+        let other = b"GET / HTTP/1.1\r\nHost: evil.example.net\r\n\r\n";
+        assert_eq!(run_tcp(&d, &dst, other), inspect_denied("not_allowlisted"));
+        // An IP literal in Host.
+        let lit = b"GET / HTTP/1.1\r\nHost: 93.184.216.34\r\n\r\n";
+        assert_eq!(run_tcp(&d, &dst, lit), inspect_denied("not_allowlisted"));
+        let connect = b"CONNECT www.example.com:443 HTTP/1.1\r\nHost: www.example.com:443\r\n\r\n";
+        assert_eq!(
+            run_tcp(&d, &dst, connect),
+            inspect_denied("http_connect_denied")
+        );
+        let no_host = b"GET / HTTP/1.0\r\n\r\n";
+        assert_eq!(
+            run_tcp(&d, &dst, no_host),
+            inspect_denied("http_host_absent")
+        );
+        assert_eq!(
+            run_tcp(&d, &dst, &testdata("tls/curl-https.bin")),
+            inspect_denied("http_unreadable")
+        );
+        assert_eq!(
+            run_tcp(&d, &dst, b"SSH-2.0-OpenSSH_9.2\r\n"),
+            inspect_denied("http_unreadable")
+        );
+        for partial in [&b""[..], b"G", b"GET", b"GET / HTTP/1.1\r\nHost: www.exa"] {
+            assert_eq!(
+                run_tcp(&d, &dst, partial),
+                InspectVerdict::NeedMore,
+                "{partial:?}"
+            );
+        }
+        // api.github.com is allowed on 443 only (the default): port 80 is not.
+        let github = b"GET / HTTP/1.1\r\nHost: api.github.com\r\n\r\n";
+        assert_eq!(
+            run_tcp(&d, &format!("{GITHUB}:80"), github),
+            inspect_denied("port_not_allowed")
+        );
+    }
+
+    #[test]
+    fn raw_tcp_ports_need_a_rule_for_the_port() {
+        let d = decider();
+        assert_eq!(run_tcp(&d, "151.101.2.2:5432", b""), InspectVerdict::Allow);
+        assert_eq!(
+            run_tcp(&d, "151.101.2.2:22", b""),
+            inspect_denied("port_not_allowed")
+        );
+        assert_eq!(
+            run_tcp(&d, &format!("{WWW}:8080"), b""),
+            inspect_denied("port_not_allowed")
+        );
+        // db.example.net resolved elsewhere; 5432 to WWW is not opened by it.
+        assert_eq!(
+            run_tcp(&d, &format!("{WWW}:5432"), b""),
+            inspect_denied("port_not_allowed")
+        );
+        // CIDR rule: no name needed, on its ports only, even on TLS ports.
+        assert_eq!(run_tcp(&d, "203.0.113.9:22", b""), InspectVerdict::Allow);
+        assert_eq!(
+            run_tcp(&d, "203.0.113.9:443", b"not tls"),
+            InspectVerdict::Allow
+        );
+        assert_eq!(
+            run_tcp(&d, "203.0.113.9:23", b""),
+            inspect_denied("ip_not_resolved_for_name")
+        );
+    }
+
+    #[test]
+    fn dns_to_other_resolvers_is_denied() {
+        let d = decider();
+        let now = Instant::now();
+        let t = table(now);
+        let ctx = DecideContext { dns: &t, now };
+        for dst in ["8.8.8.8:53", "1.1.1.1:853", "203.0.113.9:53"] {
+            assert_eq!(d.decide_tcp(&tcp(dst), &ctx), denied("dns_resolver_denied"));
+            assert_eq!(d.decide_udp(&udp(dst), &ctx), denied("dns_resolver_denied"));
+        }
+    }
+
+    #[test]
+    fn platform_and_private_destinations() {
+        let d = decider();
+        let now = Instant::now();
+        let mut t = table(now);
+        let ttl = Duration::from_secs(60);
+        // Even names the policy allows do not open platform addresses.
+        for ip in [
+            "127.0.0.1",
+            "169.254.169.254",
+            "10.0.2.2",
+            "192.0.2.77",
+            "::ffff:127.0.0.1",
+        ] {
+            t.insert(ip.parse().unwrap(), "www.example.com", ttl, now);
+        }
+        t.insert("10.9.9.9".parse().unwrap(), "www.example.com", ttl, now);
+        let ctx = DecideContext { dns: &t, now };
+        for dst in [
+            "127.0.0.1:443",
+            "169.254.169.254:80",
+            "10.0.2.2:443",
+            "10.0.2.255:443",
+            "192.0.2.77:443",
+            "[::ffff:127.0.0.1]:443",
+            "[fe80::1]:443",
+        ] {
+            assert_eq!(
+                d.decide_tcp(&tcp(dst), &ctx),
+                denied("platform_denied"),
+                "{dst}"
+            );
+            assert_eq!(
+                d.decide_udp(&udp(dst), &ctx),
+                denied("platform_denied"),
+                "{dst}"
+            );
+        }
+        assert_eq!(
+            d.decide_tcp(&tcp("10.9.9.9:443"), &ctx),
+            denied("private_destination")
+        );
+        // `internal:` opens 10.20/16 to names that resolved there.
+        assert_eq!(d.decide_tcp(&tcp("10.20.1.1:443"), &ctx), INSPECT);
+    }
+
+    #[test]
+    fn udp_and_quic() {
+        let d = decider();
+        let now = Instant::now();
+        let t = table(now);
+        let ctx = DecideContext { dns: &t, now };
+        assert_eq!(
+            d.decide_udp(&udp(&format!("{WWW}:443")), &ctx),
+            denied("quic_blocked")
+        );
+        assert_eq!(
+            d.decide_udp(&udp(&format!("{WWW}:3478")), &ctx),
+            denied("udp_blocked")
+        );
+        assert_eq!(
+            d.decide_udp(&udp("8.8.4.4:443"), &ctx),
+            denied("quic_blocked")
+        );
+        // A rule with udp_ports opens exactly that.
+        assert_eq!(d.decide_udp(&udp("151.101.3.3:443"), &ctx), Decision::Allow);
+        assert_eq!(
+            d.decide_udp(&udp("151.101.3.3:444"), &ctx),
+            denied("udp_blocked")
+        );
+    }
+
+    #[test]
+    fn expired_entries_do_not_count() {
+        let d = decider();
+        let now = Instant::now();
+        let t = table(now);
+        let later = now + Duration::from_secs(3600);
+        let ctx = DecideContext {
+            dns: &t,
+            now: later,
+        };
+        assert_eq!(
+            d.decide_tcp(&tcp(&format!("{WWW}:443")), &ctx),
+            denied("ip_not_resolved_for_name")
+        );
+        let f = tcp(&format!("{WWW}:443"));
+        assert_eq!(
+            d.inspect(&f, &testdata("tls/curl-https.bin"), &ctx),
+            inspect_denied("ip_not_resolved_for_name")
+        );
+    }
+
+    #[test]
+    fn swap_takes_effect_for_the_next_decision() {
+        let d = decider();
+        let now = Instant::now();
+        let t = table(now);
+        let ctx = DecideContext { dns: &t, now };
+        let f = tcp(&format!("{WWW}:443"));
+        assert_eq!(d.decide_tcp(&f, &ctx), INSPECT);
+        let hello = testdata("tls/curl-https.bin");
+        let narrow = from_yaml_str(
+            "version: 1\nid: narrow\nallow:\n  - domain: \"**.github.com\"\n",
+            "narrow.yaml",
+            &CompileOptions::default(),
+        )
+        .unwrap();
+        let old = d.swap(Arc::new(narrow));
+        assert_eq!(old.id(), "enforce-test");
+        assert_eq!(d.policy().id(), "narrow");
+        // A flow admitted before the swap is re-checked when its bytes arrive.
+        assert_eq!(
+            d.inspect(&f, &hello, &ctx),
+            inspect_denied("not_allowlisted")
+        );
+        assert_eq!(d.decide_tcp(&f, &ctx), denied("not_allowlisted"));
+        d.swap(old);
+        assert_eq!(d.inspect(&f, &hello, &ctx), InspectVerdict::Allow);
+    }
+
+    #[test]
+    fn recheck_after_swap_revokes_what_the_new_policy_denies() {
+        let d = decider();
+        let www = tcp(&format!("{WWW}:443"));
+        let db = tcp("151.101.2.2:5432");
+        let ssh = tcp("203.0.113.9:22");
+        assert_eq!(d.recheck_tcp(&www, &["www.example.com"]), Ok(()));
+        assert_eq!(d.recheck_tcp(&db, &["db.example.net"]), Ok(()));
+        assert_eq!(d.recheck_tcp(&ssh, &[]), Ok(()));
+        let narrow = from_yaml_str(
+            "version: 1\nid: narrow\nallow:\n  - domain: www.example.com\n  - cidr: 203.0.113.0/24\n    ports: [23]\n",
+            "narrow.yaml",
+            &CompileOptions::default(),
+        )
+        .unwrap();
+        d.swap(Arc::new(narrow));
+        assert_eq!(d.recheck_tcp(&www, &["www.example.com"]), Ok(()));
+        assert_eq!(
+            d.recheck_tcp(&db, &["db.example.net"]),
+            Err(DenyReason::Policy("not_allowlisted"))
+        );
+        assert_eq!(
+            d.recheck_tcp(&ssh, &[]),
+            Err(DenyReason::Policy("ip_not_resolved_for_name"))
+        );
+        assert_eq!(
+            d.recheck_tcp(&tcp("127.0.0.1:443"), &["www.example.com"]),
+            Err(DenyReason::PlatformDenied)
+        );
+    }
+
+    #[test]
+    fn wire_name_reports_sni_and_host() {
+        assert_eq!(
+            wire_name(PortProtocol::Tls, &testdata("tls/openssl-sni.bin")),
+            Some(WireName::Sni("example.org".into()))
+        );
+        assert_eq!(
+            wire_name(PortProtocol::Tls, &testdata("tls/openssl-nosni.bin")),
+            None
+        );
+        let head = wire_name(
+            PortProtocol::Http,
+            b"GET / HTTP/1.1\r\nHost: WWW.Example.com:8080\r\n\r\n",
+        );
+        assert_eq!(head, Some(WireName::Host("www.example.com".into())));
+        assert_eq!(head.map(|h| h.as_str().len()), Some(15));
+        assert_eq!(
+            wire_name(
+                PortProtocol::Http,
+                b"GET / HTTP/1.1\r\nHost: [2001:db8::1]\r\n\r\n"
+            ),
+            Some(WireName::Host("[2001:db8::1]".into()))
+        );
+        assert_eq!(
+            wire_name(PortProtocol::Tcp, b"GET / HTTP/1.1\r\n\r\n"),
+            None
+        );
+    }
+
+    #[test]
+    fn ttl_range_follows_the_policy() {
+        let p = from_yaml_str(
+            "version: 1\nid: t\nallow: []\ndns:\n  ttl_min: 7\n  ttl_max: 120\n",
+            "t.yaml",
+            &CompileOptions::default(),
+        )
+        .unwrap();
+        assert_eq!(ttl_range(&p), 7..=120);
+        let b = policy().ttl_bounds();
+        assert_eq!(
+            ttl_range(&policy()),
+            u32::try_from(b.min.as_secs()).unwrap()..=u32::try_from(b.max.as_secs()).unwrap()
+        );
+    }
+
+    #[test]
+    fn dns_filter_refuses_names_not_allowed() {
+        let p = policy();
+        assert_eq!(dns_filter(&p, "www.example.com"), DnsAction::Forward);
+        assert_eq!(dns_filter(&p, "deep.api.github.com"), DnsAction::Forward);
+        // Allowed on some port only: still resolved (the port is checked at connect).
+        assert_eq!(dns_filter(&p, "db.example.net"), DnsAction::Forward);
+        assert_eq!(
+            dns_filter(&p, "exfil-4142434445.attacker.net"),
+            DnsAction::Answer {
+                rcode: ResponseCode::Refused,
+                reason: Reason::NotAllowlisted
+            }
+        );
+        assert_eq!(
+            dns_filter(&p, "bad.example.org"),
+            DnsAction::Answer {
+                rcode: ResponseCode::Refused,
+                reason: Reason::Denylisted
+            }
+        );
+    }
+
+    #[test]
+    fn keep_addr_drops_platform_and_private_answers() {
+        let p = policy();
+        let plat = platform();
+        let keep = keep_addr(&p, &plat);
+        for ip in [WWW, GITHUB, "2606:4700::6810:84e5", "10.20.3.4"] {
+            assert!(keep("www.example.com", ip.parse().unwrap()), "{ip}");
+        }
+        for ip in [
+            "127.0.0.1",
+            "169.254.169.254",
+            "10.0.0.5",
+            "192.168.1.1",
+            "100.64.0.1",
+            "fd00::1",
+            "::ffff:10.0.0.5",
+            "::ffff:127.0.0.1",
+            "10.0.2.2",
+            "192.0.2.77",
+            "0.0.0.0",
+        ] {
+            assert!(!keep("www.example.com", ip.parse().unwrap()), "{ip}");
+        }
+    }
+
+    #[test]
+    fn decider_dns_helpers_follow_swaps() {
+        let d = decider();
+        assert_eq!(d.dns_action("api.github.com"), DnsAction::Forward);
+        assert!(d.keep_answer("10.20.0.9".parse().unwrap()));
+        assert!(!d.keep_answer("10.0.2.2".parse().unwrap()));
+        let narrow = from_yaml_str(
+            "version: 1\nid: narrow\nallow:\n  - domain: www.example.com\n",
+            "narrow.yaml",
+            &CompileOptions::default(),
+        )
+        .unwrap();
+        d.swap(Arc::new(narrow));
+        assert_eq!(
+            d.dns_action("api.github.com"),
+            DnsAction::Answer {
+                rcode: ResponseCode::Refused,
+                reason: Reason::NotAllowlisted
+            }
+        );
+        assert!(!d.keep_answer("10.20.0.9".parse().unwrap()));
+    }
+
+    #[test]
+    fn keep_addr_with_a_real_private_answer_empties_it() {
+        use sluice_inspect::dns::{parse_query, sanitize_response};
+        let p = policy();
+        let plat = platform();
+        // dig's query for private.example.com and dnsmasq's answer (10.0.0.5).
+        let q = parse_query(&testdata("dns/dig-private.bin")).unwrap();
+        let s = sanitize_response(
+            &q,
+            &testdata("dns/dnsmasq-private.bin"),
+            keep_addr(&p, &plat),
+            false,
+        )
+        .unwrap();
+        assert!(s.private_answer(), "{s:?}");
+        // The public answer for www.example.com is kept.
+        let q = parse_query(&testdata("dns/dig-a.bin")).unwrap();
+        let s = sanitize_response(
+            &q,
+            &testdata("dns/dnsmasq-a.bin"),
+            keep_addr(&p, &plat),
+            false,
+        )
+        .unwrap();
+        assert!(!s.private_answer());
+        let kept: Vec<IpAddr> = s.answers.iter().map(|a| a.1).collect();
+        assert_eq!(kept, vec![WWW.parse::<IpAddr>().unwrap()]);
+    }
+}

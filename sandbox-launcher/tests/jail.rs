@@ -1,0 +1,549 @@
+//! The jail, checked from the outside on real processes: `sleep`, busybox
+//! and QEMU itself. Every test needs root (namespaces, cgroups, pivot_root)
+//! and is run by `scripts/test`. Names, cgroups and dirs start with `slj-`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::io::{BufRead, BufReader};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use sluice_launcher::jail::{
+    self, CgroupLimits, FdMap, JailExit, JailSpec, Layer, NetNamespace, SeccompProfile,
+};
+
+const BUSYBOX: &str = "/bin/busybox";
+const SIGSYS: i32 = 31;
+const SIGKILL: i32 = 9;
+const MEMORY: u64 = 256 << 20;
+
+/// A spec for `program` with its libraries and /dev/null, the test helper
+/// binary, and cgroup limits on all three controllers.
+fn make_spec(test: &str, program: &str, args: &[&str]) -> JailSpec {
+    let name = format!("slj-{test}-{}", std::process::id());
+    let mut spec = JailSpec::new(name, program);
+    spec.args = args.iter().map(|a| (*a).to_owned()).collect();
+    spec.env = vec![("PATH".to_owned(), "/bin:/usr/bin".to_owned())];
+    spec.ro_paths = jail::library_deps(Path::new(program)).unwrap();
+    spec.ro_paths.push(PathBuf::from("/dev/null"));
+    spec.helper = Some(PathBuf::from(env!("CARGO_BIN_EXE_sluice-jail")));
+    spec.cgroup = CgroupLimits {
+        memory_bytes: Some(MEMORY),
+        pids: Some(64),
+        cpu_millis: Some(500),
+    };
+    spec
+}
+
+fn status_field(pid: u32, field: &str) -> String {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .unwrap_or_else(|| panic!("no {field} in status"))
+        .trim()
+        .to_owned()
+}
+
+fn fds_of(pid: u32) -> BTreeSet<i32> {
+    fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().parse().unwrap())
+        .collect()
+}
+
+/// Polls `cond` until true; panics after a generous bound (not a timing
+/// assertion: it only stops a hung test).
+fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !cond() {
+        assert!(Instant::now() < deadline, "gave up waiting for: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn cgroup_dirs(name: &str) -> Vec<PathBuf> {
+    ["memory", "pids", "cpu"]
+        .iter()
+        .map(|c| Path::new("/sys/fs/cgroup").join(c).join(name))
+        .collect()
+}
+
+fn assert_no_leftovers(name: &str, pid: u32) {
+    for dir in cgroup_dirs(name) {
+        assert!(!dir.exists(), "cgroup {} left behind", dir.display());
+    }
+    let jail_dir = std::env::temp_dir().join(format!("{name}.jail"));
+    assert!(!jail_dir.exists(), "{} left behind", jail_dir.display());
+    eventually("the jailed process to be gone", || {
+        !Path::new(&format!("/proc/{pid}")).exists() || status_field(pid, "State").starts_with('Z')
+    });
+}
+
+/// The layers a test host (root, v1 cgroups, Landlock ABI 7) must offer.
+#[test]
+#[ignore = "needs root: run via scripts/test"]
+fn probe_reports_every_layer_available_as_root() {
+    let layers = jail::probe_layers();
+    assert_eq!(layers.len(), Layer::ALL.len());
+    for l in &layers {
+        assert!(l.available, "{} unavailable: {}", l.name, l.reason);
+    }
+}
+
+#[test]
+#[ignore = "needs root: run via scripts/test"]
+fn sleep_runs_with_every_layer_and_leaves_nothing_after_kill() {
+    let spec = make_spec("sleep", "/usr/bin/sleep", &["1000"]);
+    let mut jailed = jail::spawn(&spec).unwrap();
+    let pid = jailed.pid;
+    for l in &jailed.layers {
+        assert!(l.available, "{} off: {}", l.name, l.reason);
+    }
+
+    // Credentials, capabilities, no_new_privs, seccomp.
+    assert_eq!(status_field(pid, "Seccomp"), "2");
+    assert_eq!(status_field(pid, "NoNewPrivs"), "1");
+    assert_eq!(status_field(pid, "CapEff"), "0000000000000000");
+    assert_eq!(status_field(pid, "CapPrm"), "0000000000000000");
+    assert_eq!(status_field(pid, "CapBnd"), "0000000000000000");
+    assert_eq!(status_field(pid, "CapAmb"), "0000000000000000");
+    assert!(
+        status_field(pid, "Uid")
+            .split_whitespace()
+            .all(|u| u == "65534")
+    );
+    assert!(
+        status_field(pid, "Gid")
+            .split_whitespace()
+            .all(|g| g == "65534")
+    );
+    assert_eq!(status_field(pid, "Groups"), "");
+    // PID 1 of its own PID namespace.
+    let nspid = status_field(pid, "NSpid");
+    assert_eq!(nspid.split_whitespace().last(), Some("1"), "NSpid {nspid}");
+
+    // Every namespace differs from ours.
+    for ns in ["mnt", "pid", "ipc", "uts", "net"] {
+        let ours = fs::read_link(format!("/proc/self/ns/{ns}")).unwrap();
+        let theirs = fs::read_link(format!("/proc/{pid}/ns/{ns}")).unwrap();
+        assert_ne!(ours, theirs, "{ns} namespace shared");
+    }
+
+    // cgroups: member of ours, with the limits written.
+    let cgroups = fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    for ctrl in ["memory", "pids", "cpu"] {
+        let line = cgroups
+            .lines()
+            .find(|l| {
+                l.split(':')
+                    .nth(1)
+                    .is_some_and(|c| c.split(',').any(|x| x == ctrl))
+            })
+            .unwrap_or_else(|| panic!("no {ctrl} line in {cgroups}"));
+        assert!(line.ends_with(&format!("/{}", spec.name)), "{line}");
+    }
+    let [mem, pids, cpu] = &cgroup_dirs(&spec.name)[..] else {
+        unreachable!()
+    };
+    let read = |p: PathBuf| fs::read_to_string(p).unwrap().trim().to_owned();
+    assert_eq!(read(mem.join("memory.limit_in_bytes")), MEMORY.to_string());
+    assert_eq!(read(pids.join("pids.max")), "64");
+    assert_eq!(read(cpu.join("cpu.cfs_quota_us")), "50000");
+    assert_eq!(read(mem.join("cgroup.procs")), pid.to_string());
+
+    // Mount table: only the jail's tmpfs root and the bind mounts.
+    let expected: BTreeSet<String> = std::iter::once("/".to_owned())
+        .chain(
+            std::iter::once(&spec.program)
+                .chain(&spec.ro_paths)
+                .map(|p| p.display().to_string()),
+        )
+        .collect();
+    let mountinfo = fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap();
+    let mounts: BTreeSet<String> = mountinfo
+        .lines()
+        .map(|l| l.split_whitespace().nth(4).unwrap().to_owned())
+        .collect();
+    assert_eq!(mounts, expected, "mountinfo:\n{mountinfo}");
+    for line in mountinfo.lines() {
+        let opts = line.split_whitespace().nth(5).unwrap();
+        assert!(opts.split(',').any(|o| o == "ro"), "writable mount: {line}");
+        assert!(opts.split(',').any(|o| o == "nosuid"), "suid mount: {line}");
+    }
+
+    // fds: stdio only (pointed at /dev/null).
+    assert_eq!(fds_of(pid), BTreeSet::from([0, 1, 2]));
+    assert_eq!(
+        fs::read_link(format!("/proc/{pid}/fd/1")).unwrap(),
+        Path::new("/dev/null")
+    );
+
+    // Network namespace: loopback only.
+    let out = Command::new("nsenter")
+        .args(["-t", &pid.to_string(), "-n", "ip", "-o", "link"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let links = String::from_utf8(out.stdout).unwrap();
+    let names: Vec<&str> = links
+        .lines()
+        .map(|l| l.split(':').nth(1).unwrap().trim())
+        .collect();
+    assert_eq!(names, ["lo"], "{links}");
+
+    // The launcher outlives nothing: kill, then nothing is left.
+    assert_eq!(jailed.kill().unwrap(), JailExit::Signal(SIGKILL));
+    assert_no_leftovers(&spec.name, pid);
+}
+
+#[test]
+#[ignore = "needs root: run via scripts/test"]
+fn passed_fds_arrive_at_their_numbers_and_nothing_else_does() {
+    let (ours, theirs) = UnixStream::pair().unwrap();
+    let mut spec = make_spec("fds", BUSYBOX, &["sh", "-c", "echo hello >&5; read x"]);
+    // The socket is both stdin and fd 5 (a plain `read` avoids the fd
+    // that ash saves a redirected stdin to).
+    spec.fds = vec![
+        FdMap {
+            parent: theirs.as_raw_fd(),
+            child: 5,
+        },
+        FdMap {
+            parent: theirs.as_raw_fd(),
+            child: 0,
+        },
+    ];
+    let mut jailed = jail::spawn(&spec).unwrap();
+    drop(theirs);
+    let mut line = String::new();
+    BufReader::new(&ours).read_line(&mut line).unwrap();
+    assert_eq!(line, "hello\n");
+    let pid = jailed.pid;
+    // Wait until sh blocks in poll/read on its stdin, the socket (while
+    // `echo >&5` runs, ash keeps a saved copy of fd 1 at fd 10).
+    eventually("sh to block reading stdin", || {
+        fs::read_to_string(format!("/proc/{pid}/syscall"))
+            .is_ok_and(|s| s.starts_with("7 ") || s.starts_with("0 0x0 "))
+    });
+    let fds = fds_of(pid);
+    let targets: Vec<_> = fds
+        .iter()
+        .map(|fd| fs::read_link(format!("/proc/{pid}/fd/{fd}")))
+        .collect();
+    assert_eq!(fds, BTreeSet::from([0, 1, 2, 5]), "{targets:?}");
+    assert_eq!(jailed.kill().unwrap(), JailExit::Signal(SIGKILL));
+    assert_no_leftovers(&spec.name, pid);
+}
+
+/// The demo that must die with SIGSYS: `unshare` is on the kill list. The
+/// same command without the filter fails politely (EPERM, not root).
+#[test]
+#[ignore = "needs root: run via scripts/test"]
+fn forbidden_syscall_dies_with_sigsys_under_the_filter() {
+    for profile in [SeccompProfile::Qemu, SeccompProfile::Gateway] {
+        let mut spec = make_spec("sigsys", BUSYBOX, &["unshare", "-n", "true"]);
+        spec.seccomp = profile;
+        let mut jailed = jail::spawn(&spec).unwrap();
+        assert_eq!(
+            jailed.wait().unwrap(),
+            JailExit::Signal(SIGSYS),
+            "{profile:?}"
+        );
+        assert_no_leftovers(&spec.name, jailed.pid);
+    }
+    let mut spec = make_spec("nosigsys", BUSYBOX, &["unshare", "-n", "true"]);
+    spec.seccomp = SeccompProfile::None;
+    let mut jailed = jail::spawn(&spec).unwrap();
+    match jailed.wait().unwrap() {
+        JailExit::Code(c) => assert_ne!(c, 0, "unshare worked as an unprivileged user"),
+        JailExit::Signal(s) => panic!("killed by signal {s} without a filter"),
+    }
+}
+
+/// Under the gateway profile even starting a program is fatal.
+#[test]
+#[ignore = "needs root: run via scripts/test"]
+fn gateway_profile_kills_exec() {
+    let mut spec = make_spec(
+        "gwexec",
+        BUSYBOX,
+        &["sh", "-c", "/bin/busybox true; exit 3"],
+    );
+    spec.seccomp = SeccompProfile::Gateway;
+    // The filter is installed before the jail's own execve, which the
+    // gateway profile kills: the program never starts.
+    let mut jailed = jail::spawn(&spec).unwrap();
+    assert_eq!(jailed.wait().unwrap(), JailExit::Signal(SIGSYS));
+}
+
+/// Landlock bites on its own: without the mount namespace the host's /tmp
+/// is visible and world-writable, yet writing there is denied; with the
+/// network namespace inherited a TCP connect to a local listener is denied.
+/// The same commands succeed with Landlock off.
+#[test]
+#[ignore = "needs root: run via scripts/test"]
+fn landlock_denies_writes_and_tcp_connects() {
+    let dir = std::env::temp_dir().join(format!("slj-ll-{}", std::process::id()));
+    fs::create_dir_all(&dir).unwrap();
+    fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port().to_string();
+    let file = dir.join("f");
+    let script = format!(
+        "echo x > {} || exit 10; echo hi | nc 127.0.0.1 {port} || exit 11; exit 0",
+        file.display()
+    );
+    let run = |landlock: bool| {
+        let mut spec = make_spec(
+            if landlock { "ll-on" } else { "ll-off" },
+            BUSYBOX,
+            &["sh", "-c", &script],
+        );
+        spec.namespaces.mount = false;
+        spec.namespaces.net = NetNamespace::Inherit;
+        spec.seccomp = SeccompProfile::None;
+        if !landlock {
+            spec.landlock = None;
+        }
+        jail::spawn(&spec).unwrap().wait().unwrap()
+    };
+    assert_eq!(run(true), JailExit::Code(10), "write not denied");
+    assert!(!file.exists());
+    // Allow the write, deny only the connect.
+    let mut spec = make_spec("ll-net", BUSYBOX, &["sh", "-c", &script]);
+    spec.namespaces.mount = false;
+    spec.namespaces.net = NetNamespace::Inherit;
+    spec.seccomp = SeccompProfile::None;
+    if let Some(rules) = spec.landlock.as_mut() {
+        rules.read_write.push(dir.clone());
+    }
+    assert_eq!(
+        jail::spawn(&spec).unwrap().wait().unwrap(),
+        JailExit::Code(11)
+    );
+    fs::remove_file(&file).unwrap();
+    // Control: everything works without Landlock.
+    let accept = std::thread::spawn(move || listener.accept().map(drop));
+    assert_eq!(run(false), JailExit::Code(0));
+    accept.join().unwrap().unwrap();
+    assert!(file.exists());
+    fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+#[ignore = "needs root: run via scripts/test"]
+fn normal_exit_reports_code_and_leaves_nothing() {
+    let spec = make_spec("exit", BUSYBOX, &["sh", "-c", "exit 7"]);
+    let mut jailed = jail::spawn(&spec).unwrap();
+    assert_eq!(jailed.wait().unwrap(), JailExit::Code(7));
+    assert_no_leftovers(&spec.name, jailed.pid);
+}
+
+#[test]
+#[ignore = "needs root: run via scripts/test"]
+fn unavailable_layer_is_an_error_unless_allowed() {
+    // A uid of 0 is refused outright.
+    let mut spec = make_spec("uid0", BUSYBOX, &["true"]);
+    spec.uid = 0;
+    assert!(jail::spawn(&spec).is_err());
+    // A missing program fails setup and leaves nothing behind.
+    let mut spec = make_spec("missing", BUSYBOX, &[]);
+    spec.program = PathBuf::from("/nonexistent/slj-program");
+    let err = jail::spawn(&spec).unwrap_err().to_string();
+    assert!(err.contains("slj-program"), "{err}");
+    assert_no_leftovers(&spec.name, u32::MAX);
+}
+
+/// QEMU itself under the jail: it starts (paused, `-S`) and stays up with
+/// every layer on.
+#[test]
+#[ignore = "needs root: run via scripts/test"]
+fn qemu_runs_jailed() {
+    let qemu = "/usr/bin/qemu-system-x86_64";
+    if !Path::new(qemu).exists() {
+        eprintln!("skipped: {qemu} not installed");
+        return;
+    }
+    let mut spec = make_spec(
+        "qemu",
+        qemu,
+        &[
+            "-M",
+            "microvm",
+            "-accel",
+            "tcg",
+            "-nodefaults",
+            "-no-user-config",
+            "-display",
+            "none",
+            "-S",
+        ],
+    );
+    spec.ro_paths.push(PathBuf::from("/usr/share/qemu"));
+    spec.ro_paths.push(PathBuf::from("/dev/urandom"));
+    spec.cgroup.memory_bytes = Some(1 << 30);
+    let (ours, theirs) = UnixStream::pair().unwrap();
+    spec.fds = vec![FdMap {
+        parent: theirs.as_raw_fd(),
+        child: 2,
+    }];
+    let mut jailed = jail::spawn(&spec).unwrap();
+    drop(theirs);
+    let pid = jailed.pid;
+    // QEMU has initialised when its threads (RCU, vCPU) exist.
+    eventually("QEMU to start its threads", || {
+        let threads: u32 = status_field(pid, "Threads").parse().unwrap();
+        assert!(
+            !status_field(pid, "State").starts_with('Z'),
+            "QEMU died: {:?}",
+            stderr_of(&ours)
+        );
+        threads >= 2
+    });
+    assert_eq!(status_field(pid, "Seccomp"), "2");
+    assert_eq!(status_field(pid, "NoNewPrivs"), "1");
+    assert_eq!(status_field(pid, "CapEff"), "0000000000000000");
+    assert_eq!(
+        status_field(pid, "Uid").split_whitespace().next(),
+        Some("65534")
+    );
+    assert_eq!(jailed.kill().unwrap(), JailExit::Signal(SIGKILL));
+    assert_no_leftovers(&spec.name, pid);
+}
+
+fn stderr_of(s: &UnixStream) -> String {
+    s.set_nonblocking(true).unwrap();
+    let mut buf = String::new();
+    let _ = std::io::Read::read_to_string(&mut &*s, &mut buf);
+    buf
+}
+
+/// The launcher dies by SIGKILL: the helper notices its lifeline close,
+/// kills the program and removes everything. The "launcher" is this test
+/// binary re-run in a mode that jails `sleep` and prints its pid.
+#[test]
+#[ignore = "needs root: run via scripts/test"]
+fn sigkill_of_the_launcher_leaves_nothing() {
+    if let Ok(name) = std::env::var("SLJ_LAUNCHER_NAME") {
+        // Launcher mode.
+        let mut spec = make_spec("unused", "/usr/bin/sleep", &["1000"]);
+        spec.name = name;
+        let jailed = jail::spawn(&spec).unwrap();
+        println!("\nSLJ_PID={}", jailed.pid);
+        std::mem::forget(jailed);
+        loop {
+            std::thread::sleep(Duration::from_secs(1000));
+        }
+    }
+    let name = format!("slj-launcher-{}", std::process::id());
+    let mut launcher = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "sigkill_of_the_launcher_leaves_nothing",
+            "--include-ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("SLJ_LAUNCHER_NAME", &name)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(launcher.stdout.take().unwrap());
+    let pid: u32 = loop {
+        let mut line = String::new();
+        assert_ne!(out.read_line(&mut line).unwrap(), 0, "launcher ended early");
+        if let Some(pid) = line.trim().strip_prefix("SLJ_PID=") {
+            break pid.parse().unwrap();
+        }
+    };
+    assert_eq!(status_field(pid, "Seccomp"), "2");
+    assert!(cgroup_dirs(&name)[0].exists());
+    launcher.kill().unwrap();
+    launcher.wait().unwrap();
+    eventually("the helper to clean up", || {
+        !Path::new(&format!("/proc/{pid}")).exists()
+            && cgroup_dirs(&name).iter().all(|d| !d.exists())
+    });
+    assert_no_leftovers(&name, pid);
+}
+
+/// Measures the cost of the jail: `busybox true` jailed with every layer,
+/// spawn to exit including cleanup, 20 times; prints min/median/max. Run
+/// with `--nocapture` to read the figures.
+#[test]
+#[ignore = "needs root: run via scripts/test"]
+fn jail_setup_cost_is_printed() {
+    let mut times = Vec::new();
+    for i in 0..20 {
+        let spec = make_spec(&format!("cost{i}"), BUSYBOX, &["true"]);
+        let start = Instant::now();
+        let mut jailed = jail::spawn(&spec).unwrap();
+        assert_eq!(jailed.wait().unwrap(), JailExit::Code(0));
+        times.push(start.elapsed());
+    }
+    times.sort();
+    println!(
+        "jail spawn+exit+cleanup of busybox true: min {:?} median {:?} max {:?}",
+        times[0], times[10], times[19]
+    );
+}
+
+/// The memory and pids limits bite: a 64 MiB buffer under a 16 MiB limit is
+/// OOM-killed; a fifth task under `pids.max` 4 cannot be forked. Both work
+/// without the limits.
+#[test]
+#[ignore = "needs root: run via scripts/test"]
+fn cgroup_memory_and_pids_limits_bite() {
+    let dd = ["dd", "if=/dev/zero", "of=/dev/null", "bs=64M", "count=1"];
+    let mut spec = make_spec("oom", BUSYBOX, &dd);
+    spec.ro_paths.push(PathBuf::from("/dev/zero"));
+    spec.cgroup.memory_bytes = Some(16 << 20);
+    assert_eq!(
+        jail::spawn(&spec).unwrap().wait().unwrap(),
+        JailExit::Signal(SIGKILL)
+    );
+    spec.name = format!("{}-nolimit", spec.name);
+    spec.cgroup.memory_bytes = None;
+    assert_eq!(
+        jail::spawn(&spec).unwrap().wait().unwrap(),
+        JailExit::Code(0)
+    );
+
+    // sh itself is one task; four background sleeps (that stay) need four
+    // more. Applets run by full path: the jail has no /bin/sleep.
+    let script = "for i in 1 2 3 4; do /bin/busybox sleep 100 & done; wait; exit 0";
+    let mut spec = make_spec("pids", BUSYBOX, &["sh", "-c", script]);
+    spec.cgroup.pids = Some(4);
+    let exit = jail::spawn(&spec).unwrap().wait().unwrap();
+    assert_ne!(exit, JailExit::Code(0), "a fifth task was forked");
+    let script = "for i in 1 2 3 4; do /bin/busybox sleep 1 & done; wait; exit 0";
+    let mut spec = make_spec("pids-ok", BUSYBOX, &["sh", "-c", script]);
+    spec.cgroup.pids = Some(8);
+    assert_eq!(
+        jail::spawn(&spec).unwrap().wait().unwrap(),
+        JailExit::Code(0)
+    );
+}
+
+/// One thread waits, another kills through the handle (a timeout).
+#[test]
+#[ignore = "needs root: run via scripts/test"]
+fn kill_handle_stops_a_waiting_jail() {
+    let spec = make_spec("killhandle", BUSYBOX, &["sleep", "1000"]);
+    let mut jailed = jail::spawn(&spec).unwrap();
+    let pid = jailed.pid;
+    let handle = jailed.kill_handle().unwrap();
+    assert!(jailed.kill_handle().is_none());
+    let waiter = std::thread::spawn(move || jailed.wait().unwrap());
+    assert_eq!(status_field(pid, "Seccomp"), "2");
+    handle.kill();
+    assert_eq!(waiter.join().unwrap(), JailExit::Signal(SIGKILL));
+    assert_no_leftovers(&spec.name, pid);
+}

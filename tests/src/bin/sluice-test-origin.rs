@@ -1,0 +1,352 @@
+//! `sluice-test-origin`: the HTTP/HTTPS and TCP origin of the fake internet.
+//!
+//! Serves HTTP/1.1 and HTTP/2 (prior knowledge on plain listeners, ALPN on
+//! TLS listeners) with these endpoints:
+//! - `GET /bytes/N`: N deterministic bytes ([`sluice_e2e::pattern_byte`]),
+//!   streamed, so N may be large;
+//! - `POST|PUT /upload`: answers the hex sha256 of the body and its length
+//!   (`<hex> <len>\n`);
+//! - `ANY /echo...`: a JSON object with the method, path, version, headers
+//!   and body (lossy UTF-8) it received;
+//! - anything else: `hello from sluice-test-origin\n`.
+//!
+//! TLS uses rustls with the ring provider and a certificate chain made per run
+//! by rcgen: a test CA (written to `--ca-out` for clients and the gateway) and
+//! one leaf for every `--name` (DNS names and IP literals).
+//!
+//! Every HTTP request is logged as one JSON line to `--log` (method, path,
+//! version, headers, body length, listener, tls): tests assert on what really
+//! reached the origin. `--echo ADDR` listeners echo TCP bytes back and
+//! half-close after the client does; `--banner ADDR` listeners write one
+//! byte and close. When every listener is bound the origin
+//! writes `--ready` (an empty file).
+use std::convert::Infallible;
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context as TaskContext, Poll};
+
+use anyhow::{Context, Result};
+use bytes::Bytes;
+use clap::Parser;
+use http_body_util::{BodyExt, Full, combinators::BoxBody};
+use hyper::body::{Body, Frame, Incoming};
+use hyper::{Request, Response};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use sha2::{Digest, Sha256};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::TlsAcceptor;
+
+/// Command line.
+#[derive(Parser, Debug)]
+#[command(about = "HTTP/1.1 + HTTP/2 (+TLS) test origin and TCP echo server for sluice's tests")]
+struct Args {
+    /// Plain HTTP listener (repeatable).
+    #[arg(long)]
+    http: Vec<SocketAddr>,
+    /// HTTPS listener (repeatable).
+    #[arg(long)]
+    https: Vec<SocketAddr>,
+    /// TCP echo listener (repeatable).
+    #[arg(long)]
+    echo: Vec<SocketAddr>,
+    /// Banner listener: writes one byte (`x`) and closes (repeatable); for
+    /// connect + first-byte latency.
+    #[arg(long)]
+    banner: Vec<SocketAddr>,
+    /// Names (DNS names or IP literals) the TLS leaf certificate is valid for.
+    #[arg(long = "name")]
+    names: Vec<String>,
+    /// Where to write the test CA certificate (PEM).
+    #[arg(long)]
+    ca_out: Option<PathBuf>,
+    /// Request log (JSON lines).
+    #[arg(long)]
+    log: Option<PathBuf>,
+    /// File created once every listener is bound.
+    #[arg(long)]
+    ready: Option<PathBuf>,
+}
+
+/// Shared request log.
+type Log = Arc<Mutex<Option<std::fs::File>>>;
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let args = Args::parse();
+    let log: Log = Arc::new(Mutex::new(match &args.log {
+        Some(p) => {
+            Some(std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?)
+        }
+        None => None,
+    }));
+
+    let tls = if args.https.is_empty() {
+        None
+    } else {
+        Some(make_tls(&args.names, args.ca_out.as_ref())?)
+    };
+
+    let mut tasks = Vec::new();
+    for addr in &args.http {
+        let l = TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding {addr}"))?;
+        tasks.push(tokio::spawn(serve_http(l, None, log.clone())));
+    }
+    for addr in &args.https {
+        let l = TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding {addr}"))?;
+        tasks.push(tokio::spawn(serve_http(l, tls.clone(), log.clone())));
+    }
+    for addr in &args.echo {
+        let l = TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding {addr}"))?;
+        tasks.push(tokio::spawn(serve_echo(l)));
+    }
+    for addr in &args.banner {
+        let l = TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding {addr}"))?;
+        tasks.push(tokio::spawn(serve_banner(l)));
+    }
+    if let Some(p) = &args.ready {
+        std::fs::write(p, b"").with_context(|| format!("writing {}", p.display()))?;
+    }
+    for t in tasks {
+        t.await.context("listener task")?;
+    }
+    Ok(())
+}
+
+/// Makes the per-run CA and leaf, writes the CA PEM, and returns the acceptor.
+fn make_tls(names: &[String], ca_out: Option<&PathBuf>) -> Result<TlsAcceptor> {
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new())?;
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "sluice test CA");
+    ca_params.key_usages = vec![
+        rcgen::KeyUsagePurpose::KeyCertSign,
+        rcgen::KeyUsagePurpose::CrlSign,
+        rcgen::KeyUsagePurpose::DigitalSignature,
+    ];
+    let ca = rcgen::CertifiedIssuer::self_signed(ca_params, rcgen::KeyPair::generate()?)?;
+    if let Some(p) = ca_out {
+        std::fs::write(p, ca.pem()).with_context(|| format!("writing {}", p.display()))?;
+    }
+    let mut leaf_params = rcgen::CertificateParams::new(names.to_vec())?;
+    leaf_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "sluice test origin");
+    let leaf_key = rcgen::KeyPair::generate()?;
+    let leaf = leaf_params.signed_by(&leaf_key, &ca)?;
+
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let key = rustls::pki_types::PrivateKeyDer::try_from(leaf_key.serialize_der())
+        .map_err(|e| anyhow::anyhow!("leaf key: {e}"))?;
+    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_single_cert(vec![leaf.der().clone(), ca.der().clone()], key)?;
+    cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(TlsAcceptor::from(Arc::new(cfg)))
+}
+
+async fn serve_http(l: TcpListener, tls: Option<TlsAcceptor>, log: Log) {
+    loop {
+        let (stream, _) = match l.accept().await {
+            Ok(x) => x,
+            Err(e) => {
+                eprintln!("accept: {e}");
+                continue;
+            }
+        };
+        let local = stream.local_addr().ok();
+        let tls = tls.clone();
+        let log = log.clone();
+        tokio::spawn(async move {
+            let is_tls = tls.is_some();
+            let svc =
+                hyper::service::service_fn(move |req| handle(req, local, is_tls, log.clone()));
+            let builder = auto::Builder::new(TokioExecutor::new());
+            let res = match tls {
+                Some(acc) => match acc.accept(stream).await {
+                    Ok(s) => builder.serve_connection(TokioIo::new(s), svc).await,
+                    Err(e) => {
+                        eprintln!("tls accept: {e}");
+                        return;
+                    }
+                },
+                None => builder.serve_connection(TokioIo::new(stream), svc).await,
+            };
+            if let Err(e) = res {
+                eprintln!("connection: {e}");
+            }
+        });
+    }
+}
+
+type Resp = Response<BoxBody<Bytes, Infallible>>;
+
+fn text(s: String) -> Resp {
+    Response::new(Full::new(Bytes::from(s)).boxed())
+}
+
+async fn handle(
+    req: Request<Incoming>,
+    local: Option<SocketAddr>,
+    tls: bool,
+    log: Log,
+) -> Result<Resp, Infallible> {
+    let method = req.method().to_string();
+    let path = req.uri().path().to_string();
+    let version = format!("{:?}", req.version());
+    let headers: Vec<(String, String)> = req
+        .headers()
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.to_string(),
+                String::from_utf8_lossy(v.as_bytes()).into_owned(),
+            )
+        })
+        .collect();
+    let authority = req.uri().authority().map(|a| a.to_string());
+
+    let mut body = req.into_body();
+    let mut hasher = Sha256::new();
+    let mut len: u64 = 0;
+    let mut kept = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let Ok(frame) = frame else { break };
+        if let Ok(data) = frame.into_data() {
+            hasher.update(&data);
+            len += data.len() as u64;
+            if kept.len() < 1 << 20 {
+                kept.extend_from_slice(&data);
+            }
+        }
+    }
+
+    let line = serde_json::json!({
+        "listener": local.map(|a| a.to_string()),
+        "tls": tls,
+        "method": method,
+        "path": path,
+        "authority": authority,
+        "version": version,
+        "headers": headers,
+        "body_len": len,
+    });
+    if let Ok(mut g) = log.lock()
+        && let Some(f) = g.as_mut()
+    {
+        let _ = writeln!(f, "{line}");
+    }
+
+    let resp = if let Some(n) = path.strip_prefix("/bytes/") {
+        match n.parse::<u64>() {
+            Ok(n) => Response::new(PatternBody { pos: 0, len: n }.boxed()),
+            Err(_) => text(format!("bad length {n}\n")),
+        }
+    } else if path == "/upload" {
+        let digest = hasher.finalize();
+        let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+        text(format!("{hex} {len}\n"))
+    } else if path.starts_with("/echo") {
+        let v = serde_json::json!({
+            "method": method,
+            "path": path,
+            "authority": authority,
+            "version": version,
+            "headers": headers,
+            "body": String::from_utf8_lossy(&kept),
+        });
+        text(format!("{v}\n"))
+    } else {
+        text("hello from sluice-test-origin\n".to_string())
+    };
+    Ok(resp)
+}
+
+/// A streamed body of `len` pattern bytes.
+struct PatternBody {
+    pos: u64,
+    len: u64,
+}
+
+impl Body for PatternBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut TaskContext<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        if self.pos >= self.len {
+            return Poll::Ready(None);
+        }
+        let n = (self.len - self.pos).min(64 * 1024);
+        let start = self.pos;
+        let chunk: Vec<u8> = (start..start + n).map(sluice_e2e::pattern_byte).collect();
+        self.pos += n;
+        Poll::Ready(Some(Ok(Frame::data(Bytes::from(chunk)))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.pos >= self.len
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        hyper::body::SizeHint::with_exact(self.len - self.pos)
+    }
+}
+
+async fn serve_echo(l: TcpListener) {
+    loop {
+        match l.accept().await {
+            Ok((s, _)) => {
+                tokio::spawn(echo(s));
+            }
+            Err(e) => eprintln!("accept: {e}"),
+        }
+    }
+}
+
+async fn serve_banner(l: TcpListener) {
+    loop {
+        match l.accept().await {
+            Ok((mut s, _)) => {
+                tokio::spawn(async move {
+                    let _ = s.write_all(b"x").await;
+                    let _ = s.shutdown().await;
+                });
+            }
+            Err(e) => eprintln!("accept: {e}"),
+        }
+    }
+}
+
+/// Echoes until the client half-closes, then half-closes too.
+async fn echo(mut s: TcpStream) {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match s.read(&mut buf).await {
+            Ok(0) => break,
+            Ok(n) => {
+                if s.write_all(&buf[..n]).await.is_err() {
+                    return;
+                }
+            }
+            Err(_) => return,
+        }
+    }
+    let _ = s.shutdown().await;
+}

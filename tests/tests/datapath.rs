@@ -1,0 +1,407 @@
+//! End-to-end datapath tests (issue 3): a namespace guest behind the sidecar,
+//! real clients (busybox udhcpc, dig, curl, nc, socat), the fake internet.
+//!
+//! Each test runs against sluice-gateway (`<test>::gateway`) and, where it
+//! proves the harness, against passt (`<test>::passt`). They need root and
+//! are ignored otherwise: run them with `scripts/test` (or
+//! `cargo test --release -p sluice-e2e -- --include-ignored`).
+
+use std::io::{Read, Write};
+use std::net::Ipv4Addr;
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail, ensure};
+use sluice_e2e::{
+    ECHO_PORT, ORIGIN_ADDR, ORIGIN_NAME, ORIGIN2_ADDR, ORIGIN2_NAME, Publish, REFUSING_ADDR,
+    Sidecar, World, pattern, sha256_hex,
+};
+
+/// Generates `mod $name { fn gateway(); fn passt(); }` calling `$name(sidecar)`.
+macro_rules! both {
+    ($name:ident) => {
+        mod $name {
+            #[test]
+            #[ignore = "needs root: run via scripts/test"]
+            fn gateway() -> anyhow::Result<()> {
+                super::$name(sluice_e2e::Sidecar::Gateway)
+            }
+            #[test]
+            #[ignore = "needs root: run via scripts/test"]
+            fn passt() -> anyhow::Result<()> {
+                super::$name(sluice_e2e::Sidecar::Passt)
+            }
+        }
+    };
+}
+
+/// Generates `mod $name { fn gateway(); }` for gateway-only behaviour.
+macro_rules! gateway_only {
+    ($name:ident) => {
+        mod $name {
+            #[test]
+            #[ignore = "needs root: run via scripts/test"]
+            fn gateway() -> anyhow::Result<()> {
+                super::$name(sluice_e2e::Sidecar::Gateway)
+            }
+        }
+    };
+}
+
+const GATEWAY_ADDR: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 2);
+
+both!(dhcp_lease_and_mtu);
+fn dhcp_lease_and_mtu(s: Sidecar) -> Result<()> {
+    for mtu in [1500u32, 65520] {
+        let w = World::builder().sidecar(s).mtu(mtu).start()?;
+        let lease = w.lease().context("no lease")?.clone();
+        ensure!(
+            lease.mtu == Some(mtu),
+            "lease MTU {:?}, want {mtu}",
+            lease.mtu
+        );
+        ensure!(lease.prefix == 24, "prefix {}", lease.prefix);
+        ensure!(
+            lease.ip == Ipv4Addr::new(10, 0, 2, 15),
+            "address {}",
+            lease.ip
+        );
+        ensure!(
+            lease.router == Some(GATEWAY_ADDR),
+            "router {:?}",
+            lease.router
+        );
+        if s == Sidecar::Gateway {
+            ensure!(lease.dns == vec![GATEWAY_ADDR], "DNS {:?}", lease.dns);
+            ensure!(lease.lease_secs.is_some(), "no lease time");
+        }
+        let link = w.guest_ok(&format!("ip link show {}", sluice_e2e::GUEST_TAP), 10)?;
+        ensure!(link.contains(&format!("mtu {mtu} ")), "guest link: {link}");
+        // The guest reaches the fake internet over that lease.
+        let body = w.guest_ok(&format!("curl -sS --max-time 30 http://{ORIGIN_ADDR}/"), 40)?;
+        ensure!(
+            body.contains("hello from sluice-test-origin"),
+            "body: {body}"
+        );
+    }
+    Ok(())
+}
+
+both!(dns_udp_and_tcp);
+fn dns_udp_and_tcp(s: Sidecar) -> Result<()> {
+    let w = World::builder().sidecar(s).start()?;
+    let udp = w.guest_ok(&format!("dig +short +time=5 +tries=2 {ORIGIN_NAME} A"), 30)?;
+    ensure!(
+        udp.trim() == ORIGIN_ADDR.to_string(),
+        "dig over UDP: {udp:?}"
+    );
+    let tcp = w.guest_ok(
+        &format!("dig +tcp +short +time=5 +tries=2 {ORIGIN2_NAME} A"),
+        30,
+    )?;
+    ensure!(
+        tcp.trim() == ORIGIN2_ADDR.to_string(),
+        "dig over TCP: {tcp:?}"
+    );
+    // Both really reached the fake internet's resolver.
+    let log = w.dns_log();
+    ensure!(
+        log.contains(ORIGIN_NAME) && log.contains(ORIGIN2_NAME),
+        "upstream log: {log}"
+    );
+    // An unknown name gets an answer (NXDOMAIN here), not a timeout.
+    let out = w.guest_sh("dig +time=5 +tries=1 nosuchname.test A", 30)?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    ensure!(text.contains("status: NXDOMAIN"), "unknown name: {text}");
+    Ok(())
+}
+
+both!(http_and_https);
+fn http_and_https(s: Sidecar) -> Result<()> {
+    let w = World::builder().sidecar(s).start()?;
+    let ca = w.ca_pem();
+    let ca = ca.display();
+    let plain = w.guest_ok(&format!("curl -sS --max-time 30 http://{ORIGIN_NAME}/"), 40)?;
+    ensure!(
+        plain.contains("hello from sluice-test-origin"),
+        "http: {plain}"
+    );
+    let h1 = w.guest_ok(
+        &format!("curl -sS --http1.1 --max-time 30 --cacert {ca} https://{ORIGIN_NAME}/echo/h1"),
+        40,
+    )?;
+    let v: serde_json::Value = serde_json::from_str(h1.trim()).context("echo JSON")?;
+    ensure!(v["version"] == "HTTP/1.1", "h1: {v}");
+    let h2 = w.guest_ok(
+        &format!("curl -sS --http2 --max-time 30 --cacert {ca} https://{ORIGIN2_NAME}/echo/h2"),
+        40,
+    )?;
+    let v: serde_json::Value = serde_json::from_str(h2.trim()).context("echo JSON")?;
+    ensure!(v["version"] == "HTTP/2.0", "h2: {v}");
+    // openssl s_client verifies the chain against the test CA too.
+    let s_client = w.guest_sh(
+        &format!(
+            "echo | openssl s_client -connect {ORIGIN_NAME}:443 -servername {ORIGIN_NAME} -CAfile {ca} -verify_return_error"
+        ),
+        40,
+    )?;
+    let text = String::from_utf8_lossy(&s_client.stdout);
+    ensure!(
+        text.contains("Verify return code: 0 (ok)"),
+        "s_client: {text}"
+    );
+    let reqs = w.origin_requests();
+    ensure!(
+        reqs.iter()
+            .any(|r| r["path"] == "/echo/h2" && r["tls"] == true),
+        "origin log: {reqs:?}"
+    );
+    Ok(())
+}
+
+both!(large_download_and_upload);
+fn large_download_and_upload(s: Sidecar) -> Result<()> {
+    let w = World::builder().sidecar(s).start()?;
+    let down: u64 = 64 << 20;
+    let want = sha256_hex(&pattern(down));
+    let got = w.guest_ok(
+        &format!("curl -sS --max-time 300 http://{ORIGIN_NAME}/bytes/{down} | sha256sum"),
+        320,
+    )?;
+    ensure!(
+        got.split_whitespace().next() == Some(want.as_str()),
+        "download sha256 {got}"
+    );
+
+    let up: u64 = 32 << 20;
+    let data = pattern(up);
+    let file = w.dir().join("upload.bin");
+    std::fs::write(&file, &data)?;
+    let got = w.guest_ok(
+        &format!(
+            "curl -sS --max-time 300 --data-binary @{} -H 'Content-Type: application/octet-stream' http://{ORIGIN_NAME}/upload",
+            file.display()
+        ),
+        320,
+    )?;
+    let want = format!("{} {up}", sha256_hex(&data));
+    ensure!(got.trim() == want, "upload: got {got:?}, want {want:?}");
+    Ok(())
+}
+
+both!(parallel_connections);
+fn parallel_connections(s: Sidecar) -> Result<()> {
+    let w = World::builder().sidecar(s).start()?;
+    let n = 200;
+    let out = w.guest_ok(
+        &format!(
+            "for i in $(seq {n}); do curl -s -o /dev/null -w '%{{http_code}}\\n' --max-time 120 http://{ORIGIN_ADDR}/bytes/$((i * 1000)) & done; wait"
+        ),
+        180,
+    )?;
+    let ok = out.lines().filter(|l| l.trim() == "200").count();
+    ensure!(ok == n, "{ok} of {n} parallel fetches succeeded: {out}");
+    let reqs = w.origin_requests();
+    ensure!(reqs.len() >= n, "origin saw {} requests", reqs.len());
+    w.guest_ok("true", 5)?;
+    Ok(())
+}
+
+// Debian's passt (2023) stalls this flow after the guest's FIN (measured),
+// so it runs against the gateway only.
+gateway_only!(half_close);
+fn half_close(s: Sidecar) -> Result<()> {
+    let w = World::builder().sidecar(s).start()?;
+    // The echo service answers only after it sees our FIN: the reply can only
+    // arrive if the sidecar forwards the half-close and keeps the other
+    // direction open.
+    let data = pattern(200_000);
+    let file = w.dir().join("half.bin");
+    std::fs::write(&file, &data)?;
+    let got = w.guest_ok(
+        &format!(
+            "nc -N {ORIGIN_ADDR} {ECHO_PORT} < {} | sha256sum",
+            file.display()
+        ),
+        60,
+    )?;
+    ensure!(
+        got.split_whitespace().next() == Some(sha256_hex(&data).as_str()),
+        "echo through a half-closed flow differs: {got}"
+    );
+    Ok(())
+}
+
+// Debian's passt (2023) lets a refused connect time out instead of
+// answering RST, so this runs against the gateway only; the harness side (a
+// real RST from the fake internet) is checked from the host namespace.
+gateway_only!(refused_destination_gets_rst);
+fn refused_destination_gets_rst(s: Sidecar) -> Result<()> {
+    let w = World::builder().sidecar(s).start()?;
+    let direct = w.host.sh(
+        &format!("curl -sS --connect-timeout 20 http://{REFUSING_ADDR}:81/"),
+        40,
+    )?;
+    ensure!(
+        direct.status.code() == Some(7),
+        "the fake internet does not refuse: {direct:?}"
+    );
+    // curl exit 7 = connection refused; 28 would be a timeout.
+    let out = w.guest_sh(
+        &format!("curl -sS --connect-timeout 20 http://{REFUSING_ADDR}:81/"),
+        40,
+    )?;
+    let code = out.status.code();
+    ensure!(
+        code == Some(7),
+        "curl exit {code:?} (want 7, refused): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    w.guest_ok(&format!("curl -sS --max-time 30 http://{ORIGIN_ADDR}/"), 40)?;
+    Ok(())
+}
+
+both!(publish_tcp);
+fn publish_tcp(s: Sidecar) -> Result<()> {
+    let tcp = Publish {
+        host_port: 18080,
+        guest_port: 8080,
+        udp: false,
+    };
+    let w = World::builder().sidecar(s).publish(tcp).start()?;
+    let origin = sluice_e2e::bin_path("sluice-test-origin")?;
+    let _srv = w.guest_spawn(
+        "guest-origin",
+        &[&origin.display().to_string(), "--http", "0.0.0.0:8080"],
+    )?;
+    // Wait for the guest's server, then fetch through the published port.
+    sluice_e2e::wait_until("guest server", Duration::from_secs(10), || {
+        w.guest_sh("nc -z 127.0.0.1 8080", 5)
+            .map(|o| o.status.success())
+            .unwrap_or(false)
+    })?;
+    let body = w
+        .host
+        .sh_ok(
+            "curl -sS --max-time 30 http://127.0.0.1:18080/echo/published",
+            40,
+        )
+        .with_context(|| w.sidecar_log())?;
+    ensure!(body.contains("/echo/published"), "published TCP: {body}");
+    Ok(())
+}
+
+// Not validated against passt: Debian's passt (2023, --no-map-gw) did not
+// deliver the reply in this harness (measured), so gateway only.
+gateway_only!(publish_udp);
+fn publish_udp(s: Sidecar) -> Result<()> {
+    let udp = Publish {
+        host_port: 15353,
+        guest_port: 5353,
+        udp: true,
+    };
+    let w = World::builder().sidecar(s).publish(udp).start()?;
+    let _udp = w.guest_spawn(
+        "guest-udp-echo",
+        &["socat", "UDP4-RECVFROM:5353,fork", "EXEC:cat"],
+    )?;
+    // UDP has no handshake to wait on: retry until the guest's socat answers.
+    let mut reply = String::new();
+    for _ in 0..10 {
+        reply = w
+            .host
+            .sh("echo sluice-udp | socat -t 2 - UDP4:127.0.0.1:15353", 20)
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())?;
+        if !reply.is_empty() {
+            break;
+        }
+    }
+    ensure!(
+        reply.trim() == "sluice-udp",
+        "published UDP: {reply:?}\n{}",
+        w.sidecar_log()
+    );
+    Ok(())
+}
+
+gateway_only!(garbage_frames);
+fn garbage_frames(s: Sidecar) -> Result<()> {
+    let mut w = World::builder().sidecar(s).start()?;
+    w.disconnect_guest();
+    let mut sock = UnixStream::connect(w.socket()).context("connecting to the gateway")?;
+    sock.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let mut junk = Vec::new();
+    // Well-framed garbage: random bytes, a bad ethertype, a truncated IPv4
+    // header, a huge IPv4 total length.
+    let frames: [&[u8]; 4] = [
+        &[0xff; 14],
+        &[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 0x12, 0x34, 1, 2, 3],
+        &[
+            0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 2, 0, 0, 0, 0, 1, 0x08, 0x00, 0x45, 0,
+        ],
+        &[
+            0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 2, 0, 0, 0, 0, 1, 0x08, 0x00, 0x45, 0, 0xff, 0xff,
+            0, 0, 0, 0, 64, 6, 0, 0, 10, 0, 2, 15, 198, 51, 100, 10,
+        ],
+    ];
+    for f in frames {
+        junk.extend_from_slice(&u32::try_from(f.len())?.to_be_bytes());
+        junk.extend_from_slice(f);
+    }
+    // Then a length below the Ethernet header: a protocol error.
+    junk.extend_from_slice(&5u32.to_be_bytes());
+    junk.extend_from_slice(&[1, 2, 3, 4, 5]);
+    sock.write_all(&junk)?;
+    // The gateway ends this connection (EOF or reset), it does not hang.
+    let mut buf = [0u8; 4096];
+    loop {
+        match sock.read(&mut buf) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
+            Err(e) => bail!("gateway kept the garbage connection open: {e}"),
+        }
+    }
+    drop(sock);
+    w.check_alive()?;
+    // A new guest connection works.
+    w.connect_guest()?;
+    let body = w.guest_ok(&format!("curl -sS --max-time 30 http://{ORIGIN_NAME}/"), 40)?;
+    ensure!(body.contains("hello"), "after garbage: {body}");
+    Ok(())
+}
+
+gateway_only!(sigterm_exits_cleanly);
+fn sigterm_exits_cleanly(s: Sidecar) -> Result<()> {
+    let mut w = World::builder().sidecar(s).start()?;
+    w.guest_ok(&format!("curl -sS --max-time 30 http://{ORIGIN_NAME}/"), 40)?;
+    // An idle open flow at the time of the signal.
+    let _hold = w.guest_spawn(
+        "held-flow",
+        &["nc", &ORIGIN_ADDR.to_string(), &ECHO_PORT.to_string()],
+    )?;
+    std::thread::sleep(Duration::from_millis(500));
+    let log = w.sidecar_log();
+    let st = w
+        .sidecar()
+        .context("no sidecar")?
+        .signal_and_wait(libc::SIGTERM, Duration::from_secs(30))
+        .context(log)?;
+    ensure!(
+        st.code() == Some(0),
+        "exit status {st}\n{}",
+        w.sidecar_log()
+    );
+    let audit = std::fs::read_to_string(w.audit_path()).context("reading the audit log")?;
+    ensure!(!audit.is_empty(), "empty audit log");
+    ensure!(audit.ends_with('\n'), "audit log ends mid-line");
+    for line in audit.lines() {
+        serde_json::from_str::<serde_json::Value>(line)
+            .with_context(|| format!("audit line is not JSON: {line}"))?;
+    }
+    ensure!(
+        audit.contains(&ORIGIN_ADDR.to_string()),
+        "no audit line for the flow: {audit}"
+    );
+    Ok(())
+}
