@@ -43,6 +43,19 @@ pub const VERSION: u32 = 1;
 /// The virtio-serial port name the agent listens on.
 pub const PORT_NAME: &str = "sluice.agent";
 
+/// The kernel modules the guest needs under `-M microvm`, in the order the
+/// agent loads them (dependency order, see FIELD-NOTES). The image builder
+/// copies exactly these into the image: both sides read this one list.
+pub const GUEST_MODULES: [&str; 7] = [
+    "virtio_ring",
+    "virtio",
+    "virtio_mmio",
+    "virtio_console",
+    "failover",
+    "net_failover",
+    "virtio_net",
+];
+
 /// The largest frame body accepted or sent, in bytes (1 MiB).
 pub const MAX_FRAME: usize = 1 << 20;
 

@@ -12,16 +12,8 @@ pub(crate) const BUSYBOX: &str = "/sluice/bin/busybox";
 const MODULE_DIR: &str = "/sluice/modules";
 /// The udhcpc event script written by the image builder.
 const DHCP_SCRIPT: &str = "/sluice/udhcpc.script";
-/// The modules `-M microvm` needs, in dependency order (see FIELD-NOTES).
-const MODULES: [&str; 7] = [
-    "virtio_ring",
-    "virtio",
-    "virtio_mmio",
-    "virtio_console",
-    "failover",
-    "net_failover",
-    "virtio_net",
-];
+/// The modules copied into the image and loaded by the agent, in order.
+const MODULES: [&str; 7] = sluice_agent_proto::GUEST_MODULES;
 
 /// The system CA bundle path inside the guest.
 pub(crate) const SYSTEM_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";

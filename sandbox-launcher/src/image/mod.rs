@@ -29,16 +29,8 @@ use cpio::{Archive, Node};
 /// reused.
 const LAYOUT_VERSION: &str = "sluice-image-1";
 
-/// The modules copied into the image, loaded in this order by the agent.
-const MODULES: [&str; 7] = [
-    "virtio_ring",
-    "virtio",
-    "virtio_mmio",
-    "virtio_console",
-    "failover",
-    "net_failover",
-    "virtio_net",
-];
+/// The modules copied into the image and loaded by the agent, in order.
+const MODULES: [&str; 7] = sluice_agent_proto::GUEST_MODULES;
 
 /// The real clients the default image carries.
 const CLIENTS: [&str; 2] = ["/usr/bin/curl", "/usr/bin/openssl"];
