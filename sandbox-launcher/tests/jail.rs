@@ -386,6 +386,12 @@ fn qemu_runs_jailed() {
         ],
     );
     spec.ro_paths.push(PathBuf::from("/usr/share/qemu"));
+    // QEMU dlopens its accelerator ("tcg-accel-ops") from its module dir;
+    // without it QEMU dies at start-up whenever it needs the module.
+    let modules = Path::new("/usr/lib/x86_64-linux-gnu/qemu");
+    if modules.exists() {
+        spec.ro_paths.push(modules.to_path_buf());
+    }
     spec.ro_paths.push(PathBuf::from("/dev/urandom"));
     spec.cgroup.memory_bytes = Some(1 << 30);
     let (ours, theirs) = UnixStream::pair().unwrap();
@@ -398,6 +404,11 @@ fn qemu_runs_jailed() {
     let pid = jailed.pid;
     // QEMU has initialised when its threads (RCU, vCPU) exist.
     eventually("QEMU to start its threads", || {
+        assert!(
+            Path::new(&format!("/proc/{pid}")).exists(),
+            "QEMU exited: {:?}",
+            stderr_of(&ours)
+        );
         let threads: u32 = status_field(pid, "Threads").parse().unwrap();
         assert!(
             !status_field(pid, "State").starts_with('Z'),
