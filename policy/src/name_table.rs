@@ -23,8 +23,7 @@
 //! suffix; within a node, the rule written first). A name that fails
 //! normalisation matches nothing.
 
-use std::collections::HashMap;
-
+use crate::fx::FxMap;
 use crate::name::{MAX_LABEL_LEN, MAX_NAME_LEN};
 
 /// "No rule" in a record's deny fields.
@@ -115,7 +114,7 @@ pub(crate) struct NodeRules {
 /// Collects the nodes while a policy compiles.
 #[derive(Debug, Default)]
 pub(crate) struct NameTableBuilder {
-    nodes: HashMap<Box<str>, NodeRules>,
+    nodes: FxMap<Box<str>, NodeRules>,
 }
 
 /// Record layout: five little-endian u32 (key length, deny exact, deny
@@ -146,10 +145,8 @@ impl NameTableBuilder {
             filter_shift: 64 - filter_words.trailing_zeros(),
         };
         let mut records: Vec<u8> = Vec::with_capacity(count * 48);
-        // Deterministic layout: key order.
-        let mut nodes: Vec<(Box<str>, NodeRules)> = self.nodes.into_iter().collect();
-        nodes.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        for (key, node) in nodes {
+        // The Fx map has no random seed: the layout is the same every time.
+        for (key, node) in self.nodes {
             let offset = u32::try_from(records.len()).ok()?;
             let header = [
                 u32::try_from(key.len()).ok()?,
