@@ -593,7 +593,7 @@ fn build<'a>(
             let (reason, detail) = match (reason, outcome) {
                 (Some(code), _) => reason_of(code),
                 (None, "forwarded") => (Reason::DnsAnswered, None),
-                (None, "local") if rcode == "NOERROR" || rcode == "No Error" => {
+                (None, "local") if rcode == "NOERROR" => {
                     (Reason::DnsTypeWithheld, None)
                 }
                 (None, "local") => (
