@@ -27,8 +27,7 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use hickory_proto::op::{Message, ResponseCode};
-use hickory_proto::rr::RecordType;
+use hickory_proto::op::ResponseCode;
 use smoltcp::iface::{Config as IfaceConfig, Interface, SocketHandle, SocketSet};
 use smoltcp::phy::{Device, DeviceCapabilities, Medium, RxToken, TxToken};
 use smoltcp::socket::tcp;
@@ -90,8 +89,6 @@ pub enum Event {
         guest: SocketAddrV4,
         /// The question asked.
         question: Question,
-        /// The original query (for SERVFAIL when there is no answer).
-        query: Vec<u8>,
         /// The upstream response, `None` on timeout.
         reply: Option<Vec<u8>>,
     },
@@ -101,8 +98,6 @@ pub enum Event {
         id: u64,
         /// The question asked.
         question: Question,
-        /// The original query.
-        query: Vec<u8>,
         /// The upstream response, `None` on failure.
         reply: Option<Vec<u8>>,
     },
@@ -908,21 +903,20 @@ impl Datapath {
     fn on_dns_udp(&mut self, frame: &[u8], src: SocketAddrV4, payload: &[u8]) {
         self.counters.dns_queries += 1;
         let mac = Self::frame_src_mac(frame);
-        let (msg, question) = match dns::parse_query(payload) {
+        let question = match sluice_inspect::dns::parse_query(payload) {
             Ok(q) => q,
             Err(e) => {
-                tracing::debug!(error = %e, "bad DNS query from guest");
-                if let Some(b) = sluice_inspect::dns::formerr_response(payload) {
+                if let Some(b) = self.dns_reject(payload, &e) {
                     self.reply_udp(mac, src, &b);
                 }
                 return;
             }
         };
-        if let Some(local) = self.dns_local(&msg, &question) {
+        if let Some(local) = self.dns_local(&question) {
             self.reply_udp(mac, src, &local);
             return;
         }
-        if question.qtype == RecordType::AAAA
+        if !dns::forwarded_type(question.qtype)
             || self.dns_in_flight >= MAX_DNS_IN_FLIGHT
             || self.cfg.dns_upstreams.is_empty()
         {
@@ -938,7 +932,6 @@ impl Datapath {
             let _ = events.send(Event::DnsUdpReply {
                 guest: src,
                 question,
-                query,
                 reply,
             });
         });
@@ -985,36 +978,58 @@ impl Datapath {
         });
     }
 
+    /// The answer for guest bytes sluice-inspect's reader refused (FORMERR
+    /// for undecodable messages and names that do not normalise, NOTIMP for
+    /// other opcodes, REFUSED for other classes), audited `dns_formerr`.
+    /// `None` when nothing may be answered (no header, or a response).
+    fn dns_reject(
+        &mut self,
+        payload: &[u8],
+        e: &sluice_inspect::dns::DnsReject,
+    ) -> Option<Vec<u8>> {
+        tracing::debug!(error = %e, "bad DNS query from guest");
+        self.counters.dns_denied += 1;
+        self.audit.record(&AuditEvent::Dns {
+            qname: "",
+            qtype: "",
+            rcode: crate::audit::rcode_mnemonic(e.rcode()),
+            answers: &[],
+            outcome: "denied",
+            reason: Some("dns_formerr"),
+        });
+        sluice_inspect::dns::reject_response(payload, e)
+    }
+
     /// The local answer for a query the guest must not get forwarded: a
-    /// policy denial of the name (audited with its reason) or a synthetic
-    /// answer (AAAA: IPv6 is off; SERVFAIL when no upstream / too busy).
+    /// policy denial of the name (audited with its reason), a withheld type
+    /// (anything but A, see [`dns::forwarded_type`]: an empty NOERROR,
+    /// audited `dns_type_withheld`), or SERVFAIL when no upstream / too busy.
     /// `None` when the query is to be forwarded.
-    fn dns_local(&mut self, msg: &Message, question: &Question) -> Option<Vec<u8>> {
+    fn dns_local(&mut self, question: &Question) -> Option<Vec<u8>> {
         if let Some((rcode, reason)) = self.decider.dns_query(&question.name) {
             self.counters.dns_denied += 1;
             self.audit_dns_reason(question, rcode, &[], "denied", Some(reason));
-            return dns::local_response(msg, rcode)
-                .ok()
-                .or_else(|| dns::minimal_servfail(&[]));
+            return sluice_inspect::dns::error_response(question, rcode);
         }
-        let rcode = if question.qtype == RecordType::AAAA {
-            ResponseCode::NoError
-        } else if self.dns_in_flight >= MAX_DNS_IN_FLIGHT || self.cfg.dns_upstreams.is_empty() {
-            ResponseCode::ServFail
-        } else {
+        if !dns::forwarded_type(question.qtype) {
+            self.audit_dns_reason(
+                question,
+                ResponseCode::NoError,
+                &[],
+                "local",
+                Some("dns_type_withheld"),
+            );
+            return sluice_inspect::dns::error_response(question, ResponseCode::NoError);
+        }
+        if self.dns_in_flight < MAX_DNS_IN_FLIGHT && !self.cfg.dns_upstreams.is_empty() {
             return None;
-        };
-        self.audit_dns(question, rcode, &[], "local");
-        dns::local_response(msg, rcode).ok()
+        }
+        self.audit_dns(question, ResponseCode::ServFail, &[], "local");
+        sluice_inspect::dns::error_response(question, ResponseCode::ServFail)
     }
 
     /// Filters an upstream reply into the table; the bytes for the guest.
-    fn dns_answer(
-        &mut self,
-        question: &Question,
-        query: &[u8],
-        reply: Option<Vec<u8>>,
-    ) -> Option<Vec<u8>> {
+    fn dns_answer(&mut self, question: &Question, reply: Option<Vec<u8>>) -> Option<Vec<u8>> {
         let decider = Arc::clone(&self.decider);
         let keep = move |ip: IpAddr| decider.keep_dns_answer(ip);
         let ttl = match self.decider.dns_ttl_bounds() {
@@ -1024,10 +1039,11 @@ impl Datapath {
             }
             None => 0..=u32::MAX,
         };
-        let filtered = reply
-            .map(|r| dns::filter_response(&r, question, &mut self.dns, Instant::now(), &keep, ttl));
+        let filtered = reply.map(|r| {
+            dns::sanitize_and_record(question, &r, &mut self.dns, Instant::now(), keep, ttl)
+        });
         match filtered {
-            Some(Ok(ans)) if ans.private_answer => {
+            Some(Ok(ans)) if ans.private_answer() => {
                 self.counters.dns_denied += 1;
                 self.audit_dns_reason(
                     question,
@@ -1036,13 +1052,11 @@ impl Datapath {
                     "denied",
                     Some("private_answer"),
                 );
-                dns::parse_query(query)
-                    .ok()
-                    .and_then(|(msg, _)| dns::local_response(&msg, ResponseCode::Refused).ok())
-                    .or_else(|| dns::minimal_servfail(query))
+                sluice_inspect::dns::refused_response(question)
             }
             Some(Ok(ans)) => {
-                self.audit_dns(question, ans.rcode, &ans.addresses, "forwarded");
+                let addresses: Vec<IpAddr> = ans.answers.iter().map(|(_, ip, _)| *ip).collect();
+                self.audit_dns(question, ans.rcode, &addresses, "forwarded");
                 Some(ans.bytes)
             }
             other => {
@@ -1050,7 +1064,7 @@ impl Datapath {
                     tracing::debug!(error = %e, name = %question.name, "upstream DNS answer rejected");
                 }
                 self.audit_dns(question, ResponseCode::ServFail, &[], "failed");
-                dns::minimal_servfail(query)
+                sluice_inspect::dns::error_response(question, ResponseCode::ServFail)
             }
         }
     }
@@ -1065,22 +1079,28 @@ impl Datapath {
             Event::DnsUdpReply {
                 guest,
                 question,
-                query,
                 reply,
             } => {
                 self.dns_in_flight = self.dns_in_flight.saturating_sub(1);
-                if let Some(bytes) = self.dns_answer(&question, &query, reply) {
-                    self.reply_udp([0xff; 6], guest, &bytes);
+                if let Some(bytes) = self.dns_answer(&question, reply) {
+                    // Too big for the guest's UDP payload: TC, retry over TCP.
+                    let bytes = if bytes.len() > question.max_udp_payload() {
+                        sluice_inspect::dns::truncated(&question)
+                    } else {
+                        Some(bytes)
+                    };
+                    if let Some(bytes) = bytes {
+                        self.reply_udp([0xff; 6], guest, &bytes);
+                    }
                 }
             }
             Event::DnsTcpReply {
                 id,
                 question,
-                query,
                 reply,
             } => {
                 self.dns_in_flight = self.dns_in_flight.saturating_sub(1);
-                let bytes = self.dns_answer(&question, &query, reply);
+                let bytes = self.dns_answer(&question, reply);
                 if let Some(Flow {
                     state:
                         FlowState::DnsTcp {
@@ -1370,19 +1390,16 @@ impl Datapath {
         };
         let handle = *handle;
         *waiting = false;
-        let local = match dns::parse_query(&query) {
-            Ok((msg, question)) => match self.dns_local(&msg, &question) {
+        let local = match sluice_inspect::dns::parse_query(&query) {
+            Ok(question) => match self.dns_local(&question) {
                 Some(b) => Err(Some(b)),
                 None => Ok(question),
             },
-            Err(e) => {
-                tracing::debug!(error = %e, "bad DNS query from guest (TCP)");
-                Err(sluice_inspect::dns::formerr_response(&query))
-            }
+            Err(e) => Err(self.dns_reject(&query, &e)),
         };
         let question = match local {
             Ok(q)
-                if q.qtype != RecordType::AAAA
+                if dns::forwarded_type(q.qtype)
                     && self.dns_in_flight < MAX_DNS_IN_FLIGHT
                     && !self.cfg.dns_upstreams.is_empty() =>
             {
@@ -1416,7 +1433,6 @@ impl Datapath {
             let _ = events.send(Event::DnsTcpReply {
                 id,
                 question,
-                query,
                 reply,
             });
         });

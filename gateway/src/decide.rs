@@ -11,6 +11,8 @@ use std::collections::HashSet;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
+use sluice_policy::platform::classify;
+
 use crate::dns::DnsTable;
 
 /// Transport of a flow.
@@ -169,29 +171,25 @@ impl PlatformDenySet {
         }
     }
 
-    /// Whether `ip` may never be reached from the guest. The gateway address
-    /// itself counts as denied: DHCP and DNS are served before flows are decided.
+    /// Whether `ip` may never be reached from the guest: the always-denied
+    /// classes of [`sluice_policy::platform::classify`] (loopback,
+    /// unspecified incl. `0.0.0.0/8`, link-local incl. `169.254.169.254`,
+    /// multicast, broadcast; IPv6 forms embedding an IPv4 address are
+    /// classified by that address), the host's own addresses, and the
+    /// virtual network's gateway and broadcast addresses. The gateway
+    /// address itself counts as denied: DHCP and DNS are served before flows
+    /// are decided.
     pub fn denies(&self, ip: IpAddr) -> bool {
         let ip = match ip {
             IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
             v4 => v4,
         };
-        if ip.is_loopback()
-            || ip.is_unspecified()
-            || ip.is_multicast()
-            || self.host_addrs.contains(&ip)
-        {
+        if classify(ip).is_always_denied() || self.host_addrs.contains(&ip) {
             return true;
         }
         match ip {
-            IpAddr::V4(v4) => {
-                v4.is_link_local()
-                    || v4.is_broadcast()
-                    || Some(v4) == self.gateway_ip
-                    || Some(v4) == self.subnet_broadcast
-                    || v4.octets()[0] == 0
-            }
-            IpAddr::V6(v6) => (v6.segments()[0] & 0xffc0) == 0xfe80,
+            IpAddr::V4(v4) => Some(v4) == self.gateway_ip || Some(v4) == self.subnet_broadcast,
+            IpAddr::V6(_) => false,
         }
     }
 }

@@ -228,8 +228,10 @@ mod tests {
     use super::*;
     use crate::decide::PlatformDenySet;
 
-    const A: &str = "version: 1\nid: reload-test\nlabel: A\nallow:\n  - domain: \"a.example.com\"\n";
-    const B: &str = "version: 1\nid: reload-test\nlabel: B\nallow:\n  - domain: \"b.example.com\"\n";
+    const A: &str =
+        "version: 1\nid: reload-test\nlabel: A\nallow:\n  - domain: \"a.example.com\"\n";
+    const B: &str =
+        "version: 1\nid: reload-test\nlabel: B\nallow:\n  - domain: \"b.example.com\"\n";
 
     async fn next_reload(rx: &mut mpsc::UnboundedReceiver<Event>) -> PolicyReload {
         let ev = tokio::time::timeout(Duration::from_secs(60), rx.recv())

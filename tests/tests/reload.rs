@@ -73,7 +73,9 @@ fn audit(w: &World) -> Result<Vec<serde_json::Value>> {
 }
 
 fn count(w: &World, pred: impl Fn(&serde_json::Value) -> bool) -> usize {
-    audit(w).map(|a| a.iter().filter(|l| pred(l)).count()).unwrap_or(0)
+    audit(w)
+        .map(|a| a.iter().filter(|l| pred(l)).count())
+        .unwrap_or(0)
 }
 
 fn reloads(w: &World, reason: &str) -> usize {
@@ -396,7 +398,10 @@ fn reload_under_load_loses_nothing_silently() -> Result<()> {
             } else {
                 u64::from(
                     l["decision"] == "deny"
-                        && matches!(l["kind"].as_str(), Some("dns" | "connection" | "flow_close")),
+                        && matches!(
+                            l["kind"].as_str(),
+                            Some("dns" | "connection" | "flow_close")
+                        ),
                 )
             }
         })
