@@ -147,9 +147,11 @@ fn signature(path: &std::path::Path) -> Signature {
 /// The SIGHUP handler could not be installed.
 pub fn spawn(source: ReloadSource, events: mpsc::UnboundedSender<Event>) -> std::io::Result<()> {
     let mut hup = signal(SignalKind::hangup())?;
+    // Taken now, not when the task first runs: a change made in between
+    // must not go unseen.
+    let mut seen = signature(&source.path);
     tokio::spawn(async move {
         let source = Arc::new(source);
-        let mut seen = signature(&source.path);
         let mut candidate: Option<Signature> = None;
         let mut ticker = tokio::time::interval(source.poll);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
