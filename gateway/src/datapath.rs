@@ -1016,7 +1016,7 @@ impl Datapath {
                 question,
                 ResponseCode::NoError,
                 &[],
-                "local",
+                "denied",
                 Some("dns_type_withheld"),
             );
             return sluice_inspect::dns::error_response(question, ResponseCode::NoError);
