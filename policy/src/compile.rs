@@ -1,11 +1,12 @@
 //! Compiling a policy file into an immutable, allocation-free-to-query
 //! snapshot ([`CompiledPolicy`]), and the queries the gateway asks it.
 //!
-//! Matching structure: one hash map from a normalised domain to a node that
-//! holds the allow and deny rules written for that exact name and for its
-//! subdomains. A check walks the name's label boundaries (`a.b.example.com`,
-//! `b.example.com`, `example.com`, `com`) with one hash lookup each, so its
-//! cost grows with the number of labels, not the number of rules.
+//! Matching structure: the name table (`name_table.rs`) maps each normalised
+//! domain a rule names to the allow and deny rules written for that exact
+//! name and for its subdomains. A check reads the name once and probes the
+//! label-boundary suffixes (`a.b.example.com`, `b.example.com`,
+//! `example.com`, `com`) with one hash each, so its cost grows with the
+//! number of labels, not the number of rules.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -20,6 +21,7 @@ use serde_saphyr::{Location, Spanned};
 use crate::error::{PolicyError, PolicyErrors};
 use crate::model::{RawAllow, RawPolicy, RawSecret, RawUpstream};
 use crate::name::{DomainPattern, PatternKind, PatternUse, normalize_name, parse_pattern};
+use crate::name_table::{NameMatch, NameTable, NameTableBuilder};
 use crate::platform::{self, AddressClass};
 use crate::reason::Reason;
 use crate::verdict::{MatchedRule, Verdict};
@@ -155,19 +157,6 @@ impl Rule {
     }
 }
 
-/// The rules attached to one normalised domain.
-#[derive(Debug, Default)]
-struct NameNode {
-    /// Allow rules matching exactly this name.
-    exact: Vec<u32>,
-    /// Allow rules matching strict subdomains of this name.
-    sub: Vec<u32>,
-    /// A deny rule matching exactly this name.
-    deny_exact: Option<u32>,
-    /// A deny rule matching strict subdomains of this name.
-    deny_sub: Option<u32>,
-}
-
 /// A small, fast, non-cryptographic hasher (the Fx hash used by rustc) for
 /// the name tables. Keys come from the policy; lookups from the guest cannot
 /// change the table, so flooding is not a concern.
@@ -220,60 +209,6 @@ impl Hasher for FxHasher {
 
 type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
 
-/// A one-hash Bloom filter over the keys of the name table, small enough to
-/// stay in cache (2 bytes per key). Most label-suffix probes of a check miss
-/// the table (`com`, `b.example.com`); the filter answers those without
-/// touching the large table, whose probes are cache misses at 100k rules.
-#[derive(Debug, Default)]
-struct NameFilter {
-    bits: Vec<u64>,
-    mask: u64,
-}
-
-impl NameFilter {
-    fn build<'k>(keys: impl ExactSizeIterator<Item = &'k str>) -> Self {
-        let nbits = (keys.len().max(64) * 16).next_power_of_two();
-        let mut f = Self {
-            bits: vec![0; nbits / 64],
-            mask: (nbits as u64) - 1,
-        };
-        for k in keys {
-            let h = f.bit(k);
-            if let Some(w) = f.bits.get_mut((h / 64) as usize) {
-                *w |= 1 << (h % 64);
-            }
-        }
-        f
-    }
-
-    fn bit(&self, key: &str) -> u64 {
-        let mut h = FxHasher::default();
-        h.write(key.as_bytes());
-        h.finish() & self.mask
-    }
-
-    /// False: `key` is certainly not in the table.
-    #[inline]
-    fn may_contain(&self, key: &str) -> bool {
-        let h = self.bit(key);
-        self.bits
-            .get((h / 64) as usize)
-            .is_some_and(|w| w & (1 << (h % 64)) != 0)
-    }
-}
-
-/// What walking a name through the tables found.
-enum NameMatch {
-    /// A deny rule matched (wins over any allow).
-    Denied(u32),
-    /// An allow rule matched and passed the caller's filter.
-    Allowed(u32),
-    /// Allow rules matched the name, but none passed the filter (e.g. port).
-    FilteredOut(u32),
-    /// Nothing matched.
-    None,
-}
-
 /// An immutable compiled policy snapshot.
 ///
 /// Shared as `Arc<CompiledPolicy>` and swapped whole on reload; a snapshot
@@ -286,8 +221,7 @@ pub struct CompiledPolicy {
     label: Option<String>,
     version_hash: String,
     rules: Vec<Rule>,
-    names: FxMap<Box<str>, NameNode>,
-    names_filter: NameFilter,
+    names: NameTable,
     cidr_rules: Vec<(IpNet, u32)>,
     internal: Vec<(IpNet, u32)>,
     host_addresses: Vec<IpAddr>,
@@ -367,58 +301,15 @@ impl CompiledPolicy {
         self.port_protocol(port) == PortProtocol::Tls
     }
 
-    /// Walk `name` (normalised) through the tables. `accept` filters allow
-    /// rules (e.g. by port); deny rules always win.
-    fn match_name(&self, name: &str, mut accept: impl FnMut(&Rule) -> bool) -> NameMatch {
-        let mut allowed = None;
-        let mut filtered = None;
-        let mut consider = |ids: &[u32], allowed: &mut Option<u32>, filtered: &mut Option<u32>| {
-            if allowed.is_some() {
-                return;
-            }
-            for &id in ids {
-                let Some(rule) = self.rules.get(id as usize) else {
-                    continue;
-                };
-                if accept(rule) {
-                    *allowed = Some(id);
-                    return;
-                }
-                if filtered.is_none() {
-                    *filtered = Some(id);
-                }
-            }
-        };
-        if let Some(node) = self.lookup(name) {
-            if let Some(d) = node.deny_exact {
-                return NameMatch::Denied(d);
-            }
-            consider(&node.exact, &mut allowed, &mut filtered);
-        }
-        let mut rest = name;
-        while let Some(dot) = rest.find('.') {
-            rest = rest.get(dot + 1..).unwrap_or_default();
-            if let Some(node) = self.lookup(rest) {
-                if let Some(d) = node.deny_sub {
-                    return NameMatch::Denied(d);
-                }
-                consider(&node.sub, &mut allowed, &mut filtered);
-            }
-        }
-        match (allowed, filtered) {
-            (Some(a), _) => NameMatch::Allowed(a),
-            (None, Some(f)) => NameMatch::FilteredOut(f),
-            (None, None) => NameMatch::None,
-        }
-    }
-
+    /// Walk `name` (as seen on the wire: any case, optional trailing dot)
+    /// through the name table. `accept` filters allow rules (e.g. by port);
+    /// deny rules always win. A name that is not valid DNS syntax matches
+    /// nothing.
     #[inline]
-    fn lookup(&self, key: &str) -> Option<&NameNode> {
-        if self.names_filter.may_contain(key) {
-            self.names.get(key)
-        } else {
-            None
-        }
+    fn match_name(&self, name: &str, accept: impl Fn(&Rule) -> bool) -> NameMatch {
+        self.names.match_name(name, |id| {
+            self.rules.get(id as usize).is_some_and(&accept)
+        })
     }
 
     fn rule_ref<'a>(&'a self, id: u32, name: Option<&'a str>) -> Option<MatchedRule<'a>> {
@@ -444,10 +335,7 @@ impl CompiledPolicy {
     /// FORMERR instead). Deny rules win over allow rules.
     #[must_use]
     pub fn check_name<'a>(&'a self, name: &'a str) -> Verdict<'a> {
-        let Ok(norm) = normalize_name(name) else {
-            return Verdict::of(Reason::NotAllowlisted);
-        };
-        match self.match_name(norm.as_str(), |_| true) {
+        match self.match_name(name, |_| true) {
             NameMatch::Denied(d) => self.verdict_for(Reason::Denylisted, d, Some(name)),
             NameMatch::Allowed(a) | NameMatch::FilteredOut(a) => {
                 self.verdict_for(Reason::Allowlisted, a, Some(name))
@@ -465,10 +353,7 @@ impl CompiledPolicy {
         transport: Transport,
         port: u16,
     ) -> Verdict<'a> {
-        let Ok(norm) = normalize_name(name) else {
-            return Verdict::of(Reason::NotAllowlisted);
-        };
-        match self.match_name(norm.as_str(), |r| r.ports(transport).contains(&port)) {
+        match self.match_name(name, |r| r.ports(transport).contains(&port)) {
             NameMatch::Denied(d) => self.verdict_for(Reason::Denylisted, d, Some(name)),
             NameMatch::Allowed(a) => self.verdict_for(Reason::Allowlisted, a, Some(name)),
             NameMatch::FilteredOut(f) => {
@@ -549,10 +434,7 @@ impl CompiledPolicy {
         let mut port_miss: Option<Verdict<'a>> = None;
         let mut denied: Option<Verdict<'a>> = None;
         for &name in names {
-            let Ok(norm) = normalize_name(name) else {
-                continue;
-            };
-            match self.match_name(norm.as_str(), |r| r.ports(transport).contains(&port)) {
+            match self.match_name(name, |r| r.ports(transport).contains(&port)) {
                 NameMatch::Allowed(a) => {
                     return self.verdict_for(Reason::Allowlisted, a, Some(name));
                 }
@@ -984,7 +866,7 @@ impl<'o> Compiler<'o> {
         }
 
         let mut rules: Vec<Rule> = Vec::new();
-        let mut names: FxMap<Box<str>, NameNode> = FxMap::default();
+        let mut names = NameTableBuilder::default();
         let mut cidr_rules: Vec<(IpNet, u32)> = Vec::new();
         let mut rule_ids: HashMap<String, Location> = HashMap::new();
         let mut domain_rule_count = 0usize;
@@ -1080,7 +962,7 @@ impl<'o> Compiler<'o> {
                     tcp_ports: tcp_ports.clone().into(),
                     udp_ports: udp_ports.clone().into(),
                 });
-                let node = names.entry(pat.base.into_boxed_str()).or_default();
+                let node = names.node(pat.base);
                 match pat.kind {
                     PatternKind::Exact => node.exact.push(rid),
                     PatternKind::Subdomains => node.sub.push(rid),
@@ -1145,7 +1027,7 @@ impl<'o> Compiler<'o> {
                 tcp_ports: Box::new([]),
                 udp_ports: Box::new([]),
             });
-            let node = names.entry(pat.base.into_boxed_str()).or_default();
+            let node = names.node(pat.base);
             match pat.kind {
                 PatternKind::Exact => {
                     node.deny_exact.get_or_insert(rid);
@@ -1266,7 +1148,10 @@ impl<'o> Compiler<'o> {
             }
         }
 
-        let names_filter = NameFilter::build(names.keys().map(AsRef::as_ref));
+        let Some(names) = names.build() else {
+            self.err(raw.id.referenced, "too many domain rules");
+            return Err(PolicyErrors::new(self.errors));
+        };
         let mut policy = CompiledPolicy {
             origin: self.origin.to_owned(),
             id,
@@ -1274,7 +1159,6 @@ impl<'o> Compiler<'o> {
             version_hash: String::new(),
             rules,
             names,
-            names_filter,
             cidr_rules,
             internal,
             host_addresses: options.host_addresses.clone(),

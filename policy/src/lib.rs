@@ -25,6 +25,7 @@ mod compile;
 mod error;
 mod model;
 pub mod name;
+mod name_table;
 pub mod platform;
 mod reason;
 mod verdict;
