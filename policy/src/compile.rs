@@ -966,12 +966,12 @@ impl<'o> Compiler<'o> {
         raw: RawPolicy,
         options: &CompileOptions,
     ) -> Result<CompiledPolicy, PolicyErrors> {
-        if raw.version.value != 1 {
+        if raw.version.value.0 != 1 {
             self.err(
                 raw.version.referenced,
                 format!(
                     "unsupported policy version {}; this sluice reads `version: 1`",
-                    raw.version.value
+                    raw.version.value.0
                 ),
             );
         }
