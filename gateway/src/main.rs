@@ -69,6 +69,10 @@ struct Args {
     /// Maximum concurrent flows; new connections beyond it are refused with RST.
     #[arg(long, default_value_t = config::DEFAULT_MAX_FLOWS)]
     max_flows: usize,
+    /// Start even where the kernel enforces no Landlock (the gateway's
+    /// self-restriction then has only its seccomp filter).
+    #[arg(long)]
+    allow_missing_landlock: bool,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -142,6 +146,7 @@ fn main() -> anyhow::Result<()> {
         }
     };
 
+    self_restrict(&args)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -160,6 +165,38 @@ fn main() -> anyhow::Result<()> {
     })
 }
 
+/// The gateway's own jail (docs/isolation.md), applied once everything it
+/// reads at start is read and before the runtime starts any thread: no
+/// exec, no new processes, no file writes but the audit log, reads only of
+/// the policy file; TCP bind only on `--publish` ports. With `--socket`,
+/// the socket's directory stays writable (the listener is bound later).
+fn self_restrict(args: &Args) -> anyhow::Result<()> {
+    use sluice_confine::{GatewayConfinement, gateway_self_restrict};
+    let mut conf = GatewayConfinement {
+        audit_path: (args.audit != "-").then(|| PathBuf::from(&args.audit)),
+        read_paths: args.policy.iter().cloned().collect(),
+        tcp_bind: args
+            .publish
+            .iter()
+            .filter(|p| p.proto == config::Proto::Tcp)
+            .map(|p| p.host.port())
+            .collect(),
+        allow_missing_landlock: args.allow_missing_landlock,
+        ..GatewayConfinement::default()
+    };
+    if let Some(dir) = args.socket.as_ref().and_then(|s| s.parent()) {
+        let dir = if dir.as_os_str().is_empty() {
+            PathBuf::from(".")
+        } else {
+            dir.to_path_buf()
+        };
+        conf.socket_dirs.push(dir);
+    }
+    let applied = gateway_self_restrict(&conf).context("restricting the gateway")?;
+    tracing::info!(landlock = ?applied.landlock, seccomp = ?applied.seccomp, "self-restricted");
+    Ok(())
+}
+
 /// Adopts the inherited stream socket `fd`.
 #[allow(unsafe_code)]
 fn adopt_fd(fd: i32) -> anyhow::Result<tokio::net::UnixStream> {
@@ -167,9 +204,10 @@ fn adopt_fd(fd: i32) -> anyhow::Result<tokio::net::UnixStream> {
     if fd < 3 {
         bail!("--fd {fd}: refusing to adopt a standard stream");
     }
-    // Check the fd is open before taking ownership of it.
-    let probe = std::fs::metadata(format!("/proc/self/fd/{fd}"));
-    if probe.is_err() {
+    // Check the fd is open before taking ownership of it (by fcntl, not
+    // /proc: the jailed gateway has no /proc).
+    // SAFETY: F_GETFD on an integer only reads the descriptor table.
+    if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
         bail!("--fd {fd}: not an open file descriptor");
     }
     // SAFETY: `fd` is >= 3, open (checked above), was inherited from the parent
