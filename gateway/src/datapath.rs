@@ -692,6 +692,13 @@ impl Datapath {
             }
             return;
         }
+        // Every guest-initiated connection counts, DNS over TCP to the
+        // gateway included: each holds socket buffers and a slot in every poll.
+        if self.flows.len() >= self.cfg.max_flows {
+            self.rst_syn(frame, src, dst, seq);
+            self.deny_audit(&key, DenyReason::TooManyFlows);
+            return;
+        }
         if *dst.ip() == self.cfg.gateway_ip {
             if dst.port() == 53 {
                 if let Some(handle) = self.accept_syn(frame, src, dst) {
@@ -708,11 +715,6 @@ impl Datapath {
             }
             self.rst_syn(frame, src, dst, seq);
             self.deny_audit(&key, DenyReason::GatewayAddress);
-            return;
-        }
-        if self.flows.len() >= self.cfg.max_flows {
-            self.rst_syn(frame, src, dst, seq);
-            self.deny_audit(&key, DenyReason::TooManyFlows);
             return;
         }
         let decision = {
@@ -1723,8 +1725,15 @@ mod tests {
     }
 
     fn start(decider: Arc<dyn Decider>) -> (Guest, SharedBuf, tokio::task::JoinHandle<SessionEnd>) {
+        start_cfg(Config::new(DEFAULT_SUBNET, 1500).unwrap(), decider)
+    }
+
+    fn start_cfg(
+        cfg: Config,
+        decider: Arc<dyn Decider>,
+    ) -> (Guest, SharedBuf, tokio::task::JoinHandle<SessionEnd>) {
         let (gw_end, test_end) = UnixStream::pair().unwrap();
-        let cfg = Arc::new(Config::new(DEFAULT_SUBNET, 1500).unwrap());
+        let cfg = Arc::new(cfg);
         let audit_buf = SharedBuf::default();
         let audit = AuditSink::new(Box::new(audit_buf.clone()), "test");
         let (tx, mut rx) = mpsc::unbounded_channel();
@@ -1977,5 +1986,50 @@ mod tests {
                 && l["dst"]["port"] == port),
             "{text}"
         );
+    }
+
+    #[tokio::test]
+    async fn dns_over_tcp_connections_count_against_the_flow_limit() {
+        let mut cfg = Config::new(DEFAULT_SUBNET, 1500).unwrap();
+        cfg.max_flows = 2;
+        let (mut guest, audit, task) = start_cfg(cfg, Arc::new(TestDecider));
+        let g = Ipv4Addr::new(10, 0, 2, 15);
+        let dns = SocketAddrV4::new(Ipv4Addr::new(10, 0, 2, 2), 53);
+        // Three connections to the gateway's DNS port; the third is over the limit.
+        for (i, port) in [3000u16, 3001, 3002].into_iter().enumerate() {
+            let seq = 1000 * u32::try_from(i).unwrap();
+            guest
+                .send(&[tcp_frame(
+                    SocketAddrV4::new(g, port),
+                    dns,
+                    TcpControl::Syn,
+                    seq,
+                    None,
+                )])
+                .await;
+        }
+        let mut answers = HashMap::new();
+        while answers.len() < 3 {
+            let (src, to, control, _, _) = guest.recv_tcp().await;
+            assert_eq!(src, dns);
+            answers.insert(to.port(), control);
+        }
+        assert_eq!(answers[&3000], TcpControl::Syn, "SYN-ACK: {answers:?}");
+        assert_eq!(answers[&3001], TcpControl::Syn, "SYN-ACK: {answers:?}");
+        assert_eq!(
+            answers[&3002],
+            TcpControl::Rst,
+            "over the limit: {answers:?}"
+        );
+        let text = String::from_utf8(audit.0.lock().unwrap().clone()).unwrap();
+        let lines = crate::audit::tests::parse_all(&text);
+        assert!(
+            lines
+                .iter()
+                .any(|l| l["reason"] == "flow_limit" && l["src"]["port"] == 3002),
+            "{text}"
+        );
+        drop(guest);
+        assert!(matches!(task.await.unwrap(), SessionEnd::GuestClosed));
     }
 }
