@@ -925,10 +925,17 @@ impl Datapath {
             // A local answer that could not be encoded: nothing to send.
             return;
         }
+        // Never the guest's bytes: a query rebuilt from what was checked.
+        let Some(query) = dns::upstream_query(&question) else {
+            if let Some(b) = sluice_inspect::dns::error_response(&question, ResponseCode::ServFail)
+            {
+                self.reply_udp(mac, src, &b);
+            }
+            return;
+        };
         self.dns_in_flight += 1;
         let events = self.events.clone();
         let upstreams = self.cfg.dns_upstreams.clone();
-        let query = payload.to_vec();
         tokio::spawn(async move {
             let reply = dns::forward_udp(&query, &upstreams, DNS_TIMEOUT).await;
             let _ = events.send(Event::DnsUdpReply {
@@ -1399,13 +1406,21 @@ impl Datapath {
             },
             Err(e) => Err(self.dns_reject(&query, &e)),
         };
-        let question = match local {
-            Ok(q)
+        // Never the guest's bytes upstream: a query rebuilt from what was checked.
+        let local = local.and_then(|q| match dns::upstream_query(&q) {
+            Some(rebuilt) => Ok((q, rebuilt)),
+            None => Err(sluice_inspect::dns::error_response(
+                &q,
+                ResponseCode::ServFail,
+            )),
+        });
+        let (question, query) = match local {
+            Ok((q, rebuilt))
                 if dns::forwarded_type(q.qtype)
                     && self.dns_in_flight < MAX_DNS_IN_FLIGHT
                     && !self.cfg.dns_upstreams.is_empty() =>
             {
-                q
+                (q, rebuilt)
             }
             other => {
                 let reply = other.err().flatten();
@@ -2031,5 +2046,52 @@ mod tests {
         );
         drop(guest);
         assert!(matches!(task.await.unwrap(), SessionEnd::GuestClosed));
+    }
+
+    #[tokio::test]
+    async fn upstream_gets_a_rebuilt_query_not_the_guests_bytes() {
+        use hickory_proto::op::Message;
+        let upstream = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let mut cfg = Config::new(DEFAULT_SUBNET, 1500).unwrap();
+        cfg.dns_upstreams = vec![upstream.local_addr().unwrap()];
+        let (mut guest, _audit, _task) = start_cfg(cfg, Arc::new(TestDecider));
+        // One question whose first label holds a dot ("x.Origin", "TeSt":
+        // the policy sees x.origin.test), an additional record and an EDNS
+        // option carrying data.
+        let mut q = vec![0x42, 0x42, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 2];
+        q.push(8);
+        q.extend_from_slice(b"x.Origin");
+        q.push(4);
+        q.extend_from_slice(b"TeSt");
+        q.extend_from_slice(&[0, 0, 1, 0, 1]);
+        q.extend_from_slice(&[0, 0, 1, 0, 1, 0, 0, 0, 0, 0, 4]);
+        q.extend_from_slice(b"SEKR");
+        q.extend_from_slice(&[0, 0, 41, 0x10, 0, 0, 0, 0, 0, 0, 14, 0xfd, 0xe9, 0, 10]);
+        q.extend_from_slice(b"EXFILTRATE");
+        assert!(sluice_inspect::dns::parse_query(&q).is_ok());
+        let g = SocketAddrV4::new(Ipv4Addr::new(10, 0, 2, 15), 5353);
+        let gw = SocketAddrV4::new(Ipv4Addr::new(10, 0, 2, 2), 53);
+        guest.send(&[udp_frame(g, gw, &q)]).await;
+        let mut buf = vec![0u8; 4096];
+        let (n, _) = tokio::time::timeout(Duration::from_secs(30), upstream.recv_from(&mut buf))
+            .await
+            .expect("nothing forwarded")
+            .unwrap();
+        let sent = &buf[..n];
+        let has = |needle: &[u8]| sent.windows(needle.len()).any(|w| w == needle);
+        assert!(!has(b"EXFILTRATE") && !has(b"SEKR"), "{sent:?}");
+        let m = Message::from_vec(sent).unwrap();
+        assert_eq!(m.metadata.id, 0x4242);
+        assert_eq!(m.queries.len(), 1);
+        let name = &m.queries[0].name;
+        assert_eq!(name.num_labels(), 3, "{name:?}");
+        assert_eq!(name.to_ascii(), "x.origin.test.");
+        assert!(m.additionals.is_empty(), "{m:?}");
+        assert!(
+            m.edns
+                .as_ref()
+                .is_none_or(|e| e.options().as_ref().is_empty()),
+            "{m:?}"
+        );
     }
 }
