@@ -1048,9 +1048,23 @@ impl Datapath {
             }
             None => 0..=u32::MAX,
         };
-        let filtered = reply.map(|r| {
-            dns::sanitize_and_record(question, &r, &mut self.dns, Instant::now(), keep, ttl)
-        });
+        let filtered = reply.map(|r| dns::sanitize(question, &r, keep, ttl));
+        // A chain through a denied name is refused before anything is recorded.
+        let chain_denied = match &filtered {
+            Some(Ok(ans)) => ans
+                .cname_chain
+                .iter()
+                .find_map(|target| self.decider.dns_cname_target(target)),
+            _ => None,
+        };
+        if let Some(reason) = chain_denied {
+            self.counters.dns_denied += 1;
+            self.audit_dns_reason(question, ResponseCode::Refused, &[], "denied", Some(reason));
+            return sluice_inspect::dns::refused_response(question);
+        }
+        if let Some(Ok(ans)) = &filtered {
+            dns::record(question, ans, &mut self.dns, Instant::now());
+        }
         match filtered {
             Some(Ok(ans)) if ans.private_answer() => {
                 self.counters.dns_denied += 1;
@@ -2092,6 +2106,95 @@ mod tests {
                 .as_ref()
                 .is_none_or(|e| e.options().as_ref().is_empty()),
             "{m:?}"
+        );
+    }
+
+    /// Serves A queries from `upstream`: `alias.example.org` is a CNAME to
+    /// the denied `bad.example.org`, `ok.example.org` a CNAME to
+    /// `cdn.example.net`; both chains end in a public address.
+    fn serve_cname_chains(upstream: tokio::net::UdpSocket) {
+        use hickory_proto::op::{Message, OpCode};
+        use hickory_proto::rr::rdata::{A, CNAME};
+        use hickory_proto::rr::{Name, RData, Record};
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 4096];
+            while let Ok((n, peer)) = upstream.recv_from(&mut buf).await {
+                let q = Message::from_vec(&buf[..n]).unwrap();
+                let qname = q.queries[0].name.clone();
+                let target = if qname.to_ascii().starts_with("alias.") {
+                    "bad.example.org."
+                } else {
+                    "cdn.example.net."
+                };
+                let target = Name::from_ascii(target).unwrap();
+                let mut r = Message::response(q.metadata.id, OpCode::Query);
+                r.add_queries(q.queries.clone());
+                r.add_answer(Record::from_rdata(
+                    qname,
+                    60,
+                    RData::CNAME(CNAME(target.clone())),
+                ));
+                r.add_answer(Record::from_rdata(
+                    target,
+                    60,
+                    RData::A(A::new(93, 184, 216, 34)),
+                ));
+                let _ = upstream.send_to(&r.to_vec().unwrap(), peer).await;
+            }
+        });
+    }
+
+    #[tokio::test]
+    async fn an_answer_whose_cname_chain_reaches_a_denied_name_is_refused() {
+        use hickory_proto::op::{Message, Query};
+        use hickory_proto::rr::{Name, RecordType};
+        const POLICY: &str = "version: 1\nid: cname-test\nallow:\n  - domain: \"*.example.org\"\n    ports: [443]\ndeny:\n  - \"bad.example.org\"\n";
+        let policy = sluice_policy::from_yaml_str(POLICY, "p.yaml", &Default::default()).unwrap();
+        let decider = crate::enforce::PolicyDecider::new(
+            Arc::new(policy),
+            crate::decide::PlatformDenySet::default(),
+        );
+        let upstream = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let mut cfg = Config::new(DEFAULT_SUBNET, 1500).unwrap();
+        cfg.dns_upstreams = vec![upstream.local_addr().unwrap()];
+        serve_cname_chains(upstream);
+        let (mut guest, audit, _task) = start_cfg(cfg, Arc::new(decider));
+        let g = SocketAddrV4::new(Ipv4Addr::new(10, 0, 2, 15), 5353);
+        let gw = SocketAddrV4::new(Ipv4Addr::new(10, 0, 2, 2), 53);
+        let mut ask = async |name: &str| {
+            let mut m = Message::query();
+            m.metadata.id = 7;
+            m.add_query(Query::query(Name::from_ascii(name).unwrap(), RecordType::A));
+            guest.send(&[udp_frame(g, gw, &m.to_vec().unwrap())]).await;
+            loop {
+                let f = guest.recv().await;
+                let eth = EthernetFrame::new_checked(&f[..]).unwrap();
+                let Ok(ip) = Ipv4Packet::new_checked(eth.payload()) else {
+                    continue;
+                };
+                if ip.next_header() == IpProtocol::Udp {
+                    return Message::from_vec(&ip.payload()[8..]).unwrap();
+                }
+            }
+        };
+        let denied = ask("alias.example.org.").await;
+        assert_eq!(
+            denied.metadata.response_code,
+            ResponseCode::Refused,
+            "{denied:?}"
+        );
+        assert!(denied.answers.is_empty(), "{denied:?}");
+        // Control: a chain through a name no rule mentions is answered.
+        let ok = ask("ok.example.org.").await;
+        assert_eq!(ok.metadata.response_code, ResponseCode::NoError, "{ok:?}");
+        assert_eq!(ok.answers.len(), 2, "{ok:?}");
+        let text = String::from_utf8(audit.0.lock().unwrap().clone()).unwrap();
+        let lines = crate::audit::tests::parse_all(&text);
+        assert!(
+            lines.iter().any(|l| l["kind"] == "dns"
+                && l["qname"] == "alias.example.org"
+                && l["reason"] == "denylisted"),
+            "{text}"
         );
     }
 }

@@ -231,7 +231,26 @@ pub fn sanitize_and_record(
     keep: impl Fn(IpAddr) -> bool,
     ttl: RangeInclusive<u32>,
 ) -> Result<Sanitized, DnsReject> {
-    let clean = sanitize_response_clamped(question, upstream, |_, ip| keep(ip), false, ttl)?;
+    let clean = sanitize(question, upstream, keep, ttl)?;
+    record(question, &clean, table, now);
+    Ok(clean)
+}
+
+/// The sanitising half of [`sanitize_and_record`]: nothing is recorded, so
+/// the caller may still refuse the answer (e.g. for its CNAME chain, see
+/// [`Sanitized::cname_chain`]) before calling [`record`].
+pub fn sanitize(
+    question: &Question,
+    upstream: &[u8],
+    keep: impl Fn(IpAddr) -> bool,
+    ttl: RangeInclusive<u32>,
+) -> Result<Sanitized, DnsReject> {
+    sanitize_response_clamped(question, upstream, |_, ip| keep(ip), false, ttl)
+}
+
+/// The recording half of [`sanitize_and_record`]: every kept address under
+/// its owner name and the question's name (nothing for a private answer).
+pub fn record(question: &Question, clean: &Sanitized, table: &mut DnsTable, now: Instant) {
     if !clean.private_answer() {
         for (owner, ip, ttl) in &clean.answers {
             let ttl = Duration::from_secs(u64::from(*ttl));
@@ -239,7 +258,6 @@ pub fn sanitize_and_record(
             table.insert(*ip, &question.name, ttl, now);
         }
     }
-    Ok(clean)
 }
 
 /// Sends `query` to each upstream in turn over UDP; the first matching reply wins.
