@@ -692,6 +692,13 @@ impl Datapath {
             }
             return;
         }
+        // Every guest-initiated connection counts, DNS over TCP to the
+        // gateway included: each holds socket buffers and a slot in every poll.
+        if self.flows.len() >= self.cfg.max_flows {
+            self.rst_syn(frame, src, dst, seq);
+            self.deny_audit(&key, DenyReason::TooManyFlows);
+            return;
+        }
         if *dst.ip() == self.cfg.gateway_ip {
             if dst.port() == 53 {
                 if let Some(handle) = self.accept_syn(frame, src, dst) {
@@ -708,11 +715,6 @@ impl Datapath {
             }
             self.rst_syn(frame, src, dst, seq);
             self.deny_audit(&key, DenyReason::GatewayAddress);
-            return;
-        }
-        if self.flows.len() >= self.cfg.max_flows {
-            self.rst_syn(frame, src, dst, seq);
-            self.deny_audit(&key, DenyReason::TooManyFlows);
             return;
         }
         let decision = {
@@ -923,10 +925,17 @@ impl Datapath {
             // A local answer that could not be encoded: nothing to send.
             return;
         }
+        // Never the guest's bytes: a query rebuilt from what was checked.
+        let Some(query) = dns::upstream_query(&question) else {
+            if let Some(b) = sluice_inspect::dns::error_response(&question, ResponseCode::ServFail)
+            {
+                self.reply_udp(mac, src, &b);
+            }
+            return;
+        };
         self.dns_in_flight += 1;
         let events = self.events.clone();
         let upstreams = self.cfg.dns_upstreams.clone();
-        let query = payload.to_vec();
         tokio::spawn(async move {
             let reply = dns::forward_udp(&query, &upstreams, DNS_TIMEOUT).await;
             let _ = events.send(Event::DnsUdpReply {
@@ -1039,9 +1048,23 @@ impl Datapath {
             }
             None => 0..=u32::MAX,
         };
-        let filtered = reply.map(|r| {
-            dns::sanitize_and_record(question, &r, &mut self.dns, Instant::now(), keep, ttl)
-        });
+        let filtered = reply.map(|r| dns::sanitize(question, &r, keep, ttl));
+        // A chain through a denied name is refused before anything is recorded.
+        let chain_denied = match &filtered {
+            Some(Ok(ans)) => ans
+                .cname_chain
+                .iter()
+                .find_map(|target| self.decider.dns_cname_target(target)),
+            _ => None,
+        };
+        if let Some(reason) = chain_denied {
+            self.counters.dns_denied += 1;
+            self.audit_dns_reason(question, ResponseCode::Refused, &[], "denied", Some(reason));
+            return sluice_inspect::dns::refused_response(question);
+        }
+        if let Some(Ok(ans)) = &filtered {
+            dns::record(question, ans, &mut self.dns, Instant::now());
+        }
         match filtered {
             Some(Ok(ans)) if ans.private_answer() => {
                 self.counters.dns_denied += 1;
@@ -1397,13 +1420,21 @@ impl Datapath {
             },
             Err(e) => Err(self.dns_reject(&query, &e)),
         };
-        let question = match local {
-            Ok(q)
+        // Never the guest's bytes upstream: a query rebuilt from what was checked.
+        let local = local.and_then(|q| match dns::upstream_query(&q) {
+            Some(rebuilt) => Ok((q, rebuilt)),
+            None => Err(sluice_inspect::dns::error_response(
+                &q,
+                ResponseCode::ServFail,
+            )),
+        });
+        let (question, query) = match local {
+            Ok((q, rebuilt))
                 if dns::forwarded_type(q.qtype)
                     && self.dns_in_flight < MAX_DNS_IN_FLIGHT
                     && !self.cfg.dns_upstreams.is_empty() =>
             {
-                q
+                (q, rebuilt)
             }
             other => {
                 let reply = other.err().flatten();
@@ -1723,8 +1754,15 @@ mod tests {
     }
 
     fn start(decider: Arc<dyn Decider>) -> (Guest, SharedBuf, tokio::task::JoinHandle<SessionEnd>) {
+        start_cfg(Config::new(DEFAULT_SUBNET, 1500).unwrap(), decider)
+    }
+
+    fn start_cfg(
+        cfg: Config,
+        decider: Arc<dyn Decider>,
+    ) -> (Guest, SharedBuf, tokio::task::JoinHandle<SessionEnd>) {
         let (gw_end, test_end) = UnixStream::pair().unwrap();
-        let cfg = Arc::new(Config::new(DEFAULT_SUBNET, 1500).unwrap());
+        let cfg = Arc::new(cfg);
         let audit_buf = SharedBuf::default();
         let audit = AuditSink::new(Box::new(audit_buf.clone()), "test");
         let (tx, mut rx) = mpsc::unbounded_channel();
@@ -1975,6 +2013,187 @@ mod tests {
             lines.iter().any(|l| l["kind"] == "connection"
                 && l["decision"] == "allow"
                 && l["dst"]["port"] == port),
+            "{text}"
+        );
+    }
+
+    #[tokio::test]
+    async fn dns_over_tcp_connections_count_against_the_flow_limit() {
+        let mut cfg = Config::new(DEFAULT_SUBNET, 1500).unwrap();
+        cfg.max_flows = 2;
+        let (mut guest, audit, task) = start_cfg(cfg, Arc::new(TestDecider));
+        let g = Ipv4Addr::new(10, 0, 2, 15);
+        let dns = SocketAddrV4::new(Ipv4Addr::new(10, 0, 2, 2), 53);
+        // Three connections to the gateway's DNS port; the third is over the limit.
+        for (i, port) in [3000u16, 3001, 3002].into_iter().enumerate() {
+            let seq = 1000 * u32::try_from(i).unwrap();
+            guest
+                .send(&[tcp_frame(
+                    SocketAddrV4::new(g, port),
+                    dns,
+                    TcpControl::Syn,
+                    seq,
+                    None,
+                )])
+                .await;
+        }
+        let mut answers = HashMap::new();
+        while answers.len() < 3 {
+            let (src, to, control, _, _) = guest.recv_tcp().await;
+            assert_eq!(src, dns);
+            answers.insert(to.port(), control);
+        }
+        assert_eq!(answers[&3000], TcpControl::Syn, "SYN-ACK: {answers:?}");
+        assert_eq!(answers[&3001], TcpControl::Syn, "SYN-ACK: {answers:?}");
+        assert_eq!(
+            answers[&3002],
+            TcpControl::Rst,
+            "over the limit: {answers:?}"
+        );
+        let text = String::from_utf8(audit.0.lock().unwrap().clone()).unwrap();
+        let lines = crate::audit::tests::parse_all(&text);
+        assert!(
+            lines
+                .iter()
+                .any(|l| l["reason"] == "flow_limit" && l["src"]["port"] == 3002),
+            "{text}"
+        );
+        drop(guest);
+        assert!(matches!(task.await.unwrap(), SessionEnd::GuestClosed));
+    }
+
+    #[tokio::test]
+    async fn upstream_gets_a_rebuilt_query_not_the_guests_bytes() {
+        use hickory_proto::op::Message;
+        let upstream = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let mut cfg = Config::new(DEFAULT_SUBNET, 1500).unwrap();
+        cfg.dns_upstreams = vec![upstream.local_addr().unwrap()];
+        let (mut guest, _audit, _task) = start_cfg(cfg, Arc::new(TestDecider));
+        // One question whose first label holds a dot ("x.Origin", "TeSt":
+        // the policy sees x.origin.test), an additional record and an EDNS
+        // option carrying data.
+        let mut q = vec![0x42, 0x42, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 2];
+        q.push(8);
+        q.extend_from_slice(b"x.Origin");
+        q.push(4);
+        q.extend_from_slice(b"TeSt");
+        q.extend_from_slice(&[0, 0, 1, 0, 1]);
+        q.extend_from_slice(&[0, 0, 1, 0, 1, 0, 0, 0, 0, 0, 4]);
+        q.extend_from_slice(b"SEKR");
+        q.extend_from_slice(&[0, 0, 41, 0x10, 0, 0, 0, 0, 0, 0, 14, 0xfd, 0xe9, 0, 10]);
+        q.extend_from_slice(b"EXFILTRATE");
+        assert!(sluice_inspect::dns::parse_query(&q).is_ok());
+        let g = SocketAddrV4::new(Ipv4Addr::new(10, 0, 2, 15), 5353);
+        let gw = SocketAddrV4::new(Ipv4Addr::new(10, 0, 2, 2), 53);
+        guest.send(&[udp_frame(g, gw, &q)]).await;
+        let mut buf = vec![0u8; 4096];
+        let (n, _) = tokio::time::timeout(Duration::from_secs(30), upstream.recv_from(&mut buf))
+            .await
+            .expect("nothing forwarded")
+            .unwrap();
+        let sent = &buf[..n];
+        let has = |needle: &[u8]| sent.windows(needle.len()).any(|w| w == needle);
+        assert!(!has(b"EXFILTRATE") && !has(b"SEKR"), "{sent:?}");
+        let m = Message::from_vec(sent).unwrap();
+        assert_eq!(m.metadata.id, 0x4242);
+        assert_eq!(m.queries.len(), 1);
+        let name = &m.queries[0].name;
+        assert_eq!(name.num_labels(), 3, "{name:?}");
+        assert_eq!(name.to_ascii(), "x.origin.test.");
+        assert!(m.additionals.is_empty(), "{m:?}");
+        assert!(
+            m.edns
+                .as_ref()
+                .is_none_or(|e| e.options().as_ref().is_empty()),
+            "{m:?}"
+        );
+    }
+
+    /// Serves A queries from `upstream`: `alias.example.org` is a CNAME to
+    /// the denied `bad.example.org`, `ok.example.org` a CNAME to
+    /// `cdn.example.net`; both chains end in a public address.
+    fn serve_cname_chains(upstream: tokio::net::UdpSocket) {
+        use hickory_proto::op::{Message, OpCode};
+        use hickory_proto::rr::rdata::{A, CNAME};
+        use hickory_proto::rr::{Name, RData, Record};
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 4096];
+            while let Ok((n, peer)) = upstream.recv_from(&mut buf).await {
+                let q = Message::from_vec(&buf[..n]).unwrap();
+                let qname = q.queries[0].name.clone();
+                let target = if qname.to_ascii().starts_with("alias.") {
+                    "bad.example.org."
+                } else {
+                    "cdn.example.net."
+                };
+                let target = Name::from_ascii(target).unwrap();
+                let mut r = Message::response(q.metadata.id, OpCode::Query);
+                r.add_queries(q.queries.clone());
+                r.add_answer(Record::from_rdata(
+                    qname,
+                    60,
+                    RData::CNAME(CNAME(target.clone())),
+                ));
+                r.add_answer(Record::from_rdata(
+                    target,
+                    60,
+                    RData::A(A::new(93, 184, 216, 34)),
+                ));
+                let _ = upstream.send_to(&r.to_vec().unwrap(), peer).await;
+            }
+        });
+    }
+
+    #[tokio::test]
+    async fn an_answer_whose_cname_chain_reaches_a_denied_name_is_refused() {
+        use hickory_proto::op::{Message, Query};
+        use hickory_proto::rr::{Name, RecordType};
+        const POLICY: &str = "version: 1\nid: cname-test\nallow:\n  - domain: \"*.example.org\"\n    ports: [443]\ndeny:\n  - \"bad.example.org\"\n";
+        let policy = sluice_policy::from_yaml_str(POLICY, "p.yaml", &Default::default()).unwrap();
+        let decider = crate::enforce::PolicyDecider::new(
+            Arc::new(policy),
+            crate::decide::PlatformDenySet::default(),
+        );
+        let upstream = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let mut cfg = Config::new(DEFAULT_SUBNET, 1500).unwrap();
+        cfg.dns_upstreams = vec![upstream.local_addr().unwrap()];
+        serve_cname_chains(upstream);
+        let (mut guest, audit, _task) = start_cfg(cfg, Arc::new(decider));
+        let g = SocketAddrV4::new(Ipv4Addr::new(10, 0, 2, 15), 5353);
+        let gw = SocketAddrV4::new(Ipv4Addr::new(10, 0, 2, 2), 53);
+        let mut ask = async |name: &str| {
+            let mut m = Message::query();
+            m.metadata.id = 7;
+            m.add_query(Query::query(Name::from_ascii(name).unwrap(), RecordType::A));
+            guest.send(&[udp_frame(g, gw, &m.to_vec().unwrap())]).await;
+            loop {
+                let f = guest.recv().await;
+                let eth = EthernetFrame::new_checked(&f[..]).unwrap();
+                let Ok(ip) = Ipv4Packet::new_checked(eth.payload()) else {
+                    continue;
+                };
+                if ip.next_header() == IpProtocol::Udp {
+                    return Message::from_vec(&ip.payload()[8..]).unwrap();
+                }
+            }
+        };
+        let denied = ask("alias.example.org.").await;
+        assert_eq!(
+            denied.metadata.response_code,
+            ResponseCode::Refused,
+            "{denied:?}"
+        );
+        assert!(denied.answers.is_empty(), "{denied:?}");
+        // Control: a chain through a name no rule mentions is answered.
+        let ok = ask("ok.example.org.").await;
+        assert_eq!(ok.metadata.response_code, ResponseCode::NoError, "{ok:?}");
+        assert_eq!(ok.answers.len(), 2, "{ok:?}");
+        let text = String::from_utf8(audit.0.lock().unwrap().clone()).unwrap();
+        let lines = crate::audit::tests::parse_all(&text);
+        assert!(
+            lines.iter().any(|l| l["kind"] == "dns"
+                && l["qname"] == "alias.example.org"
+                && l["reason"] == "denylisted"),
             "{text}"
         );
     }

@@ -147,6 +147,15 @@ pub trait Decider: Send + Sync {
     fn dns_ttl_bounds(&self) -> Option<(Duration, Duration)> {
         None
     }
+
+    /// Whether an upstream answer must be refused because its CNAME chain
+    /// passes through `target` (a normalised name): `Some(reason)` refuses
+    /// it (REFUSED to the guest, nothing recorded), `None` lets it through.
+    /// The default refuses nothing.
+    fn dns_cname_target(&self, target: &str) -> Option<&'static str> {
+        let _ = target;
+        None
+    }
 }
 
 /// The non-overridable deny set, shared by every decider.

@@ -295,6 +295,16 @@ impl Decider for PolicyDecider {
         self.keep_answer(ip)
     }
 
+    /// A chain through a name a deny rule matches is refused (`denylisted`):
+    /// otherwise an allowed alias (`alias.example.org CNAME
+    /// bad.example.org`) would hand the guest the denied host's addresses
+    /// under the alias's name. Targets no rule mentions pass (CDN names are
+    /// rarely in an allow list; the question's name was allowed).
+    fn dns_cname_target(&self, target: &str) -> Option<&'static str> {
+        let denied = self.policy.load().check_name(target).reason == Reason::Denylisted;
+        denied.then_some(Reason::Denylisted.as_str())
+    }
+
     fn dns_ttl_bounds(&self) -> Option<(Duration, Duration)> {
         let b = self.policy.load().ttl_bounds();
         Some((b.min, b.max))
