@@ -9,6 +9,7 @@
 //! number of labels, not the number of rules.
 
 use std::collections::HashMap;
+use std::fmt::Write as _;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -21,9 +22,10 @@ use serde_saphyr::{Location, Spanned};
 use crate::error::{PolicyError, PolicyErrors};
 use crate::model::{RawAllow, RawPolicy, RawSecret, RawUpstream};
 use crate::name::{DomainPattern, PatternKind, PatternUse, normalize_name, parse_pattern};
-use crate::name_table::{NameMatch, NameTable, NameTableBuilder};
+use crate::name_table::{NameMatch, NameTable, NameTableBuilder, RuleRef};
 use crate::platform::{self, AddressClass};
 use crate::reason::Reason;
+use crate::rule_table::RuleTable;
 use crate::verdict::{MatchedRule, Verdict};
 
 /// The largest policy file read (16 MiB); larger files are rejected before
@@ -139,24 +141,6 @@ pub struct SecretSpec {
     pub locations: SecretLocations,
 }
 
-/// One compiled rule.
-#[derive(Debug)]
-struct Rule {
-    id: Box<str>,
-    pattern: Box<str>,
-    tcp_ports: Box<[u16]>,
-    udp_ports: Box<[u16]>,
-}
-
-impl Rule {
-    fn ports(&self, transport: Transport) -> &[u16] {
-        match transport {
-            Transport::Tcp => &self.tcp_ports,
-            Transport::Udp => &self.udp_ports,
-        }
-    }
-}
-
 /// A small, fast, non-cryptographic hasher (the Fx hash used by rustc) for
 /// the name tables. Keys come from the policy; lookups from the guest cannot
 /// change the table, so flooding is not a concern.
@@ -220,7 +204,7 @@ pub struct CompiledPolicy {
     id: String,
     label: Option<String>,
     version_hash: String,
-    rules: Vec<Rule>,
+    rules: RuleTable,
     names: NameTable,
     cidr_rules: Vec<(IpNet, u32)>,
     internal: Vec<(IpNet, u32)>,
@@ -306,18 +290,19 @@ impl CompiledPolicy {
     /// deny rules always win. A name that is not valid DNS syntax matches
     /// nothing.
     #[inline]
-    fn match_name(&self, name: &str, accept: impl Fn(&Rule) -> bool) -> NameMatch {
-        self.names.match_name(name, |id| {
-            self.rules.get(id as usize).is_some_and(&accept)
-        })
+    fn match_name(&self, name: &str, accept: impl FnMut(RuleRef) -> bool) -> NameMatch {
+        self.names.match_name(name, accept)
+    }
+
+    /// Whether a rule allows `port` over `transport`.
+    fn port_filter(&self, transport: Transport, port: u16) -> impl Fn(RuleRef) -> bool + '_ {
+        move |r| self.rules.allows(r.ports, transport, port)
     }
 
     fn rule_ref<'a>(&'a self, id: u32, name: Option<&'a str>) -> Option<MatchedRule<'a>> {
-        self.rules.get(id as usize).map(|r| MatchedRule {
-            id: &r.id,
-            pattern: &r.pattern,
-            name,
-        })
+        self.rules
+            .texts(id)
+            .map(|(id, pattern)| MatchedRule { id, pattern, name })
     }
 
     fn verdict_for<'a>(&'a self, reason: Reason, id: u32, name: Option<&'a str>) -> Verdict<'a> {
@@ -353,7 +338,7 @@ impl CompiledPolicy {
         transport: Transport,
         port: u16,
     ) -> Verdict<'a> {
-        match self.match_name(name, |r| r.ports(transport).contains(&port)) {
+        match self.match_name(name, self.port_filter(transport, port)) {
             NameMatch::Denied(d) => self.verdict_for(Reason::Denylisted, d, Some(name)),
             NameMatch::Allowed(a) => self.verdict_for(Reason::Allowlisted, a, Some(name)),
             NameMatch::FilteredOut(f) => {
@@ -425,8 +410,8 @@ impl CompiledPolicy {
             if net.contains(&ip)
                 && self
                     .rules
-                    .get(id as usize)
-                    .is_some_and(|r| r.ports(transport).contains(&port))
+                    .ports_of(id)
+                    .is_some_and(|set| self.rules.allows(set, transport, port))
             {
                 return self.verdict_for(Reason::CidrAllowed, id, None);
             }
@@ -434,7 +419,7 @@ impl CompiledPolicy {
         let mut port_miss: Option<Verdict<'a>> = None;
         let mut denied: Option<Verdict<'a>> = None;
         for &name in names {
-            match self.match_name(name, |r| r.ports(transport).contains(&port)) {
+            match self.match_name(name, self.port_filter(transport, port)) {
                 NameMatch::Allowed(a) => {
                     return self.verdict_for(Reason::Allowlisted, a, Some(name));
                 }
@@ -865,12 +850,12 @@ impl<'o> Compiler<'o> {
             );
         }
 
-        let mut rules: Vec<Rule> = Vec::new();
+        let mut rules = RuleTable::default();
+        let mut pattern_text = String::new();
         let mut names = NameTableBuilder::default();
         let mut cidr_rules: Vec<(IpNet, u32)> = Vec::new();
         let mut rule_ids: HashMap<String, Location> = HashMap::new();
         let mut domain_rule_count = 0usize;
-        let mut canon_rules: Vec<(String, String, Vec<u16>, Vec<u16>)> = Vec::new();
 
         for (idx, entry) in raw.allow.iter().enumerate() {
             let at = entry.referenced;
@@ -927,6 +912,9 @@ impl<'o> Compiler<'o> {
                 }
                 continue;
             }
+            let Some(port_set) = rules.port_set(&tcp_ports, &udp_ports) else {
+                continue;
+            };
             let mut domain_list: Vec<&Spanned<String>> = Vec::new();
             if let Some(d) = &a.domain {
                 domain_list.push(d);
@@ -945,30 +933,23 @@ impl<'o> Compiler<'o> {
                         continue;
                     }
                 };
-                let Ok(rid) = u32::try_from(rules.len()) else {
+                pattern_text.clear();
+                let _ = write!(pattern_text, "{pat}");
+                let Some(rid) = rules.push(&rule_id, &pattern_text, port_set) else {
                     self.err(d.referenced, "too many rules");
                     continue;
                 };
-                let pattern = pat.to_string();
-                canon_rules.push((
-                    rule_id.clone(),
-                    pattern.clone(),
-                    tcp_ports.clone(),
-                    udp_ports.clone(),
-                ));
-                rules.push(Rule {
-                    id: rule_id.clone().into(),
-                    pattern: pattern.into(),
-                    tcp_ports: tcp_ports.clone().into(),
-                    udp_ports: udp_ports.clone().into(),
-                });
+                let r = RuleRef {
+                    id: rid,
+                    ports: port_set,
+                };
                 let node = names.node(pat.base);
                 match pat.kind {
-                    PatternKind::Exact => node.exact.push(rid),
-                    PatternKind::Subdomains => node.sub.push(rid),
+                    PatternKind::Exact => node.exact.push(r),
+                    PatternKind::Subdomains => node.sub.push(r),
                     PatternKind::ApexAndSubdomains => {
-                        node.exact.push(rid);
-                        node.sub.push(rid);
+                        node.exact.push(r);
+                        node.sub.push(r);
                     }
                 }
                 domain_rule_count += 1;
@@ -987,26 +968,15 @@ impl<'o> Compiler<'o> {
                 let Some(net) = self.cidr(c, "allow network") else {
                     continue;
                 };
-                let Ok(rid) = u32::try_from(rules.len()) else {
+                let Some(rid) = rules.push(&rule_id, &net.to_string(), port_set) else {
                     continue;
                 };
-                let pattern = net.to_string();
-                canon_rules.push((
-                    rule_id.clone(),
-                    pattern.clone(),
-                    tcp_ports.clone(),
-                    udp_ports.clone(),
-                ));
-                rules.push(Rule {
-                    id: rule_id.clone().into(),
-                    pattern: pattern.into(),
-                    tcp_ports: tcp_ports.clone().into(),
-                    udp_ports: udp_ports.clone().into(),
-                });
                 cidr_rules.push((net, rid));
             }
         }
 
+        let allow_rule_count = rules.len();
+        let no_ports = rules.port_set(&[], &[]).unwrap_or(0);
         let mut canon_deny: Vec<String> = Vec::new();
         for (idx, d) in raw.deny.iter().enumerate() {
             let pat = match parse_pattern(&d.value, PatternUse::Deny) {
@@ -1016,17 +986,11 @@ impl<'o> Compiler<'o> {
                     continue;
                 }
             };
-            let Ok(rid) = u32::try_from(rules.len()) else {
+            let pattern = pat.to_string();
+            let Some(rid) = rules.push(&format!("deny[{idx}]"), &pattern, no_ports) else {
                 continue;
             };
-            let pattern = pat.to_string();
-            canon_deny.push(pattern.clone());
-            rules.push(Rule {
-                id: format!("deny[{idx}]").into(),
-                pattern: pattern.into(),
-                tcp_ports: Box::new([]),
-                udp_ports: Box::new([]),
-            });
+            canon_deny.push(pattern);
             let node = names.node(pat.base);
             match pat.kind {
                 PatternKind::Exact => {
@@ -1046,15 +1010,10 @@ impl<'o> Compiler<'o> {
         let mut internal = Vec::new();
         for (idx, s) in raw.internal.iter().enumerate() {
             if let Some(net) = self.cidr(s, "internal network") {
-                let Ok(rid) = u32::try_from(rules.len()) else {
+                let Some(rid) = rules.push(&format!("internal[{idx}]"), &net.to_string(), no_ports)
+                else {
                     continue;
                 };
-                rules.push(Rule {
-                    id: format!("internal[{idx}]").into(),
-                    pattern: net.to_string().into(),
-                    tcp_ports: Box::new([]),
-                    udp_ports: Box::new([]),
-                });
                 internal.push((net, rid));
             }
         }
@@ -1148,6 +1107,7 @@ impl<'o> Compiler<'o> {
             }
         }
 
+        rules.freeze();
         let Some(names) = names.build() else {
             self.err(raw.id.referenced, "too many domain rules");
             return Err(PolicyErrors::new(self.errors));
@@ -1183,9 +1143,8 @@ impl<'o> Compiler<'o> {
             version: 1,
             id: &policy.id,
             label: policy.label.as_deref(),
-            rules: canon_rules
-                .iter()
-                .map(|(i, p, t, u)| (i.as_str(), p.as_str(), t.as_slice(), u.as_slice()))
+            rules: (0..allow_rule_count)
+                .filter_map(|i| policy.rules.describe(u32::try_from(i).ok()?))
                 .collect(),
             deny: &canon_deny,
             internal: policy.internal.iter().map(|(n, _)| n.to_string()).collect(),

@@ -28,6 +28,7 @@ pub mod name;
 mod name_table;
 pub mod platform;
 mod reason;
+mod rule_table;
 mod verdict;
 
 pub use compile::{
