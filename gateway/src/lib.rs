@@ -16,7 +16,9 @@ pub mod dhcp;
 pub mod dns;
 pub mod enforce;
 pub mod frames;
+pub mod hostaddrs;
 pub mod packet;
+pub mod udp;
 
 use std::path::PathBuf;
 use std::sync::Arc;
