@@ -48,6 +48,7 @@ use crate::dns::{self, DnsTable, Question};
 use crate::enforce::{WireName, sniff_wire_name};
 use crate::frames::{FrameError, FrameReader, TxBatch};
 use crate::packet::{self, Addresses, Class, DropReason};
+use crate::udp::{ClosedUdpFlow, SendOutcome, UdpFlows, UdpOpenError};
 
 mod revoke;
 
@@ -55,9 +56,6 @@ mod revoke;
 const GUEST_READ_CHUNK: usize = 256 * 1024;
 /// Output queued for the guest beyond which the stack stops emitting and guest input pauses.
 const TX_HIGH_WATER: usize = 4 * 1024 * 1024;
-/// Per-flow smoltcp buffers (lazily paged: untouched pages cost nothing).
-const FLOW_RX_BUF: usize = 1024 * 1024;
-const FLOW_TX_BUF: usize = 1024 * 1024;
 /// DNS-over-TCP connection buffers.
 const DNS_TCP_BUF: usize = 64 * 1024 + 2;
 /// DNS queries forwarded at once; beyond it the guest gets SERVFAIL.
@@ -165,6 +163,8 @@ pub struct Counters {
     pub dns_denied: u64,
     /// UDP datagrams denied.
     pub udp_denied: u64,
+    /// UDP flows opened (allowed and given a host socket).
+    pub udp_flows_opened: u64,
 }
 
 impl Counters {
@@ -186,6 +186,7 @@ impl Counters {
             dns_queries = self.dns_queries,
             dns_denied = self.dns_denied,
             udp_denied = self.udp_denied,
+            udp_flows_opened = self.udp_flows_opened,
             "counters"
         );
     }
@@ -304,6 +305,10 @@ pub struct Datapath {
     udp_published: HashMap<u16, (Arc<tokio::net::UdpSocket>, SocketAddr)>,
     /// Published UDP: (host socket address, host peer) -> gateway-side port.
     udp_published_by_peer: HashMap<(SocketAddr, SocketAddr), u16>,
+    /// Forwarded guest UDP flows (crate::udp).
+    udp: UdpFlows,
+    /// When idle UDP flows were last expired.
+    udp_swept: Instant,
     events: mpsc::UnboundedSender<Event>,
     epoch: Instant,
 }
@@ -353,6 +358,7 @@ impl Datapath {
         if let Some((min, max)) = decider.dns_ttl_bounds() {
             dns.set_ttl_bounds(min, max);
         }
+        let udp_limits = cfg.udp;
         Self {
             dhcp: DhcpServer::new(&cfg),
             cfg,
@@ -371,6 +377,8 @@ impl Datapath {
             dns_in_flight: 0,
             udp_published: HashMap::new(),
             udp_published_by_peer: HashMap::new(),
+            udp: UdpFlows::new(udp_limits),
+            udp_swept: epoch,
             events,
             epoch,
         }
@@ -461,8 +469,10 @@ impl Datapath {
                     return SessionEnd::Shutdown;
                 }
             }
-            // 3. Host <-> smoltcp copies, inspection, DNS-over-TCP, closes.
+            // 3. Host <-> smoltcp copies, inspection, DNS-over-TCP, closes;
+            // datagrams from forwarded UDP flows.
             self.pump_flows();
+            self.pump_udp();
             // 4. Segments out.
             self.egress();
             // 5. Output batch to the guest.
@@ -523,6 +533,9 @@ impl Datapath {
                     ready = true;
                 }
                 if self.poll_hosts(cx) {
+                    ready = true;
+                }
+                if want_read && self.udp.poll_ready(cx) {
                     ready = true;
                 }
                 if ready {
@@ -801,7 +814,7 @@ impl Datapath {
         let (rx, tx) = if dns {
             (DNS_TCP_BUF, DNS_TCP_BUF)
         } else {
-            (FLOW_RX_BUF, FLOW_TX_BUF)
+            (self.cfg.flow_buffer, self.cfg.flow_buffer)
         };
         let mut sock = tcp::Socket::new(
             tcp::SocketBuffer::new(vec![0u8; rx]),
@@ -886,20 +899,106 @@ impl Datapath {
             src: src.into(),
             dst: dst.into(),
         };
+        let now = Instant::now();
+        if self.udp.send(&key, payload, now) != SendOutcome::NoFlow {
+            return;
+        }
         let decision = {
             let ctx = DecideContext {
                 dns: &self.dns,
-                now: Instant::now(),
+                now,
             };
             self.decider.decide_udp(&key, &ctx)
         };
-        self.counters.udp_denied += 1;
         let reason = match decision {
             Decision::Deny(r) => r,
-            // Host UDP forwarding is not built yet: fail closed (documented).
-            Decision::Allow | Decision::Inspect { .. } => DenyReason::UdpNotAllowed,
+            Decision::Allow => match self.open_udp(key, now) {
+                Ok(()) => {
+                    self.udp.send(&key, payload, now);
+                    return;
+                }
+                Err(r) => r,
+            },
+            // UDP has no first bytes to inspect: fail closed.
+            Decision::Inspect { .. } => DenyReason::UdpNotAllowed,
         };
+        self.counters.udp_denied += 1;
         self.deny_audit(&key, reason);
+    }
+
+    /// Opens an allowed UDP flow (its host socket) and audits the open.
+    fn open_udp(&mut self, key: FlowKey, now: Instant) -> Result<(), DenyReason> {
+        let id = self.next_id;
+        match self.udp.open(id, key, now) {
+            Ok(()) => {}
+            Err(UdpOpenError::TooMany(_)) => return Err(DenyReason::TooManyFlows),
+            Err(UdpOpenError::HostAddress(ip)) => {
+                tracing::warn!(%ip, "UDP destination routes locally: a host address; denied");
+                return Err(DenyReason::PlatformDenied);
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "UDP flow could not be opened");
+                return Err(DenyReason::ConnectFailed);
+            }
+        }
+        self.next_id += 1;
+        self.counters.udp_flows_opened += 1;
+        let names: Vec<&str> = self.dns.names_for(key.dst.ip(), now).take(8).collect();
+        self.audit.record(&AuditEvent::FlowOpen {
+            flow: id,
+            proto: "udp",
+            src: key.src,
+            dst: key.dst,
+            names: &names,
+        });
+        Ok(())
+    }
+
+    /// Moves datagrams from forwarded UDP flows' host sockets to the guest
+    /// (while the output batch has room) and expires idle flows about once a
+    /// second; audits the closes.
+    fn pump_udp(&mut self) {
+        if self.udp.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        // IPv4 + UDP headers; the gateway does not fragment.
+        let max_payload = usize::from(self.cfg.mtu).saturating_sub(28);
+        let gateway_mac = self.cfg.gateway_mac;
+        let guest_mac = self.guest_mac.unwrap_or([0xff; 6]);
+        let tx = &mut self.tx;
+        if tx.queued() >= TX_HIGH_WATER {
+            return;
+        }
+        let failed = self.udp.recv_ready(max_payload, now, |key, payload| {
+            if let (SocketAddr::V4(from), SocketAddr::V4(to)) = (key.dst, key.src) {
+                packet::write_udp(tx, gateway_mac, guest_mac, from, to, payload);
+            }
+            tx.queued() < TX_HIGH_WATER
+        });
+        for c in &failed {
+            self.audit_udp_close(c);
+        }
+        if now.saturating_duration_since(self.udp_swept) >= Duration::from_secs(1) {
+            self.udp_swept = now;
+            for c in self.udp.expire(now) {
+                self.audit_udp_close(&c);
+            }
+        }
+    }
+
+    fn audit_udp_close(&mut self, c: &ClosedUdpFlow) {
+        self.counters.flows_closed += 1;
+        self.audit.record(&AuditEvent::FlowClose {
+            flow: c.id,
+            proto: "udp",
+            src: c.key.src,
+            dst: c.key.dst,
+            bytes_up: c.up,
+            bytes_down: c.down,
+            duration_ms: u64::try_from(c.duration.as_millis()).unwrap_or(u64::MAX),
+            end: c.end.as_str(),
+        });
     }
 
     fn on_dns_udp(&mut self, frame: &[u8], src: SocketAddrV4, payload: &[u8]) {
@@ -1162,6 +1261,18 @@ impl Datapath {
         };
         let key = flow.key;
         let state = std::mem::replace(&mut flow.state, FlowState::Connecting { syn: Vec::new() });
+        // A host address the refresher has not seen yet (crate::hostaddrs):
+        // refused before any guest byte is written to it.
+        let mut failure = DenyReason::ConnectFailed;
+        let result = match result {
+            Ok(host) if is_local_route(&host) => {
+                tracing::warn!(dst = %key.dst, "host connect routed locally: a host address; denied");
+                let _ = socket2::SockRef::from(&host).set_linger(Some(Duration::ZERO));
+                failure = DenyReason::PlatformDenied;
+                Err(io::Error::other("destination is a host address"))
+            }
+            other => other,
+        };
         match (state, result) {
             (FlowState::Connecting { syn }, Ok(host)) => {
                 let (SocketAddr::V4(src), SocketAddr::V4(dst)) = (key.src, key.dst) else {
@@ -1182,7 +1293,7 @@ impl Datapath {
                     let seq = syn_seq(&syn);
                     self.rst_syn(&syn, src, dst, seq);
                 }
-                self.deny_audit(&key, DenyReason::ConnectFailed);
+                self.deny_audit(&key, failure);
                 self.remove_flow(id);
             }
             (FlowState::InspectConnecting { handle }, Ok(host)) => {
@@ -1191,7 +1302,7 @@ impl Datapath {
             }
             (FlowState::InspectConnecting { handle }, Err(_)) => {
                 self.sockets.get_mut::<tcp::Socket<'_>>(handle).abort();
-                self.deny_audit(&key, DenyReason::ConnectFailed);
+                self.deny_audit(&key, failure);
                 if let Some(f) = self.flows.get_mut(&id) {
                     f.state = FlowState::InspectConnecting { handle };
                 }
@@ -1263,8 +1374,8 @@ impl Datapath {
             .checked_add(1)
             .unwrap_or(PUBLISH_PORT_BASE);
         let mut sock = tcp::Socket::new(
-            tcp::SocketBuffer::new(vec![0u8; FLOW_RX_BUF]),
-            tcp::SocketBuffer::new(vec![0u8; FLOW_TX_BUF]),
+            tcp::SocketBuffer::new(vec![0u8; self.cfg.flow_buffer]),
+            tcp::SocketBuffer::new(vec![0u8; self.cfg.flow_buffer]),
         );
         sock.set_nagle_enabled(false);
         sock.set_ack_delay(None);
@@ -1591,6 +1702,9 @@ impl Datapath {
         for id in self.flows.keys().copied().collect::<Vec<_>>() {
             self.finish_flow(id, end);
         }
+        for c in self.udp.close_all(Instant::now()) {
+            self.audit_udp_close(&c);
+        }
         self.counters.log(0);
         self.audit.flush();
     }
@@ -1614,6 +1728,18 @@ fn guest_finished(sock: &tcp::Socket<'_>) -> bool {
         sock.state(),
         CloseWait | LastAck | Closing | TimeWait | Closed
     ) && !sock.can_recv()
+}
+
+/// Whether a connected host stream's route was local: the kernel picked the
+/// destination itself as the source, so the destination is one of the host's
+/// own addresses. Loopback destinations are left to the deciders (the
+/// platform deny set refuses them by class before any connect).
+fn is_local_route(host: &TcpStream) -> bool {
+    match (host.local_addr(), host.peer_addr()) {
+        (Ok(local), Ok(peer)) => local.ip() == peer.ip() && !peer.ip().is_loopback(),
+        // Cannot tell: fail closed.
+        _ => true,
+    }
 }
 
 /// The sequence number of a held SYN frame (0 when it cannot be read).

@@ -10,6 +10,7 @@ use sluice_gateway::audit::AuditSink;
 use sluice_gateway::config::{self, Config, PublishSpec};
 use sluice_gateway::decide::{Decider, PlatformDecider, PlatformDenySet, host_addresses};
 use sluice_gateway::enforce::PolicyDecider;
+use sluice_gateway::hostaddrs::HostAddresses;
 use sluice_gateway::reload::ReloadSource;
 use sluice_gateway::{GuestSource, serve_with_reload};
 use sluice_policy::CompileOptions;
@@ -73,6 +74,19 @@ struct Args {
     /// self-restriction then has only its seccomp filter).
     #[arg(long)]
     allow_missing_landlock: bool,
+    /// Maximum concurrent forwarded UDP flows (guest endpoint, destination) the policy
+    /// allowed; a new one beyond it is dropped and audited `too_many_flows`.
+    #[arg(long, default_value_t = sluice_gateway::udp::DEFAULT_MAX_UDP_FLOWS)]
+    max_udp_flows: usize,
+    /// Seconds without a datagram after which a forwarded UDP flow closes (a flow the
+    /// destination never answered closes after half of it).
+    #[arg(long, default_value_t = sluice_gateway::udp::DEFAULT_UDP_IDLE.as_secs())]
+    udp_idle_secs: u64,
+    /// Size in KiB of each of a TCP flow's two buffers (receive window towards the guest,
+    /// unacknowledged data to the guest), 64..=16384. Bounds per-flow memory; smaller
+    /// windows cost throughput (docs/gateway.md, "Memory").
+    #[arg(long, default_value_t = config::DEFAULT_FLOW_BUFFER / 1024)]
+    flow_buffer_kib: usize,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -90,6 +104,16 @@ fn main() -> anyhow::Result<()> {
     let mut cfg = Config::new(&args.subnet, args.mtu)?;
     cfg.publish = args.publish.clone();
     cfg.max_flows = args.max_flows.max(1);
+    cfg.udp.max_flows = args.max_udp_flows;
+    if !(config::MIN_FLOW_BUFFER / 1024..=16384).contains(&args.flow_buffer_kib) {
+        bail!(
+            "--flow-buffer-kib {}: must be 64..=16384",
+            args.flow_buffer_kib
+        );
+    }
+    cfg.flow_buffer = args.flow_buffer_kib * 1024;
+    cfg.udp.idle = std::time::Duration::from_secs(args.udp_idle_secs.max(1));
+    cfg.udp.idle_unanswered = cfg.udp.idle / 2;
     cfg.sandbox_id = args.sandbox_id.clone();
     cfg.dns_upstreams = if args.dns_upstream.is_empty() {
         config::host_resolvers()?
@@ -127,7 +151,9 @@ fn main() -> anyhow::Result<()> {
     let mut audit = AuditSink::new(out, &cfg.sandbox_id);
     audit.set_policy(policy.clone());
     let broadcast = cfg.subnet.broadcast();
-    let deny = PlatformDenySet::new(host_addresses(), cfg.gateway_ip, broadcast);
+    // Read now, kept current by a refresher on the runtime (hostaddrs module docs).
+    let hosts = Arc::new(HostAddresses::read());
+    let deny = PlatformDenySet::with_host_addresses(Arc::clone(&hosts), cfg.gateway_ip, broadcast);
     let mut reload = None;
     let decider: Arc<dyn Decider> = match (policy, &args.policy) {
         (Some(policy), Some(path)) => {
@@ -151,6 +177,7 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     runtime.block_on(async move {
+        hosts.spawn_refresher();
         let source = match (args.socket, args.fd) {
             (Some(path), _) => GuestSource::Socket(path),
             (None, Some(fd)) => GuestSource::Connected(adopt_fd(fd)?),
