@@ -195,13 +195,16 @@ fn main() -> anyhow::Result<()> {
 /// The gateway's own jail (docs/isolation.md), applied once everything it
 /// reads at start is read and before the runtime starts any thread: no
 /// exec, no new processes, no file writes but the audit log, reads only of
-/// the policy file; TCP bind only on `--publish` ports. With `--socket`,
+/// the policy file's directory (reload re-reads it); TCP bind only on `--publish` ports. With `--socket`,
 /// the socket's directory stays writable (the listener is bound later).
 fn self_restrict(args: &Args) -> anyhow::Result<()> {
     use sluice_confine::{GatewayConfinement, gateway_self_restrict};
     let mut conf = GatewayConfinement {
         audit_path: (args.audit != "-").then(|| PathBuf::from(&args.audit)),
-        read_paths: args.policy.iter().cloned().collect(),
+        // The policy's directory, not the file: reload follows editors and
+        // tools that replace the file by rename, and Landlock binds a file
+        // rule to the inode that existed when the rule was made.
+        read_paths: args.policy.iter().map(|p| policy_dir(p)).collect(),
         tcp_bind: args
             .publish
             .iter()
@@ -222,6 +225,14 @@ fn self_restrict(args: &Args) -> anyhow::Result<()> {
     let applied = gateway_self_restrict(&conf).context("restricting the gateway")?;
     tracing::info!(landlock = ?applied.landlock, seccomp = ?applied.seccomp, "self-restricted");
     Ok(())
+}
+
+/// The directory holding the policy file (`.` for a bare file name).
+fn policy_dir(path: &std::path::Path) -> PathBuf {
+    match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
 }
 
 /// Adopts the inherited stream socket `fd`.
