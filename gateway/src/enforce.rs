@@ -25,7 +25,9 @@
 //!    then requires the name on the wire to be allowed on the port and the
 //!    destination IP to be in the table *for that name*:
 //!    - TLS: exactly one host_name SNI, no ECH (`sni_absent`, `sni_multiple`,
-//!      `sni_unreadable`, `not_tls`, `ech_present`), allowed on the port
+//!      `sni_unreadable`, `not_tls`, `ech_present`; GREASE ECH cannot be told
+//!      from real ECH on the wire, so both are denied: docs/threat-model.md
+//!      says why and what clients must set), allowed on the port
 //!      (`not_allowlisted`, `denylisted`, `port_not_allowed`), and resolved
 //!      to the destination (`sni_dns_mismatch`).
 //!    - HTTP: one Host (`http_host_absent`), no CONNECT
