@@ -307,9 +307,8 @@ impl CompiledPolicy {
     /// nothing.
     #[inline]
     fn match_name(&self, name: &str, accept: impl Fn(&Rule) -> bool) -> NameMatch {
-        self.names.match_name(name, |id| {
-            self.rules.get(id as usize).is_some_and(&accept)
-        })
+        self.names
+            .match_name(name, |id| self.rules.get(id as usize).is_some_and(&accept))
     }
 
     fn rule_ref<'a>(&'a self, id: u32, name: Option<&'a str>) -> Option<MatchedRule<'a>> {

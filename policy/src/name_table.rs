@@ -299,7 +299,11 @@ impl NameTable {
             let (deny, start, len) = if exact {
                 (entry.deny_exact, entry.exact_start, entry.exact_len)
             } else {
-                (entry.deny_sub, entry.exact_start + entry.exact_len, entry.sub_len)
+                (
+                    entry.deny_sub,
+                    entry.exact_start + entry.exact_len,
+                    entry.sub_len,
+                )
             };
             if deny != NONE {
                 denied = deny;
