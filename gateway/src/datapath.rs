@@ -2319,7 +2319,8 @@ mod tests {
         assert!(
             lines.iter().any(|l| l["kind"] == "dns"
                 && l["qname"] == "alias.example.org"
-                && l["reason"] == "denylisted"),
+                && l["reason"] == "denylisted"
+                && l["rule"]["pattern"] != "*.example.org"),
             "{text}"
         );
     }
