@@ -90,6 +90,7 @@ struct Args {
 }
 
 fn main() -> anyhow::Result<()> {
+    pin_mmap_threshold();
     let args = Args::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
@@ -234,6 +235,33 @@ fn policy_dir(path: &std::path::Path) -> PathBuf {
         _ => PathBuf::from("."),
     }
 }
+
+/// Serves every allocation of [`MMAP_THRESHOLD`] or more (each TCP flow's two
+/// smoltcp buffers, the guest read buffer) from its own fresh anonymous mapping,
+/// returned to the kernel on free.
+///
+/// Why: glibc raises its mmap threshold dynamically after the first such block
+/// is freed; from then on flow buffers come from the heap, where `calloc` clears
+/// (touches) recycled memory and freed memory is rarely returned. Measured with
+/// 1,000 idle flows (`benches/datapath.sh`): 282 MB RSS without, 15 MB with. With
+/// fresh mappings a flow's buffers cost RSS only for the pages its data has
+/// touched. No effect on other C libraries.
+const MMAP_THRESHOLD: i32 = 64 * 1024;
+
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[allow(unsafe_code)]
+fn pin_mmap_threshold() {
+    // SAFETY: mallopt only sets a glibc malloc tuning parameter. It has no
+    // memory-safety preconditions and is called at the start of main, before
+    // this process starts any thread.
+    let ok = unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD) };
+    if ok != 1 {
+        eprintln!("sluice-gateway: mallopt(M_MMAP_THRESHOLD) failed; flow memory may stay resident");
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn pin_mmap_threshold() {}
 
 /// Adopts the inherited stream socket `fd`.
 #[allow(unsafe_code)]
