@@ -46,8 +46,11 @@ use crate::decide::{
 };
 use crate::dhcp::{self, DhcpServer};
 use crate::dns::{self, DnsTable, Question};
+use crate::enforce::{WireName, sniff_wire_name};
 use crate::frames::{FrameError, FrameReader, TxBatch};
 use crate::packet::{self, Addresses, Class, DropReason};
+
+mod revoke;
 
 /// Bytes read from the guest per syscall.
 const GUEST_READ_CHUNK: usize = 256 * 1024;
@@ -123,6 +126,9 @@ pub enum Event {
     },
     /// Log the counters now (SIGUSR1).
     DumpCounters,
+    /// A policy reload was attempted (SIGHUP or a change of the policy
+    /// file): swap it in and revoke what it denies, or audit the rejection.
+    Reload(Box<crate::reload::PolicyReload>),
     /// Close flows and stop (SIGTERM/SIGINT).
     Shutdown,
 }
@@ -275,6 +281,11 @@ struct Flow {
     down: u64,
     /// Whether a `flow_open` line was written (a close line follows only then).
     audited_open: bool,
+    /// The SNI or Host that admitted an inspected flow.
+    wire: Option<WireName>,
+    /// The names that admitted the flow (rechecked on reload): the wire
+    /// name, or the table's names for the destination at open.
+    names: Vec<Box<str>>,
 }
 
 /// One guest session's datapath state.
@@ -470,6 +481,8 @@ impl Datapath {
                     }
                 }
             }
+            // Ends the audit rate-limit window (summary of suppressed denies).
+            self.audit.tick();
             if last_counters.elapsed() >= COUNTER_LOG_INTERVAL {
                 last_counters = Instant::now();
                 self.counters.log(self.flows.len());
@@ -759,6 +772,8 @@ impl Datapath {
                 up: 0,
                 down: 0,
                 audited_open: false,
+                wire: None,
+                names: Vec::new(),
             },
         );
         self.by_key.insert(key, id);
@@ -960,11 +975,10 @@ impl Datapath {
         reason: Option<&'static str>,
     ) {
         let qtype = q.qtype.to_string();
-        let rcode = rcode.to_string();
         self.audit.record(&AuditEvent::Dns {
             qname: &q.name,
             qtype: &qtype,
-            rcode: &rcode,
+            rcode: crate::audit::rcode_mnemonic(rcode),
             answers,
             outcome,
             reason,
@@ -1046,6 +1060,7 @@ impl Datapath {
         match ev {
             Event::Shutdown => return true,
             Event::DumpCounters => self.counters.log(self.flows.len()),
+            Event::Reload(reload) => self.on_reload(*reload),
             Event::Connected { id, result } => self.on_connected(id, result),
             Event::DnsUdpReply {
                 guest,
@@ -1160,8 +1175,32 @@ impl Datapath {
         flow.audited_open = true;
         self.counters.flows_opened += 1;
         let key = flow.key;
+        if key.src.ip() == IpAddr::V4(self.cfg.gateway_ip) {
+            self.audit.record(&AuditEvent::PublishedOpen {
+                flow: id,
+                proto: "tcp",
+                src: key.src,
+                dst: key.dst,
+            });
+            return;
+        }
+        if let Some(wire) = &flow.wire {
+            flow.names = vec![wire.as_str().into()];
+            self.audit.record(&AuditEvent::InspectedOpen {
+                flow: id,
+                src: key.src,
+                dst: key.dst,
+                wire,
+            });
+            return;
+        }
         let now = Instant::now();
-        let names: Vec<&str> = self.dns.names_for(key.dst.ip(), now).take(8).collect();
+        let names: Vec<&str> = self
+            .dns
+            .names_for(key.dst.ip(), now)
+            .take(crate::enforce::MAX_NAMES_PER_IP)
+            .collect();
+        flow.names = names.iter().map(|n| Box::from(*n)).collect();
         self.audit.record(&AuditEvent::FlowOpen {
             flow: id,
             proto: "tcp",
@@ -1419,17 +1458,29 @@ impl Datapath {
             }
             v => v,
         };
+        if matches!(verdict, InspectVerdict::NeedMore) {
+            return;
+        }
+        let wire = sock.peek(max_bytes).ok().and_then(sniff_wire_name);
         match verdict {
             InspectVerdict::NeedMore => {}
             InspectVerdict::Allow => {
                 if let Some(f) = self.flows.get_mut(&id) {
                     f.state = FlowState::InspectConnecting { handle };
+                    f.wire = wire;
                 }
                 self.spawn_connect(id, key.dst);
             }
             InspectVerdict::Deny(reason) => {
                 sock.abort();
-                self.deny_audit(&key, reason);
+                self.counters.flows_denied += 1;
+                self.audit.record(&AuditEvent::InspectedDeny {
+                    flow: id,
+                    src: key.src,
+                    dst: key.dst,
+                    reason: reason.as_str(),
+                    wire: wire.as_ref(),
+                });
                 self.remove_flow(id);
             }
         }
@@ -1545,7 +1596,7 @@ mod tests {
     impl Decider for TestDecider {
         fn decide_tcp(&self, flow: &FlowKey, _ctx: &DecideContext<'_>) -> Decision {
             if flow.dst.port() == 9 {
-                Decision::Deny(DenyReason::Policy("test_denied"))
+                Decision::Deny(DenyReason::Policy("not_allowlisted"))
             } else {
                 Decision::Allow
             }
@@ -1726,8 +1777,18 @@ mod tests {
             (denied, 1002, TcpControl::Rst, Some(78))
         );
         let text = String::from_utf8(audit.0.lock().unwrap().clone()).unwrap();
-        assert!(text.contains(r#""reason":"test_denied""#), "{text}");
-        assert_eq!(text.matches(r#""event":"flow_open""#).count(), 2, "{text}");
+        let lines = crate::audit::tests::parse_all(&text);
+        assert!(
+            lines.iter().any(|l| l["kind"] == "connection"
+                && l["reason"] == "not_allowlisted"
+                && l["dst"]["port"] == 9),
+            "{text}"
+        );
+        let opens = lines
+            .iter()
+            .filter(|l| l["kind"] == "connection" && l["decision"] == "allow")
+            .count();
+        assert_eq!(opens, 2, "{text}");
 
         // A frame length below 14 ends the session cleanly.
         guest.stream.write_all(&5u32.to_be_bytes()).await.unwrap();
@@ -1774,9 +1835,131 @@ mod tests {
         let (_, to, control, _, ack) = guest.recv_tcp().await;
         assert_eq!((to, control, ack), (g, TcpControl::Rst, Some(10)));
         let text = String::from_utf8(audit.0.lock().unwrap().clone()).unwrap();
+        crate::audit::tests::parse_all(&text);
         assert!(text.contains(r#""reason":"platform_denied""#), "{text}");
-        assert!(text.contains(r#""reason":"udp_not_allowed""#), "{text}");
+        assert!(text.contains(r#""reason":"udp_blocked""#), "{text}");
         drop(guest);
         assert!(matches!(task.await.unwrap(), SessionEnd::GuestClosed));
+    }
+
+    #[tokio::test]
+    async fn a_flood_of_denied_syns_is_bounded_in_the_audit_and_later_flows_are_served() {
+        const N: u32 = 10_000;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (guest, audit, task) = start(Arc::new(TestDecider));
+        let g = Ipv4Addr::new(10, 0, 2, 15);
+        let denied = SocketAddrV4::new(Ipv4Addr::new(198, 51, 100, 1), 9);
+        let started = Instant::now();
+        // 10,000 SYNs to a denied destination, from distinct ports, in
+        // batches of 500 frames per write.
+        let syns: Vec<Vec<u8>> = (0..N)
+            .map(|i| {
+                let src = SocketAddrV4::new(g, 10_000 + u16::try_from(i).unwrap());
+                tcp_frame(src, denied, TcpControl::Syn, i, None)
+            })
+            .collect();
+        let (mut rd, mut wr) = guest.stream.into_split();
+        let writer = tokio::spawn(async move {
+            for chunk in syns.chunks(500) {
+                let mut out = Vec::new();
+                for f in chunk {
+                    out.extend_from_slice(&u32::try_from(f.len()).unwrap().to_be_bytes());
+                    out.extend_from_slice(f);
+                }
+                wr.write_all(&out).await.unwrap();
+            }
+            wr
+        });
+        // Every one is answered with a RST (read while writing: the gateway
+        // never waits for us).
+        let mut resets = 0;
+        let mut buf = Vec::new();
+        while resets < N {
+            let mut chunk = vec![0u8; 65536];
+            let n = tokio::time::timeout(Duration::from_secs(60), rd.read(&mut chunk))
+                .await
+                .expect("gateway stopped answering the flood")
+                .unwrap();
+            assert!(n > 0, "gateway closed the stream");
+            buf.extend_from_slice(&chunk[..n]);
+            while buf.len() >= 4 {
+                let len = u32::from_be_bytes(buf[..4].try_into().unwrap()) as usize;
+                if buf.len() < 4 + len {
+                    break;
+                }
+                let f: Vec<u8> = buf.drain(..4 + len).skip(4).collect();
+                let eth = EthernetFrame::new_checked(&f[..]).unwrap();
+                if eth.ethertype() != EthernetProtocol::Ipv4 {
+                    continue;
+                }
+                let ip = Ipv4Packet::new_checked(eth.payload()).unwrap();
+                if ip.next_header() == IpProtocol::Tcp
+                    && TcpPacket::new_checked(ip.payload()).unwrap().rst()
+                {
+                    resets += 1;
+                }
+            }
+        }
+        let wr = writer.await.unwrap();
+        let mut guest = Guest {
+            stream: rd.reunite(wr).unwrap(),
+            buf,
+        };
+        // The datapath is still responsive: an allowed flow is served.
+        let dst = SocketAddrV4::new(Ipv4Addr::LOCALHOST, port);
+        guest
+            .send(&[tcp_frame(
+                SocketAddrV4::new(g, 999),
+                dst,
+                TcpControl::Syn,
+                1,
+                None,
+            )])
+            .await;
+        loop {
+            let (src, to, control, _, ack) = guest.recv_tcp().await;
+            if src == dst && to.port() == 999 {
+                assert_eq!(
+                    (control, ack),
+                    (TcpControl::Syn, Some(2)),
+                    "expected SYN-ACK"
+                );
+                break;
+            }
+        }
+        let (_conn, _) = listener.accept().await.unwrap();
+        drop(guest);
+        assert!(matches!(task.await.unwrap(), SessionEnd::GuestClosed));
+        let elapsed = started.elapsed().as_secs() + 1;
+
+        let text = String::from_utf8(audit.0.lock().unwrap().clone()).unwrap();
+        let lines = crate::audit::tests::parse_all(&text);
+        let written = lines
+            .iter()
+            .filter(|l| l["kind"] == "connection" && l["reason"] == "not_allowlisted")
+            .count() as u64;
+        let suppressed: u64 = lines
+            .iter()
+            .filter(|l| l["kind"] == "summary")
+            .flat_map(|l| l["suppressed"].as_array().unwrap().clone())
+            .filter(|s| s["reason"] == "not_allowlisted")
+            .map(|s| s["count"].as_u64().unwrap())
+            .sum();
+        // Bounded: at most the per-reason budget for each second the flood
+        // lasted (plus the window it started in) ...
+        let bound = u64::from(crate::audit::DENY_LINES_PER_SEC) * (elapsed + 1);
+        assert!(written <= bound, "{written} deny lines in {elapsed} s");
+        // ... and nothing lost: the summaries count the rest.
+        assert!(suppressed > 0, "no summary of suppressed lines: {text}");
+        assert_eq!(written + suppressed, u64::from(N));
+        assert!(lines.len() < 1000, "{} lines", lines.len());
+        // The allowed flow has its connection line after the flood.
+        assert!(
+            lines.iter().any(|l| l["kind"] == "connection"
+                && l["decision"] == "allow"
+                && l["dst"]["port"] == port),
+            "{text}"
+        );
     }
 }

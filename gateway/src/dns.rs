@@ -142,6 +142,20 @@ impl DnsTable {
         self.len -= removed;
     }
 
+    /// Keeps only the names `keep` accepts (e.g. those a reloaded policy
+    /// still allows); returns how many (address, name) pairs were dropped.
+    pub fn retain_names(&mut self, mut keep: impl FnMut(&str) -> bool) -> usize {
+        let mut removed = 0;
+        self.by_ip.retain(|_, list| {
+            let before = list.len();
+            list.retain(|e| keep(&e.name));
+            removed += before - list.len();
+            !list.is_empty()
+        });
+        self.len -= removed;
+        removed
+    }
+
     fn evict_soonest(&mut self) {
         let victim = self
             .by_ip

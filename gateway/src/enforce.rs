@@ -424,6 +424,19 @@ pub fn wire_name(protocol: PortProtocol, first_bytes: &[u8]) -> Option<WireName>
     }
 }
 
+/// The SNI or Host an inspected flow's first bytes present, whatever the
+/// port: a TLS handshake record (first byte 0x16) is read as a ClientHello,
+/// anything else as an HTTP/1 request head. Sound because the two cannot be
+/// confused (an HTTP method starts with a token character, never 0x16).
+/// For the audit line and for [`PolicyDecider::recheck_tcp`] after a reload.
+pub fn sniff_wire_name(first_bytes: &[u8]) -> Option<WireName> {
+    match first_bytes.first() {
+        Some(0x16) => wire_name(PortProtocol::Tls, first_bytes),
+        Some(_) => wire_name(PortProtocol::Http, first_bytes),
+        None => None,
+    }
+}
+
 /// The policy's TTL bounds in whole seconds, for
 /// `sluice_inspect::dns::sanitize_response_clamped` (the guest re-resolves no
 /// later than the gateway's table entry expires). The table itself takes the

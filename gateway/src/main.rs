@@ -10,7 +10,8 @@ use sluice_gateway::audit::AuditSink;
 use sluice_gateway::config::{self, Config, PublishSpec};
 use sluice_gateway::decide::{Decider, PlatformDecider, PlatformDenySet, host_addresses};
 use sluice_gateway::enforce::PolicyDecider;
-use sluice_gateway::{GuestSource, serve};
+use sluice_gateway::reload::ReloadSource;
+use sluice_gateway::{GuestSource, serve_with_reload};
 use sluice_policy::CompileOptions;
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -36,7 +37,10 @@ struct Args {
     #[arg(long)]
     fd: Option<i32>,
     /// Policy file (YAML), compiled at start (exit non-zero if invalid) and enforced on every
-    /// flow and DNS query. Without it only the platform deny set applies.
+    /// flow and DNS query. Without it only the platform deny set applies. Reloaded on SIGHUP
+    /// and when the file changes (also by rename); an invalid new file is rejected and the
+    /// running policy stays (audit `reload_rejected`); open flows the new policy denies are
+    /// reset (audit `reload_revoked`).
     #[arg(long)]
     policy: Option<PathBuf>,
     /// Audit JSON lines destination: a file path (appended) or `-` for stdout.
@@ -116,15 +120,23 @@ fn main() -> anyhow::Result<()> {
                 .with_context(|| format!("opening audit file {}", args.audit))?,
         )
     };
-    let audit = AuditSink::new(out, &cfg.sandbox_id);
+    let mut audit = AuditSink::new(out, &cfg.sandbox_id);
+    audit.set_policy(policy.clone());
     let broadcast = cfg.subnet.broadcast();
     let deny = PlatformDenySet::new(host_addresses(), cfg.gateway_ip, broadcast);
-    let decider: Arc<dyn Decider> = match policy {
-        Some(policy) => {
-            tracing::info!(policy = ?args.policy, "enforcing policy");
-            Arc::new(PolicyDecider::new(policy, deny))
+    let mut reload = None;
+    let decider: Arc<dyn Decider> = match (policy, &args.policy) {
+        (Some(policy), Some(path)) => {
+            tracing::info!(policy = %path.display(), "enforcing policy (SIGHUP or a file change reloads it)");
+            let decider = Arc::new(PolicyDecider::new(policy, deny));
+            reload = Some(ReloadSource::new(
+                path.clone(),
+                Arc::clone(&decider),
+                CompileOptions::default(),
+            ));
+            decider
         }
-        None => {
+        _ => {
             tracing::warn!("no --policy: only the platform deny set applies");
             Arc::new(PlatformDecider::new(deny))
         }
@@ -143,7 +155,7 @@ fn main() -> anyhow::Result<()> {
             gateway = %cfg.gateway_ip, guest = %cfg.guest_ip, mtu = cfg.mtu,
             upstreams = ?cfg.dns_upstreams, "sluice-gateway starting"
         );
-        serve(cfg, decider, audit, source).await?;
+        serve_with_reload(cfg, decider, audit, source, reload).await?;
         Ok(())
     })
 }

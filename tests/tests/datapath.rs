@@ -396,9 +396,14 @@ fn sigterm_exits_cleanly(s: Sidecar) -> Result<()> {
     ensure!(!audit.is_empty(), "empty audit log");
     ensure!(audit.ends_with('\n'), "audit log ends mid-line");
     for line in audit.lines() {
-        serde_json::from_str::<serde_json::Value>(line)
-            .with_context(|| format!("audit line is not JSON: {line}"))?;
+        sluice_policy::audit::AuditRecord::from_json(line)
+            .with_context(|| format!("audit line is not a schema-1 record: {line}"))?;
     }
+    let last = audit.lines().last().unwrap_or_default();
+    ensure!(
+        last.contains(r#""kind":"gateway""#) && last.contains(r#""reason":"shutdown""#),
+        "the last audit line is not the gateway's stop record: {last}"
+    );
     ensure!(
         audit.contains(&ORIGIN_ADDR.to_string()),
         "no audit line for the flow: {audit}"
