@@ -160,6 +160,9 @@ pub struct Config {
     pub connect_timeout: Duration,
     /// Sandbox id written in audit lines.
     pub sandbox_id: String,
+    /// The TLS-terminating proxy for inspected hosts (secret injection);
+    /// `None` when the policy inspects nothing: every flow is spliced.
+    pub intercept: Option<std::sync::Arc<sluice_intercept::Interceptor>>,
 }
 
 impl Config {
@@ -187,6 +190,7 @@ impl Config {
             max_flows: DEFAULT_MAX_FLOWS,
             connect_timeout: Duration::from_secs(10),
             sandbox_id: String::from("sandbox"),
+            intercept: None,
         })
     }
 }

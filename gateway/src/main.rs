@@ -12,7 +12,9 @@ use sluice_gateway::decide::{Decider, PlatformDecider, PlatformDenySet, host_add
 use sluice_gateway::enforce::PolicyDecider;
 use sluice_gateway::reload::ReloadSource;
 use sluice_gateway::{GuestSource, serve_with_reload};
-use sluice_policy::CompileOptions;
+use sluice_intercept::{Interceptor, InterceptorConfig};
+use sluice_policy::{CompileOptions, CompiledPolicy};
+use sluice_secrets::SecretStore;
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum LogFormat {
@@ -66,6 +68,15 @@ struct Args {
     /// resolvers from /etc/resolv.conf or /run/systemd/resolve/resolv.conf.
     #[arg(long)]
     dns_upstream: Vec<String>,
+    /// Write the sandbox CA certificate (PEM, mode 0644) to this path, for the guest's trust
+    /// store. The CA is generated at start only when the policy inspects some host (a secret
+    /// bound to it, or `inspect:`); otherwise no file is written.
+    #[arg(long)]
+    ca_out: Option<PathBuf>,
+    /// Extra CA certificates (PEM file, may hold several) trusted for the upstreams of
+    /// intercepted connections besides the compiled-in webpki roots. Repeatable.
+    #[arg(long)]
+    upstream_ca: Vec<PathBuf>,
     /// Maximum concurrent flows; new connections beyond it are refused with RST.
     #[arg(long, default_value_t = config::DEFAULT_MAX_FLOWS)]
     max_flows: usize,
@@ -120,6 +131,9 @@ fn main() -> anyhow::Result<()> {
                 .with_context(|| format!("opening audit file {}", args.audit))?,
         )
     };
+    if let Some(policy) = &policy {
+        cfg.intercept = interceptor(policy, args.ca_out.as_deref(), &args.upstream_ca)?;
+    }
     let mut audit = AuditSink::new(out, &cfg.sandbox_id);
     audit.set_policy(policy.clone());
     let broadcast = cfg.subnet.broadcast();
@@ -158,6 +172,43 @@ fn main() -> anyhow::Result<()> {
         serve_with_reload(cfg, decider, audit, source, reload).await?;
         Ok(())
     })
+}
+
+/// The interception proxy when `policy` inspects any host: its CA is written
+/// to `ca_out`, and secret values are read now (a missing one stops the start).
+fn interceptor(
+    policy: &CompiledPolicy,
+    ca_out: Option<&std::path::Path>,
+    upstream_ca: &[PathBuf],
+) -> anyhow::Result<Option<Arc<Interceptor>>> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject as _;
+    if policy.inspected_patterns().is_empty() {
+        return Ok(None);
+    }
+    let mut extra_roots = Vec::new();
+    for path in upstream_ca {
+        for cert in CertificateDer::pem_file_iter(path)
+            .with_context(|| format!("--upstream-ca {}", path.display()))?
+        {
+            extra_roots.push(cert.with_context(|| format!("--upstream-ca {}", path.display()))?);
+        }
+    }
+    let secrets = SecretStore::load(policy).context("loading the policy's secret values")?;
+    let config = InterceptorConfig {
+        extra_roots,
+        ..InterceptorConfig::default()
+    };
+    let proxy = Interceptor::new(policy.inspected_patterns(), Arc::new(secrets), config)
+        .context("starting the interception proxy")?;
+    if let Some(path) = ca_out {
+        proxy.ca().write_pem(path)?;
+    }
+    tracing::info!(
+        constraints = ?proxy.ca().subtrees(),
+        "TLS interception on for the inspected hosts (sandbox CA generated)"
+    );
+    Ok(Some(Arc::new(proxy)))
 }
 
 /// Adopts the inherited stream socket `fd`.
