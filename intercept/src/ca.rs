@@ -423,6 +423,47 @@ mod tests {
         verify(&eager, &b, "api.openai.com").unwrap();
     }
 
+    /// The guest's curl uses OpenSSL: it must enforce the constraints too.
+    #[test]
+    fn openssl_refuses_a_leaf_outside_the_constraints() {
+        use std::process::Command;
+        let ca = ca();
+        let dir = std::env::temp_dir().join(format!("mi-ossl-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        ca.write_pem(&dir.join("ca.pem")).unwrap();
+        let verify = |name: &str, leaf: &CertifiedKey| {
+            let der = dir.join(format!("{name}.der"));
+            let pem = dir.join(format!("{name}.pem"));
+            std::fs::write(&der, leaf.cert[0].as_ref()).unwrap();
+            let conv = Command::new("openssl")
+                .args(["x509", "-inform", "DER", "-in"])
+                .arg(&der)
+                .arg("-out")
+                .arg(&pem)
+                .status()
+                .unwrap();
+            assert!(conv.success());
+            let out = Command::new("openssl")
+                .arg("verify")
+                .arg("-CAfile")
+                .arg(dir.join("ca.pem"))
+                .arg(&pem)
+                .output()
+                .unwrap();
+            (
+                out.status.success(),
+                String::from_utf8_lossy(&out.stdout).into_owned()
+                    + &String::from_utf8_lossy(&out.stderr),
+            )
+        };
+        let (ok, text) = verify("good", &ca.leaf("api.openai.com").unwrap());
+        assert!(ok, "{text}");
+        let (ok, text) = verify("forged", &ca.mint_unchecked("evil.test"));
+        assert!(!ok, "{text}");
+        assert!(text.contains("permitted subtree violation"), "{text}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     #[test]
     fn pem_is_written_world_readable() {
         use std::os::unix::fs::PermissionsExt as _;

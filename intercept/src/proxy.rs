@@ -777,6 +777,9 @@ async fn handle(conn: Arc<Conn>, mut req: Request<Incoming>) -> Response<ProxyBo
     let guest_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
     let (mut parts, body) = req.into_parts();
     strip_hop_by_hop(&mut parts.headers, upgrade);
+    // `Expect: 100-continue` was answered by this leg's server when the body
+    // was first read; upstream gets the body without waiting.
+    parts.headers.remove(header::EXPECT);
 
     let subs = match conn.subst.request_head(&mut parts) {
         Ok(s) => s,
