@@ -593,16 +593,18 @@ fn build<'a>(
             let (reason, detail) = match (reason, outcome) {
                 (Some(code), _) => reason_of(code),
                 (None, "forwarded") => (Reason::DnsAnswered, None),
-                (None, "local") if rcode == "NOERROR" || rcode == "No Error" => {
-                    (Reason::DnsTypeWithheld, None)
-                }
+                (None, "local") if rcode == "NOERROR" => (Reason::DnsTypeWithheld, None),
                 (None, "local") => (
                     Reason::UpstreamError,
                     Some("no upstream resolver or too many queries in flight"),
                 ),
                 (None, _) => (Reason::UpstreamError, None),
             };
-            let mut r = new(Kind::Dns, reason).query(qname, qtype);
+            let mut r = new(Kind::Dns, reason);
+            // A query that could not be read has no name or type.
+            if !qname.is_empty() {
+                r = r.query(qname, qtype);
+            }
             r.rcode = Some(Cow::Borrowed(rcode));
             r.answers = answers.to_vec();
             r.detail = detail.map(Cow::Borrowed);
@@ -612,7 +614,12 @@ fn build<'a>(
                     Reason::DnsAnswered | Reason::Denylisted | Reason::PrivateAnswer
                 )
             {
-                r.rule = rule_of(&p.check_name(qname));
+                let v = p.check_name(qname);
+                // A CNAME-chain denial: the question's own name is allowed,
+                // so its rule did not decide; name none rather than that one.
+                if reason != Reason::Denylisted || v.reason == Reason::Denylisted {
+                    r.rule = rule_of(&v);
+                }
             }
             r
         }

@@ -147,9 +147,11 @@ fn signature(path: &std::path::Path) -> Signature {
 /// The SIGHUP handler could not be installed.
 pub fn spawn(source: ReloadSource, events: mpsc::UnboundedSender<Event>) -> std::io::Result<()> {
     let mut hup = signal(SignalKind::hangup())?;
+    // Taken now, not when the task first runs: a change made in between
+    // must not go unseen.
+    let mut seen = signature(&source.path);
     tokio::spawn(async move {
         let source = Arc::new(source);
-        let mut seen = signature(&source.path);
         let mut candidate: Option<Signature> = None;
         let mut ticker = tokio::time::interval(source.poll);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -220,5 +222,79 @@ pub fn apply_idle(reload: PolicyReload, audit: &mut AuditSink) {
             trigger: reload.trigger.as_str(),
             detail: &errors,
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decide::PlatformDenySet;
+
+    const A: &str =
+        "version: 1\nid: reload-test\nlabel: A\nallow:\n  - domain: \"a.example.com\"\n";
+    const B: &str =
+        "version: 1\nid: reload-test\nlabel: B\nallow:\n  - domain: \"b.example.com\"\n";
+
+    async fn next_reload(rx: &mut mpsc::UnboundedReceiver<Event>) -> PolicyReload {
+        let ev = tokio::time::timeout(Duration::from_secs(60), rx.recv())
+            .await
+            .expect("no reload event")
+            .expect("reload task ended");
+        match ev {
+            Event::Reload(r) => *r,
+            other => panic!("unexpected event {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn file_changes_in_place_and_by_rename_are_reloaded_and_invalid_ones_rejected() {
+        let dir = std::env::temp_dir().join(format!("au-reload-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("policy.yaml");
+        std::fs::write(&path, A).unwrap();
+        let initial = sluice_policy::load_file(&path, &CompileOptions::default()).unwrap();
+        let decider = Arc::new(PolicyDecider::new(
+            Arc::new(initial),
+            PlatformDenySet::default(),
+        ));
+        let mut source = ReloadSource::new(path.clone(), decider, CompileOptions::default());
+        source.poll = Duration::from_millis(20);
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        spawn(source, tx).unwrap();
+
+        // Rename-replace, as editors do.
+        let tmp = dir.join("policy.yaml.tmp");
+        std::fs::write(&tmp, B).unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
+        let r = next_reload(&mut rx).await;
+        assert_eq!(r.trigger, Trigger::FileChanged);
+        let p = r.outcome.unwrap();
+        assert_eq!(p.label(), Some("B"));
+        // Applying it swaps the decider's policy.
+        let mut sink = AuditSink::new(Box::new(std::io::sink()), "t");
+        let decider = Arc::clone(&r.decider);
+        apply_idle(
+            PolicyReload {
+                decider: Arc::clone(&decider),
+                outcome: Ok(p),
+                trigger: r.trigger,
+            },
+            &mut sink,
+        );
+        assert_eq!(decider.policy().label(), Some("B"));
+        assert_eq!(sink.policy().and_then(|p| p.label()), Some("B"));
+
+        // In place, invalid: rejected with the file's position.
+        std::fs::write(&path, "version: 1\nid: x\nbogus: 1\n").unwrap();
+        let r = next_reload(&mut rx).await;
+        let errors = r.outcome.unwrap_err();
+        assert!(errors.contains("policy.yaml:3:"), "{errors}");
+        assert!(errors.contains("bogus"), "{errors}");
+
+        // Deleted: rejected (the old policy stays), never a panic.
+        std::fs::remove_file(&path).unwrap();
+        let r = next_reload(&mut rx).await;
+        assert!(r.outcome.is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use zeroize::Zeroizing;
 
-use crate::matcher::Table;
+use crate::matcher::{Table, secret_bytes};
 
 /// Replaces patterns in a body that arrives in chunks, with exactly the
 /// result of replacing them in the whole body at once, however the body is
@@ -42,6 +42,18 @@ impl StreamReplacer {
             replaced: 0,
             hits,
         }
+    }
+
+    /// A replacer for arbitrary `(pattern, replacement)` pairs, outside any
+    /// store (tests, fuzzing, other rewriters). Empty patterns are ignored;
+    /// [`StreamReplacer::used`] reports them by an empty name. The bytes are
+    /// copied into zeroising buffers.
+    pub fn from_pairs<'a>(pairs: impl IntoIterator<Item = (&'a [u8], &'a [u8])>) -> Self {
+        let rows = pairs
+            .into_iter()
+            .map(|(f, w)| (secret_bytes(f), secret_bytes(w), Arc::from("")))
+            .collect();
+        Self::new(Arc::new(Table::new(rows)))
     }
 
     /// Appends the replaced bytes that are final to `out`; keeps at most
@@ -192,7 +204,6 @@ impl fmt::Debug for StreamReplacer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::matcher::secret_bytes;
 
     /// The obvious quadratic reference: at each position take the longest
     /// pattern that starts there (first in table order among equals).
