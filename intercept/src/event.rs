@@ -30,7 +30,8 @@ pub struct HttpEvent {
     pub src: SocketAddr,
     /// Upstream destination.
     pub dst: SocketAddr,
-    /// The SNI the guest sent (verified by enforcement).
+    /// The SNI the guest sent (verified by enforcement); empty for plain
+    /// HTTP (then omitted from the record).
     pub sni: String,
     /// The request's Host / `:authority` as sent (absent on connection events).
     pub host: Option<String>,
@@ -87,8 +88,10 @@ impl HttpEvent {
     pub fn fill<'a>(&'a self, skeleton: AuditRecord<'a>) -> AuditRecord<'a> {
         let mut r = skeleton
             .flow(self.flow)
-            .endpoints(Transport::Tcp, self.src, self.dst)
-            .sni(&self.sni);
+            .endpoints(Transport::Tcp, self.src, self.dst);
+        if !self.sni.is_empty() {
+            r = r.sni(&self.sni);
+        }
         r.ts = self.ts;
         r.kind = self.kind;
         r.reason = self.reason;

@@ -190,6 +190,12 @@ impl Interceptor {
         &self.ca
     }
 
+    /// The secret store in force now (for placeholder detection elsewhere,
+    /// e.g. on plain HTTP, where nothing is ever substituted).
+    pub fn secrets(&self) -> Arc<SecretStore> {
+        self.secrets.load_full()
+    }
+
     /// Installs rotated secret values (reload). Connections already open
     /// keep the values they started with; new connections use these.
     pub fn set_secrets(&self, secrets: Arc<SecretStore>) {

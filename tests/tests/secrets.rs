@@ -210,6 +210,17 @@ fn placeholders_are_substituted_only_where_bound_and_scrubbed_from_responses() -
         "plain HTTP: {got:?}"
     );
 
+    let rec = wait_audit(&w, "plain HTTP placeholder", |r| {
+        r["reason"] == "secret_host_mismatch" && r["host"] == ORIGIN_NAME
+    })?;
+    ensure!(
+        rec["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("plain HTTP"),
+        "{rec}"
+    );
+
     // An inspected host the secret is not bound to: passed through, logged.
     let out = curl(&w, &format!("{auth} https://{ORIGIN2_NAME}/echo/other"))?;
     ensure!(
@@ -222,7 +233,7 @@ fn placeholders_are_substituted_only_where_bound_and_scrubbed_from_responses() -
         "other host: {got:?}"
     );
     let rec = wait_audit(&w, "secret_host_mismatch", |r| {
-        r["reason"] == "secret_host_mismatch"
+        r["reason"] == "secret_host_mismatch" && r["sni"] == ORIGIN2_NAME
     })?;
     ensure!(rec["sni"] == ORIGIN2_NAME, "{rec}");
     ensure!(

@@ -104,6 +104,14 @@ impl Datapath {
                 wire: Some(WireName::Sni(sni)),
                 ..
             }) => sni.clone(),
+            Some(Flow {
+                wire: Some(WireName::Host(host)),
+                ..
+            }) => {
+                let host = host.clone();
+                self.note_plain_http_placeholders(id, handle, key, &host, &interceptor);
+                return false;
+            }
             _ => return false,
         };
         if !self.decider.intercepts(key, &sni) {
@@ -129,6 +137,48 @@ impl Datapath {
         tokio::spawn(interceptor.serve(theirs, flow, audit));
         self.open_flow(id, handle, HostStream::Local(ours));
         true
+    }
+
+    /// Plain HTTP is never intercepted nor substituted: placeholders in the
+    /// first request head (the bytes inspection read) pass unchanged and are
+    /// logged `secret_host_mismatch`. Later requests on a kept-alive
+    /// connection are not seen.
+    fn note_plain_http_placeholders(
+        &mut self,
+        id: u64,
+        handle: SocketHandle,
+        key: &FlowKey,
+        host: &str,
+        interceptor: &sluice_intercept::Interceptor,
+    ) {
+        let store = interceptor.secrets();
+        let sock = self.sockets.get_mut::<tcp::Socket<'_>>(handle);
+        let names: Vec<String> = match sock.peek(crate::enforce::INSPECT_MAX_BYTES) {
+            Ok(bytes) => store
+                .placeholders_in(bytes)
+                .into_iter()
+                .map(str::to_owned)
+                .collect(),
+            Err(_) => return,
+        };
+        if names.is_empty() {
+            return;
+        }
+        let mut event = HttpEvent::new(
+            sluice_policy::audit::Kind::Http,
+            sluice_policy::Reason::SecretHostMismatch,
+            id,
+            key.src,
+            key.dst,
+            "",
+        );
+        event.sni.clear();
+        event.host = Some(host.to_owned());
+        event.detail = Some(format!(
+            "placeholder of secret(s) {} sent over plain HTTP (never substituted); passed through unchanged",
+            names.join(", ")
+        ));
+        self.on_intercept_event(&event);
     }
 
     /// Writes one proxy event as an audit record.
