@@ -10,7 +10,9 @@ use sluice_gateway::audit::AuditSink;
 use sluice_gateway::config::{self, Config, PublishSpec};
 use sluice_gateway::decide::{Decider, PlatformDecider, PlatformDenySet, host_addresses};
 use sluice_gateway::enforce::PolicyDecider;
-use sluice_gateway::{GuestSource, serve};
+use sluice_gateway::hostaddrs::HostAddresses;
+use sluice_gateway::reload::ReloadSource;
+use sluice_gateway::{GuestSource, serve_with_reload};
 use sluice_policy::CompileOptions;
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -36,7 +38,10 @@ struct Args {
     #[arg(long)]
     fd: Option<i32>,
     /// Policy file (YAML), compiled at start (exit non-zero if invalid) and enforced on every
-    /// flow and DNS query. Without it only the platform deny set applies.
+    /// flow and DNS query. Without it only the platform deny set applies. Reloaded on SIGHUP
+    /// and when the file changes (also by rename); an invalid new file is rejected and the
+    /// running policy stays (audit `reload_rejected`); open flows the new policy denies are
+    /// reset (audit `reload_revoked`).
     #[arg(long)]
     policy: Option<PathBuf>,
     /// Audit JSON lines destination: a file path (appended) or `-` for stdout.
@@ -69,6 +74,19 @@ struct Args {
     /// self-restriction then has only its seccomp filter).
     #[arg(long)]
     allow_missing_landlock: bool,
+    /// Maximum concurrent forwarded UDP flows (guest endpoint, destination) the policy
+    /// allowed; a new one beyond it is dropped and audited `too_many_flows`.
+    #[arg(long, default_value_t = sluice_gateway::udp::DEFAULT_MAX_UDP_FLOWS)]
+    max_udp_flows: usize,
+    /// Seconds without a datagram after which a forwarded UDP flow closes (a flow the
+    /// destination never answered closes after half of it).
+    #[arg(long, default_value_t = sluice_gateway::udp::DEFAULT_UDP_IDLE.as_secs())]
+    udp_idle_secs: u64,
+    /// Size in KiB of each of a TCP flow's two buffers (receive window towards the guest,
+    /// unacknowledged data to the guest), 64..=16384. Bounds per-flow memory; smaller
+    /// windows cost throughput (docs/gateway.md, "Memory").
+    #[arg(long, default_value_t = config::DEFAULT_FLOW_BUFFER / 1024)]
+    flow_buffer_kib: usize,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -86,6 +104,16 @@ fn main() -> anyhow::Result<()> {
     let mut cfg = Config::new(&args.subnet, args.mtu)?;
     cfg.publish = args.publish.clone();
     cfg.max_flows = args.max_flows.max(1);
+    cfg.udp.max_flows = args.max_udp_flows;
+    if !(config::MIN_FLOW_BUFFER / 1024..=16384).contains(&args.flow_buffer_kib) {
+        bail!(
+            "--flow-buffer-kib {}: must be 64..=16384",
+            args.flow_buffer_kib
+        );
+    }
+    cfg.flow_buffer = args.flow_buffer_kib * 1024;
+    cfg.udp.idle = std::time::Duration::from_secs(args.udp_idle_secs.max(1));
+    cfg.udp.idle_unanswered = cfg.udp.idle / 2;
     cfg.sandbox_id = args.sandbox_id.clone();
     cfg.dns_upstreams = if args.dns_upstream.is_empty() {
         config::host_resolvers()?
@@ -120,15 +148,25 @@ fn main() -> anyhow::Result<()> {
                 .with_context(|| format!("opening audit file {}", args.audit))?,
         )
     };
-    let audit = AuditSink::new(out, &cfg.sandbox_id);
+    let mut audit = AuditSink::new(out, &cfg.sandbox_id);
+    audit.set_policy(policy.clone());
     let broadcast = cfg.subnet.broadcast();
-    let deny = PlatformDenySet::new(host_addresses(), cfg.gateway_ip, broadcast);
-    let decider: Arc<dyn Decider> = match policy {
-        Some(policy) => {
-            tracing::info!(policy = ?args.policy, "enforcing policy");
-            Arc::new(PolicyDecider::new(policy, deny))
+    // Read now, kept current by a refresher on the runtime (hostaddrs module docs).
+    let hosts = Arc::new(HostAddresses::read());
+    let deny = PlatformDenySet::with_host_addresses(Arc::clone(&hosts), cfg.gateway_ip, broadcast);
+    let mut reload = None;
+    let decider: Arc<dyn Decider> = match (policy, &args.policy) {
+        (Some(policy), Some(path)) => {
+            tracing::info!(policy = %path.display(), "enforcing policy (SIGHUP or a file change reloads it)");
+            let decider = Arc::new(PolicyDecider::new(policy, deny));
+            reload = Some(ReloadSource::new(
+                path.clone(),
+                Arc::clone(&decider),
+                CompileOptions::default(),
+            ));
+            decider
         }
-        None => {
+        _ => {
             tracing::warn!("no --policy: only the platform deny set applies");
             Arc::new(PlatformDecider::new(deny))
         }
@@ -139,6 +177,7 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     runtime.block_on(async move {
+        hosts.spawn_refresher();
         let source = match (args.socket, args.fd) {
             (Some(path), _) => GuestSource::Socket(path),
             (None, Some(fd)) => GuestSource::Connected(adopt_fd(fd)?),
@@ -148,7 +187,7 @@ fn main() -> anyhow::Result<()> {
             gateway = %cfg.gateway_ip, guest = %cfg.guest_ip, mtu = cfg.mtu,
             upstreams = ?cfg.dns_upstreams, "sluice-gateway starting"
         );
-        serve(cfg, decider, audit, source).await?;
+        serve_with_reload(cfg, decider, audit, source, reload).await?;
         Ok(())
     })
 }
@@ -156,13 +195,16 @@ fn main() -> anyhow::Result<()> {
 /// The gateway's own jail (docs/isolation.md), applied once everything it
 /// reads at start is read and before the runtime starts any thread: no
 /// exec, no new processes, no file writes but the audit log, reads only of
-/// the policy file; TCP bind only on `--publish` ports. With `--socket`,
+/// the policy file's directory (reload re-reads it); TCP bind only on `--publish` ports. With `--socket`,
 /// the socket's directory stays writable (the listener is bound later).
 fn self_restrict(args: &Args) -> anyhow::Result<()> {
     use sluice_confine::{GatewayConfinement, gateway_self_restrict};
     let mut conf = GatewayConfinement {
         audit_path: (args.audit != "-").then(|| PathBuf::from(&args.audit)),
-        read_paths: args.policy.iter().cloned().collect(),
+        // The policy's directory, not the file: reload follows editors and
+        // tools that replace the file by rename, and Landlock binds a file
+        // rule to the inode that existed when the rule was made.
+        read_paths: args.policy.iter().map(|p| policy_dir(p)).collect(),
         tcp_bind: args
             .publish
             .iter()
@@ -183,6 +225,14 @@ fn self_restrict(args: &Args) -> anyhow::Result<()> {
     let applied = gateway_self_restrict(&conf).context("restricting the gateway")?;
     tracing::info!(landlock = ?applied.landlock, seccomp = ?applied.seccomp, "self-restricted");
     Ok(())
+}
+
+/// The directory holding the policy file (`.` for a bare file name).
+fn policy_dir(path: &std::path::Path) -> PathBuf {
+    match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
 }
 
 /// Adopts the inherited stream socket `fd`.

@@ -782,13 +782,24 @@ impl Session {
         }
         if args.json {
             let t = &self.timings;
-            // Audit lines are counted by "event:outcome" (e.g. "dns:forwarded",
-            // "tcp:denied"), whatever the gateway's record carries.
-            let mut by_outcome: BTreeMap<String, u64> = BTreeMap::new();
+            // Schema-1 audit records (docs/audit.md) counted by "kind:reason"
+            // (e.g. "dns:dns_answered", "connection:ip_not_resolved_for_name");
+            // `denied` counts decision deny, summaries adding what they suppressed.
+            let mut by_reason: BTreeMap<String, u64> = BTreeMap::new();
+            let mut denied: u64 = 0;
             for rec in &audit {
                 let field = |k: &str| rec.get(k).and_then(|v| v.as_str()).unwrap_or("-");
-                let key = format!("{}:{}", field("event"), field("outcome"));
-                *by_outcome.entry(key).or_default() += 1;
+                let key = format!("{}:{}", field("kind"), field("reason"));
+                *by_reason.entry(key).or_default() += 1;
+                if field("decision") == "deny" {
+                    denied += 1;
+                }
+                if let Some(list) = rec.get("suppressed").and_then(|v| v.as_array()) {
+                    denied += list
+                        .iter()
+                        .filter_map(|s| s.get("count").and_then(|c| c.as_u64()))
+                        .sum::<u64>();
+                }
             }
             let signal = match outcome {
                 Ok(ExitStatus::Signal(s)) => Some(s),
@@ -813,7 +824,8 @@ impl Session {
                 "network": if self.gateway.is_some() { "sluice-gateway" } else { "none" },
                 "audit": {
                     "records": audit.len(),
-                    "by_outcome": by_outcome,
+                    "denied": denied,
+                    "by_reason": by_reason,
                 },
                 "isolation": self.isolation,
             });
