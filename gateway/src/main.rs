@@ -320,7 +320,9 @@ fn pin_mmap_threshold() {
     // this process starts any thread.
     let ok = unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD) };
     if ok != 1 {
-        eprintln!("sluice-gateway: mallopt(M_MMAP_THRESHOLD) failed; flow memory may stay resident");
+        eprintln!(
+            "sluice-gateway: mallopt(M_MMAP_THRESHOLD) failed; flow memory may stay resident"
+        );
     }
 }
 
