@@ -23,8 +23,7 @@
 //! suffix; within a node, the rule written first). A name that fails
 //! normalisation matches nothing.
 
-use std::collections::HashMap;
-
+use crate::fx::FxMap;
 use crate::name::{MAX_LABEL_LEN, MAX_NAME_LEN};
 
 /// "No rule" in a record's deny fields.
@@ -115,7 +114,7 @@ pub(crate) struct NodeRules {
 /// Collects the nodes while a policy compiles.
 #[derive(Debug, Default)]
 pub(crate) struct NameTableBuilder {
-    nodes: HashMap<Box<str>, NodeRules>,
+    nodes: FxMap<Box<str>, NodeRules>,
 }
 
 /// Record layout: five little-endian u32 (key length, deny exact, deny
@@ -146,10 +145,8 @@ impl NameTableBuilder {
             filter_shift: 64 - filter_words.trailing_zeros(),
         };
         let mut records: Vec<u8> = Vec::with_capacity(count * 48);
-        // Deterministic layout: key order.
-        let mut nodes: Vec<(Box<str>, NodeRules)> = self.nodes.into_iter().collect();
-        nodes.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        for (key, node) in nodes {
+        // The Fx map has no random seed: the layout is the same every time.
+        for (key, node) in self.nodes {
             let offset = u32::try_from(records.len()).ok()?;
             let header = [
                 u32::try_from(key.len()).ok()?,
@@ -427,4 +424,90 @@ fn same_name(key: &[u8], input: &[u8]) -> bool {
         .iter()
         .zip(n.remainder())
         .all(|(a, b)| a | 0x20 == b | 0x20)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(keys: &[(&str, bool, bool)]) -> NameTable {
+        // (key, exact allow, subdomain allow); rule id = position.
+        let mut b = NameTableBuilder::default();
+        for (i, &(key, exact, sub)) in keys.iter().enumerate() {
+            let r = RuleRef {
+                id: u32::try_from(i).unwrap(),
+                ports: 0,
+            };
+            let node = b.node(key.to_owned());
+            if exact {
+                node.exact.push(r);
+            }
+            if sub {
+                node.sub.push(r);
+            }
+        }
+        b.build().unwrap()
+    }
+
+    #[test]
+    fn case_folded_compare_is_exact_on_allowed_bytes() {
+        assert!(same_name(b"a_b-c.example", b"A_B-C.EXAMPLE"));
+        assert!(same_name(b"abcdefgh.ijklmnop", b"ABCDEFGH.IJKLMNOP"));
+        assert!(!same_name(b"a_b", b"a-b"));
+        assert!(!same_name(b"a.b", b"a-b"));
+        assert!(!same_name(b"abcdefgh.ijk", b"abcdefgh.ijl"));
+        assert!(!same_name(b"abc", b"abcd"));
+        // Every pair of distinct allowed lower-case bytes stays distinct.
+        let allowed: Vec<u8> = (0..=255u8)
+            .filter(|&b| FOLD[usize::from(b)] == b || b == b'.')
+            .collect();
+        for &x in &allowed {
+            for &y in &allowed {
+                assert_eq!(same_name(&[x], &[y]), x == y, "{x} {y}");
+            }
+        }
+    }
+
+    #[test]
+    fn deep_names_and_deep_keys() {
+        // A key of 100 labels: beyond 64, where the depth mask needs u128.
+        let deep = vec!["a"; 100].join(".") + ".test";
+        let t = table(&[(&deep, true, true), ("test", false, true)]);
+        assert_eq!(t.match_name(&deep, |_| true), NameMatch::Allowed(0));
+        assert_eq!(
+            t.match_name(&format!("B.{deep}"), |_| true),
+            NameMatch::Allowed(0)
+        );
+        // 99 labels: only the `test` subdomain rule.
+        let shallower = vec!["a"; 99].join(".") + ".test";
+        assert_eq!(t.match_name(&shallower, |_| true), NameMatch::Allowed(1));
+        assert_eq!(t.match_name("test", |_| true), NameMatch::None);
+        // Over 253 bytes: invalid, whatever it ends in.
+        let long = vec!["a"; 127].join(".") + ".test";
+        assert!(long.len() > MAX_NAME_LEN);
+        assert_eq!(t.match_name(&long, |_| true), NameMatch::None);
+    }
+
+    #[test]
+    fn an_empty_table_matches_nothing() {
+        let t = table(&[]);
+        assert_eq!(t.match_name("example.com", |_| true), NameMatch::None);
+        let t = NameTable::default();
+        assert_eq!(t.match_name("example.com", |_| true), NameMatch::None);
+    }
+
+    #[test]
+    fn many_keys_sharing_a_suffix_all_resolve() {
+        let keys: Vec<String> = (0..5000).map(|i| format!("h{i}.example.com")).collect();
+        let entries: Vec<(&str, bool, bool)> =
+            keys.iter().map(|k| (k.as_str(), true, false)).collect();
+        let t = table(&entries);
+        for (i, k) in keys.iter().enumerate() {
+            let want = NameMatch::Allowed(u32::try_from(i).unwrap());
+            assert_eq!(t.match_name(&k.to_uppercase(), |_| true), want);
+            assert_eq!(t.match_name(&format!("{k}."), |_| true), want);
+        }
+        assert_eq!(t.match_name("h5000.example.com", |_| true), NameMatch::None);
+        assert_eq!(t.match_name("x.h1.example.com", |_| true), NameMatch::None);
+    }
 }
