@@ -614,7 +614,12 @@ fn build<'a>(
                     Reason::DnsAnswered | Reason::Denylisted | Reason::PrivateAnswer
                 )
             {
-                r.rule = rule_of(&p.check_name(qname));
+                let v = p.check_name(qname);
+                // A CNAME-chain denial: the question's own name is allowed,
+                // so its rule did not decide; name none rather than that one.
+                if reason != Reason::Denylisted || v.reason == Reason::Denylisted {
+                    r.rule = rule_of(&v);
+                }
             }
             r
         }

@@ -16,6 +16,11 @@ pub const DEFAULT_MTU: u16 = 65520;
 pub const MIN_MTU: u16 = 1280;
 /// Default maximum of concurrent TCP/UDP flows; beyond it new SYNs get a RST.
 pub const DEFAULT_MAX_FLOWS: usize = 4096;
+/// Default size of each of a TCP flow's two smoltcp buffers (guest-side
+/// receive window and unacknowledged send data); see docs/gateway.md "Memory".
+pub const DEFAULT_FLOW_BUFFER: usize = 1024 * 1024;
+/// Smallest accepted flow buffer: one maximal segment.
+pub const MIN_FLOW_BUFFER: usize = 64 * 1024;
 
 /// A configuration error, reported before the gateway starts.
 #[derive(Debug, Error)]
@@ -160,6 +165,14 @@ pub struct Config {
     pub connect_timeout: Duration,
     /// Sandbox id written in audit lines.
     pub sandbox_id: String,
+    /// The TLS-terminating proxy for inspected hosts (secret injection);
+    /// `None` when the policy inspects nothing: every flow is spliced.
+    pub intercept: Option<std::sync::Arc<sluice_intercept::Interceptor>>,
+    /// Size of each of a TCP flow's two smoltcp buffers (receive window
+    /// towards the guest, unacknowledged data to the guest).
+    pub flow_buffer: usize,
+    /// Bounds for forwarded guest UDP flows (count, idle expiry).
+    pub udp: crate::udp::UdpLimits,
 }
 
 impl Config {
@@ -187,6 +200,9 @@ impl Config {
             max_flows: DEFAULT_MAX_FLOWS,
             connect_timeout: Duration::from_secs(10),
             sandbox_id: String::from("sandbox"),
+            intercept: None,
+            flow_buffer: DEFAULT_FLOW_BUFFER,
+            udp: crate::udp::UdpLimits::default(),
         })
     }
 }

@@ -48,16 +48,17 @@ use crate::dns::{self, DnsTable, Question};
 use crate::enforce::{WireName, sniff_wire_name};
 use crate::frames::{FrameError, FrameReader, TxBatch};
 use crate::packet::{self, Addresses, Class, DropReason};
+use crate::udp::{ClosedUdpFlow, SendOutcome, UdpFlows, UdpOpenError};
 
+mod intercept;
 mod revoke;
+
+use intercept::HostStream;
 
 /// Bytes read from the guest per syscall.
 const GUEST_READ_CHUNK: usize = 256 * 1024;
 /// Output queued for the guest beyond which the stack stops emitting and guest input pauses.
 const TX_HIGH_WATER: usize = 4 * 1024 * 1024;
-/// Per-flow smoltcp buffers (lazily paged: untouched pages cost nothing).
-const FLOW_RX_BUF: usize = 1024 * 1024;
-const FLOW_TX_BUF: usize = 1024 * 1024;
 /// DNS-over-TCP connection buffers.
 const DNS_TCP_BUF: usize = 64 * 1024 + 2;
 /// DNS queries forwarded at once; beyond it the guest gets SERVFAIL.
@@ -124,6 +125,9 @@ pub enum Event {
     /// A policy reload was attempted (SIGHUP or a change of the policy
     /// file): swap it in and revoke what it denies, or audit the rejection.
     Reload(Box<crate::reload::PolicyReload>),
+    /// An event of the interception proxy (an `http` request line, or an
+    /// intercepted connection's failure), written to the audit sink.
+    Intercept(Box<sluice_intercept::HttpEvent>),
     /// Close flows and stop (SIGTERM/SIGINT).
     Shutdown,
 }
@@ -165,6 +169,8 @@ pub struct Counters {
     pub dns_denied: u64,
     /// UDP datagrams denied.
     pub udp_denied: u64,
+    /// UDP flows opened (allowed and given a host socket).
+    pub udp_flows_opened: u64,
 }
 
 impl Counters {
@@ -186,6 +192,7 @@ impl Counters {
             dns_queries = self.dns_queries,
             dns_denied = self.dns_denied,
             udp_denied = self.udp_denied,
+            udp_flows_opened = self.udp_flows_opened,
             "counters"
         );
     }
@@ -256,7 +263,7 @@ enum FlowState {
     /// Both sides connected: bytes flow.
     Open {
         handle: SocketHandle,
-        host: TcpStream,
+        host: HostStream,
         host_eof: bool,
         host_write_shut: bool,
     },
@@ -304,6 +311,10 @@ pub struct Datapath {
     udp_published: HashMap<u16, (Arc<tokio::net::UdpSocket>, SocketAddr)>,
     /// Published UDP: (host socket address, host peer) -> gateway-side port.
     udp_published_by_peer: HashMap<(SocketAddr, SocketAddr), u16>,
+    /// Forwarded guest UDP flows (crate::udp).
+    udp: UdpFlows,
+    /// When idle UDP flows were last expired.
+    udp_swept: Instant,
     events: mpsc::UnboundedSender<Event>,
     epoch: Instant,
 }
@@ -353,6 +364,7 @@ impl Datapath {
         if let Some((min, max)) = decider.dns_ttl_bounds() {
             dns.set_ttl_bounds(min, max);
         }
+        let udp_limits = cfg.udp;
         Self {
             dhcp: DhcpServer::new(&cfg),
             cfg,
@@ -371,6 +383,8 @@ impl Datapath {
             dns_in_flight: 0,
             udp_published: HashMap::new(),
             udp_published_by_peer: HashMap::new(),
+            udp: UdpFlows::new(udp_limits),
+            udp_swept: epoch,
             events,
             epoch,
         }
@@ -461,8 +475,10 @@ impl Datapath {
                     return SessionEnd::Shutdown;
                 }
             }
-            // 3. Host <-> smoltcp copies, inspection, DNS-over-TCP, closes.
+            // 3. Host <-> smoltcp copies, inspection, DNS-over-TCP, closes;
+            // datagrams from forwarded UDP flows.
             self.pump_flows();
+            self.pump_udp();
             // 4. Segments out.
             self.egress();
             // 5. Output batch to the guest.
@@ -523,6 +539,9 @@ impl Datapath {
                     ready = true;
                 }
                 if self.poll_hosts(cx) {
+                    ready = true;
+                }
+                if want_read && self.udp.poll_ready(cx) {
                     ready = true;
                 }
                 if ready {
@@ -692,6 +711,13 @@ impl Datapath {
             }
             return;
         }
+        // Every guest-initiated connection counts, DNS over TCP to the
+        // gateway included: each holds socket buffers and a slot in every poll.
+        if self.flows.len() >= self.cfg.max_flows {
+            self.rst_syn(frame, src, dst, seq);
+            self.deny_audit(&key, DenyReason::TooManyFlows);
+            return;
+        }
         if *dst.ip() == self.cfg.gateway_ip {
             if dst.port() == 53 {
                 if let Some(handle) = self.accept_syn(frame, src, dst) {
@@ -708,11 +734,6 @@ impl Datapath {
             }
             self.rst_syn(frame, src, dst, seq);
             self.deny_audit(&key, DenyReason::GatewayAddress);
-            return;
-        }
-        if self.flows.len() >= self.cfg.max_flows {
-            self.rst_syn(frame, src, dst, seq);
-            self.deny_audit(&key, DenyReason::TooManyFlows);
             return;
         }
         let decision = {
@@ -799,7 +820,7 @@ impl Datapath {
         let (rx, tx) = if dns {
             (DNS_TCP_BUF, DNS_TCP_BUF)
         } else {
-            (FLOW_RX_BUF, FLOW_TX_BUF)
+            (self.cfg.flow_buffer, self.cfg.flow_buffer)
         };
         let mut sock = tcp::Socket::new(
             tcp::SocketBuffer::new(vec![0u8; rx]),
@@ -884,20 +905,106 @@ impl Datapath {
             src: src.into(),
             dst: dst.into(),
         };
+        let now = Instant::now();
+        if self.udp.send(&key, payload, now) != SendOutcome::NoFlow {
+            return;
+        }
         let decision = {
             let ctx = DecideContext {
                 dns: &self.dns,
-                now: Instant::now(),
+                now,
             };
             self.decider.decide_udp(&key, &ctx)
         };
-        self.counters.udp_denied += 1;
         let reason = match decision {
             Decision::Deny(r) => r,
-            // Host UDP forwarding is not built yet: fail closed (documented).
-            Decision::Allow | Decision::Inspect { .. } => DenyReason::UdpNotAllowed,
+            Decision::Allow => match self.open_udp(key, now) {
+                Ok(()) => {
+                    self.udp.send(&key, payload, now);
+                    return;
+                }
+                Err(r) => r,
+            },
+            // UDP has no first bytes to inspect: fail closed.
+            Decision::Inspect { .. } => DenyReason::UdpNotAllowed,
         };
+        self.counters.udp_denied += 1;
         self.deny_audit(&key, reason);
+    }
+
+    /// Opens an allowed UDP flow (its host socket) and audits the open.
+    fn open_udp(&mut self, key: FlowKey, now: Instant) -> Result<(), DenyReason> {
+        let id = self.next_id;
+        match self.udp.open(id, key, now) {
+            Ok(()) => {}
+            Err(UdpOpenError::TooMany(_)) => return Err(DenyReason::TooManyFlows),
+            Err(UdpOpenError::HostAddress(ip)) => {
+                tracing::warn!(%ip, "UDP destination routes locally: a host address; denied");
+                return Err(DenyReason::PlatformDenied);
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "UDP flow could not be opened");
+                return Err(DenyReason::ConnectFailed);
+            }
+        }
+        self.next_id += 1;
+        self.counters.udp_flows_opened += 1;
+        let names: Vec<&str> = self.dns.names_for(key.dst.ip(), now).take(8).collect();
+        self.audit.record(&AuditEvent::FlowOpen {
+            flow: id,
+            proto: "udp",
+            src: key.src,
+            dst: key.dst,
+            names: &names,
+        });
+        Ok(())
+    }
+
+    /// Moves datagrams from forwarded UDP flows' host sockets to the guest
+    /// (while the output batch has room) and expires idle flows about once a
+    /// second; audits the closes.
+    fn pump_udp(&mut self) {
+        if self.udp.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        // IPv4 + UDP headers; the gateway does not fragment.
+        let max_payload = usize::from(self.cfg.mtu).saturating_sub(28);
+        let gateway_mac = self.cfg.gateway_mac;
+        let guest_mac = self.guest_mac.unwrap_or([0xff; 6]);
+        let tx = &mut self.tx;
+        if tx.queued() >= TX_HIGH_WATER {
+            return;
+        }
+        let failed = self.udp.recv_ready(max_payload, now, |key, payload| {
+            if let (SocketAddr::V4(from), SocketAddr::V4(to)) = (key.dst, key.src) {
+                packet::write_udp(tx, gateway_mac, guest_mac, from, to, payload);
+            }
+            tx.queued() < TX_HIGH_WATER
+        });
+        for c in &failed {
+            self.audit_udp_close(c);
+        }
+        if now.saturating_duration_since(self.udp_swept) >= Duration::from_secs(1) {
+            self.udp_swept = now;
+            for c in self.udp.expire(now) {
+                self.audit_udp_close(&c);
+            }
+        }
+    }
+
+    fn audit_udp_close(&mut self, c: &ClosedUdpFlow) {
+        self.counters.flows_closed += 1;
+        self.audit.record(&AuditEvent::FlowClose {
+            flow: c.id,
+            proto: "udp",
+            src: c.key.src,
+            dst: c.key.dst,
+            bytes_up: c.up,
+            bytes_down: c.down,
+            duration_ms: u64::try_from(c.duration.as_millis()).unwrap_or(u64::MAX),
+            end: c.end.as_str(),
+        });
     }
 
     fn on_dns_udp(&mut self, frame: &[u8], src: SocketAddrV4, payload: &[u8]) {
@@ -923,10 +1030,17 @@ impl Datapath {
             // A local answer that could not be encoded: nothing to send.
             return;
         }
+        // Never the guest's bytes: a query rebuilt from what was checked.
+        let Some(query) = dns::upstream_query(&question) else {
+            if let Some(b) = sluice_inspect::dns::error_response(&question, ResponseCode::ServFail)
+            {
+                self.reply_udp(mac, src, &b);
+            }
+            return;
+        };
         self.dns_in_flight += 1;
         let events = self.events.clone();
         let upstreams = self.cfg.dns_upstreams.clone();
-        let query = payload.to_vec();
         tokio::spawn(async move {
             let reply = dns::forward_udp(&query, &upstreams, DNS_TIMEOUT).await;
             let _ = events.send(Event::DnsUdpReply {
@@ -1016,7 +1130,7 @@ impl Datapath {
                 question,
                 ResponseCode::NoError,
                 &[],
-                "local",
+                "denied",
                 Some("dns_type_withheld"),
             );
             return sluice_inspect::dns::error_response(question, ResponseCode::NoError);
@@ -1039,9 +1153,23 @@ impl Datapath {
             }
             None => 0..=u32::MAX,
         };
-        let filtered = reply.map(|r| {
-            dns::sanitize_and_record(question, &r, &mut self.dns, Instant::now(), keep, ttl)
-        });
+        let filtered = reply.map(|r| dns::sanitize(question, &r, keep, ttl));
+        // A chain through a denied name is refused before anything is recorded.
+        let chain_denied = match &filtered {
+            Some(Ok(ans)) => ans
+                .cname_chain
+                .iter()
+                .find_map(|target| self.decider.dns_cname_target(target)),
+            _ => None,
+        };
+        if let Some(reason) = chain_denied {
+            self.counters.dns_denied += 1;
+            self.audit_dns_reason(question, ResponseCode::Refused, &[], "denied", Some(reason));
+            return sluice_inspect::dns::refused_response(question);
+        }
+        if let Some(Ok(ans)) = &filtered {
+            dns::record(question, ans, &mut self.dns, Instant::now());
+        }
         match filtered {
             Some(Ok(ans)) if ans.private_answer() => {
                 self.counters.dns_denied += 1;
@@ -1075,6 +1203,7 @@ impl Datapath {
             Event::Shutdown => return true,
             Event::DumpCounters => self.counters.log(self.flows.len()),
             Event::Reload(reload) => self.on_reload(*reload),
+            Event::Intercept(event) => self.on_intercept_event(&event),
             Event::Connected { id, result } => self.on_connected(id, result),
             Event::DnsUdpReply {
                 guest,
@@ -1139,6 +1268,18 @@ impl Datapath {
         };
         let key = flow.key;
         let state = std::mem::replace(&mut flow.state, FlowState::Connecting { syn: Vec::new() });
+        // A host address the refresher has not seen yet (crate::hostaddrs):
+        // refused before any guest byte is written to it.
+        let mut failure = DenyReason::ConnectFailed;
+        let result = match result {
+            Ok(host) if is_local_route(&host) => {
+                tracing::warn!(dst = %key.dst, "host connect routed locally: a host address; denied");
+                let _ = socket2::SockRef::from(&host).set_linger(Some(Duration::ZERO));
+                failure = DenyReason::PlatformDenied;
+                Err(io::Error::other("destination is a host address"))
+            }
+            other => other,
+        };
         match (state, result) {
             (FlowState::Connecting { syn }, Ok(host)) => {
                 let (SocketAddr::V4(src), SocketAddr::V4(dst)) = (key.src, key.dst) else {
@@ -1159,7 +1300,7 @@ impl Datapath {
                     let seq = syn_seq(&syn);
                     self.rst_syn(&syn, src, dst, seq);
                 }
-                self.deny_audit(&key, DenyReason::ConnectFailed);
+                self.deny_audit(&key, failure);
                 self.remove_flow(id);
             }
             (FlowState::InspectConnecting { handle }, Ok(host)) => {
@@ -1168,7 +1309,7 @@ impl Datapath {
             }
             (FlowState::InspectConnecting { handle }, Err(_)) => {
                 self.sockets.get_mut::<tcp::Socket<'_>>(handle).abort();
-                self.deny_audit(&key, DenyReason::ConnectFailed);
+                self.deny_audit(&key, failure);
                 if let Some(f) = self.flows.get_mut(&id) {
                     f.state = FlowState::InspectConnecting { handle };
                 }
@@ -1182,13 +1323,13 @@ impl Datapath {
         }
     }
 
-    fn open_flow(&mut self, id: u64, handle: SocketHandle, host: TcpStream) {
+    fn open_flow(&mut self, id: u64, handle: SocketHandle, host: impl Into<HostStream>) {
         let Some(flow) = self.flows.get_mut(&id) else {
             return;
         };
         flow.state = FlowState::Open {
             handle,
-            host,
+            host: host.into(),
             host_eof: false,
             host_write_shut: false,
         };
@@ -1240,8 +1381,8 @@ impl Datapath {
             .checked_add(1)
             .unwrap_or(PUBLISH_PORT_BASE);
         let mut sock = tcp::Socket::new(
-            tcp::SocketBuffer::new(vec![0u8; FLOW_RX_BUF]),
-            tcp::SocketBuffer::new(vec![0u8; FLOW_TX_BUF]),
+            tcp::SocketBuffer::new(vec![0u8; self.cfg.flow_buffer]),
+            tcp::SocketBuffer::new(vec![0u8; self.cfg.flow_buffer]),
         );
         sock.set_nagle_enabled(false);
         sock.set_ack_delay(None);
@@ -1397,13 +1538,21 @@ impl Datapath {
             },
             Err(e) => Err(self.dns_reject(&query, &e)),
         };
-        let question = match local {
-            Ok(q)
+        // Never the guest's bytes upstream: a query rebuilt from what was checked.
+        let local = local.and_then(|q| match dns::upstream_query(&q) {
+            Some(rebuilt) => Ok((q, rebuilt)),
+            None => Err(sluice_inspect::dns::error_response(
+                &q,
+                ResponseCode::ServFail,
+            )),
+        });
+        let (question, query) = match local {
+            Ok((q, rebuilt))
                 if dns::forwarded_type(q.qtype)
                     && self.dns_in_flight < MAX_DNS_IN_FLIGHT
                     && !self.cfg.dns_upstreams.is_empty() =>
             {
-                q
+                (q, rebuilt)
             }
             other => {
                 let reply = other.err().flatten();
@@ -1485,7 +1634,9 @@ impl Datapath {
                     f.state = FlowState::InspectConnecting { handle };
                     f.wire = wire;
                 }
-                self.spawn_connect(id, key.dst);
+                if !self.try_intercept(id, handle, &key) {
+                    self.spawn_connect(id, key.dst);
+                }
             }
             InspectVerdict::Deny(reason) => {
                 sock.abort();
@@ -1560,6 +1711,9 @@ impl Datapath {
         for id in self.flows.keys().copied().collect::<Vec<_>>() {
             self.finish_flow(id, end);
         }
+        for c in self.udp.close_all(Instant::now()) {
+            self.audit_udp_close(&c);
+        }
         self.counters.log(0);
         self.audit.flush();
     }
@@ -1583,6 +1737,18 @@ fn guest_finished(sock: &tcp::Socket<'_>) -> bool {
         sock.state(),
         CloseWait | LastAck | Closing | TimeWait | Closed
     ) && !sock.can_recv()
+}
+
+/// Whether a connected host stream's route was local: the kernel picked the
+/// destination itself as the source, so the destination is one of the host's
+/// own addresses. Loopback destinations are left to the deciders (the
+/// platform deny set refuses them by class before any connect).
+fn is_local_route(host: &TcpStream) -> bool {
+    match (host.local_addr(), host.peer_addr()) {
+        (Ok(local), Ok(peer)) => local.ip() == peer.ip() && !peer.ip().is_loopback(),
+        // Cannot tell: fail closed.
+        _ => true,
+    }
 }
 
 /// The sequence number of a held SYN frame (0 when it cannot be read).
@@ -1723,8 +1889,15 @@ mod tests {
     }
 
     fn start(decider: Arc<dyn Decider>) -> (Guest, SharedBuf, tokio::task::JoinHandle<SessionEnd>) {
+        start_cfg(Config::new(DEFAULT_SUBNET, 1500).unwrap(), decider)
+    }
+
+    fn start_cfg(
+        cfg: Config,
+        decider: Arc<dyn Decider>,
+    ) -> (Guest, SharedBuf, tokio::task::JoinHandle<SessionEnd>) {
         let (gw_end, test_end) = UnixStream::pair().unwrap();
-        let cfg = Arc::new(Config::new(DEFAULT_SUBNET, 1500).unwrap());
+        let cfg = Arc::new(cfg);
         let audit_buf = SharedBuf::default();
         let audit = AuditSink::new(Box::new(audit_buf.clone()), "test");
         let (tx, mut rx) = mpsc::unbounded_channel();
@@ -1975,6 +2148,188 @@ mod tests {
             lines.iter().any(|l| l["kind"] == "connection"
                 && l["decision"] == "allow"
                 && l["dst"]["port"] == port),
+            "{text}"
+        );
+    }
+
+    #[tokio::test]
+    async fn dns_over_tcp_connections_count_against_the_flow_limit() {
+        let mut cfg = Config::new(DEFAULT_SUBNET, 1500).unwrap();
+        cfg.max_flows = 2;
+        let (mut guest, audit, task) = start_cfg(cfg, Arc::new(TestDecider));
+        let g = Ipv4Addr::new(10, 0, 2, 15);
+        let dns = SocketAddrV4::new(Ipv4Addr::new(10, 0, 2, 2), 53);
+        // Three connections to the gateway's DNS port; the third is over the limit.
+        for (i, port) in [3000u16, 3001, 3002].into_iter().enumerate() {
+            let seq = 1000 * u32::try_from(i).unwrap();
+            guest
+                .send(&[tcp_frame(
+                    SocketAddrV4::new(g, port),
+                    dns,
+                    TcpControl::Syn,
+                    seq,
+                    None,
+                )])
+                .await;
+        }
+        let mut answers = HashMap::new();
+        while answers.len() < 3 {
+            let (src, to, control, _, _) = guest.recv_tcp().await;
+            assert_eq!(src, dns);
+            answers.insert(to.port(), control);
+        }
+        assert_eq!(answers[&3000], TcpControl::Syn, "SYN-ACK: {answers:?}");
+        assert_eq!(answers[&3001], TcpControl::Syn, "SYN-ACK: {answers:?}");
+        assert_eq!(
+            answers[&3002],
+            TcpControl::Rst,
+            "over the limit: {answers:?}"
+        );
+        let text = String::from_utf8(audit.0.lock().unwrap().clone()).unwrap();
+        let lines = crate::audit::tests::parse_all(&text);
+        assert!(
+            lines
+                .iter()
+                .any(|l| l["reason"] == "flow_limit" && l["src"]["port"] == 3002),
+            "{text}"
+        );
+        drop(guest);
+        assert!(matches!(task.await.unwrap(), SessionEnd::GuestClosed));
+    }
+
+    #[tokio::test]
+    async fn upstream_gets_a_rebuilt_query_not_the_guests_bytes() {
+        use hickory_proto::op::Message;
+        let upstream = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let mut cfg = Config::new(DEFAULT_SUBNET, 1500).unwrap();
+        cfg.dns_upstreams = vec![upstream.local_addr().unwrap()];
+        let (mut guest, _audit, _task) = start_cfg(cfg, Arc::new(TestDecider));
+        // One question whose first label holds a dot ("x.Origin", "TeSt":
+        // the policy sees x.origin.test), an additional record and an EDNS
+        // option carrying data.
+        let mut q = vec![0x42, 0x42, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 2];
+        q.push(8);
+        q.extend_from_slice(b"x.Origin");
+        q.push(4);
+        q.extend_from_slice(b"TeSt");
+        q.extend_from_slice(&[0, 0, 1, 0, 1]);
+        q.extend_from_slice(&[0, 0, 1, 0, 1, 0, 0, 0, 0, 0, 4]);
+        q.extend_from_slice(b"SEKR");
+        q.extend_from_slice(&[0, 0, 41, 0x10, 0, 0, 0, 0, 0, 0, 14, 0xfd, 0xe9, 0, 10]);
+        q.extend_from_slice(b"EXFILTRATE");
+        assert!(sluice_inspect::dns::parse_query(&q).is_ok());
+        let g = SocketAddrV4::new(Ipv4Addr::new(10, 0, 2, 15), 5353);
+        let gw = SocketAddrV4::new(Ipv4Addr::new(10, 0, 2, 2), 53);
+        guest.send(&[udp_frame(g, gw, &q)]).await;
+        let mut buf = vec![0u8; 4096];
+        let (n, _) = tokio::time::timeout(Duration::from_secs(30), upstream.recv_from(&mut buf))
+            .await
+            .expect("nothing forwarded")
+            .unwrap();
+        let sent = &buf[..n];
+        let has = |needle: &[u8]| sent.windows(needle.len()).any(|w| w == needle);
+        assert!(!has(b"EXFILTRATE") && !has(b"SEKR"), "{sent:?}");
+        let m = Message::from_vec(sent).unwrap();
+        assert_eq!(m.metadata.id, 0x4242);
+        assert_eq!(m.queries.len(), 1);
+        let name = &m.queries[0].name;
+        assert_eq!(name.num_labels(), 3, "{name:?}");
+        assert_eq!(name.to_ascii(), "x.origin.test.");
+        assert!(m.additionals.is_empty(), "{m:?}");
+        assert!(
+            m.edns
+                .as_ref()
+                .is_none_or(|e| e.options().as_ref().is_empty()),
+            "{m:?}"
+        );
+    }
+
+    /// Serves A queries from `upstream`: `alias.example.org` is a CNAME to
+    /// the denied `bad.example.org`, `ok.example.org` a CNAME to
+    /// `cdn.example.net`; both chains end in a public address.
+    fn serve_cname_chains(upstream: tokio::net::UdpSocket) {
+        use hickory_proto::op::{Message, OpCode};
+        use hickory_proto::rr::rdata::{A, CNAME};
+        use hickory_proto::rr::{Name, RData, Record};
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 4096];
+            while let Ok((n, peer)) = upstream.recv_from(&mut buf).await {
+                let q = Message::from_vec(&buf[..n]).unwrap();
+                let qname = q.queries[0].name.clone();
+                let target = if qname.to_ascii().starts_with("alias.") {
+                    "bad.example.org."
+                } else {
+                    "cdn.example.net."
+                };
+                let target = Name::from_ascii(target).unwrap();
+                let mut r = Message::response(q.metadata.id, OpCode::Query);
+                r.add_queries(q.queries.clone());
+                r.add_answer(Record::from_rdata(
+                    qname,
+                    60,
+                    RData::CNAME(CNAME(target.clone())),
+                ));
+                r.add_answer(Record::from_rdata(
+                    target,
+                    60,
+                    RData::A(A::new(93, 184, 216, 34)),
+                ));
+                let _ = upstream.send_to(&r.to_vec().unwrap(), peer).await;
+            }
+        });
+    }
+
+    #[tokio::test]
+    async fn an_answer_whose_cname_chain_reaches_a_denied_name_is_refused() {
+        use hickory_proto::op::{Message, Query};
+        use hickory_proto::rr::{Name, RecordType};
+        const POLICY: &str = "version: 1\nid: cname-test\nallow:\n  - domain: \"*.example.org\"\n    ports: [443]\ndeny:\n  - \"bad.example.org\"\n";
+        let policy = sluice_policy::from_yaml_str(POLICY, "p.yaml", &Default::default()).unwrap();
+        let decider = crate::enforce::PolicyDecider::new(
+            Arc::new(policy),
+            crate::decide::PlatformDenySet::default(),
+        );
+        let upstream = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let mut cfg = Config::new(DEFAULT_SUBNET, 1500).unwrap();
+        cfg.dns_upstreams = vec![upstream.local_addr().unwrap()];
+        serve_cname_chains(upstream);
+        let (mut guest, audit, _task) = start_cfg(cfg, Arc::new(decider));
+        let g = SocketAddrV4::new(Ipv4Addr::new(10, 0, 2, 15), 5353);
+        let gw = SocketAddrV4::new(Ipv4Addr::new(10, 0, 2, 2), 53);
+        let mut ask = async |name: &str| {
+            let mut m = Message::query();
+            m.metadata.id = 7;
+            m.add_query(Query::query(Name::from_ascii(name).unwrap(), RecordType::A));
+            guest.send(&[udp_frame(g, gw, &m.to_vec().unwrap())]).await;
+            loop {
+                let f = guest.recv().await;
+                let eth = EthernetFrame::new_checked(&f[..]).unwrap();
+                let Ok(ip) = Ipv4Packet::new_checked(eth.payload()) else {
+                    continue;
+                };
+                if ip.next_header() == IpProtocol::Udp {
+                    return Message::from_vec(&ip.payload()[8..]).unwrap();
+                }
+            }
+        };
+        let denied = ask("alias.example.org.").await;
+        assert_eq!(
+            denied.metadata.response_code,
+            ResponseCode::Refused,
+            "{denied:?}"
+        );
+        assert!(denied.answers.is_empty(), "{denied:?}");
+        // Control: a chain through a name no rule mentions is answered.
+        let ok = ask("ok.example.org.").await;
+        assert_eq!(ok.metadata.response_code, ResponseCode::NoError, "{ok:?}");
+        assert_eq!(ok.answers.len(), 2, "{ok:?}");
+        let text = String::from_utf8(audit.0.lock().unwrap().clone()).unwrap();
+        let lines = crate::audit::tests::parse_all(&text);
+        assert!(
+            lines.iter().any(|l| l["kind"] == "dns"
+                && l["qname"] == "alias.example.org"
+                && l["reason"] == "denylisted"
+                && l["rule"]["pattern"] != "*.example.org"),
             "{text}"
         );
     }

@@ -7,13 +7,14 @@
 //! it denies all UDP except DNS to the gateway, which the datapath serves
 //! itself. The enforcement layer implements [`Decider`] with the policy.
 
-use std::collections::HashSet;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sluice_policy::platform::classify;
 
 use crate::dns::DnsTable;
+use crate::hostaddrs::HostAddresses;
 
 /// Transport of a flow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -126,6 +127,15 @@ pub trait Decider: Send + Sync {
         InspectVerdict::Allow
     }
 
+    /// Whether an allowed TLS flow whose ClientHello named `sni` is to be
+    /// intercepted (TLS terminated by the proxy) rather than spliced. Asked
+    /// only after [`Decider::inspect`] allowed the flow. The default (no
+    /// policy) intercepts nothing.
+    fn intercepts(&self, flow: &FlowKey, sni: &str) -> bool {
+        let _ = (flow, sni);
+        false
+    }
+
     /// Decides a guest DNS query on its normalised name before anything is
     /// forwarded: `None` forwards it upstream; `Some((rcode, reason))`
     /// answers `rcode` locally and audits `reason`. The default (no policy)
@@ -147,25 +157,48 @@ pub trait Decider: Send + Sync {
     fn dns_ttl_bounds(&self) -> Option<(Duration, Duration)> {
         None
     }
+
+    /// Whether an upstream answer must be refused because its CNAME chain
+    /// passes through `target` (a normalised name): `Some(reason)` refuses
+    /// it (REFUSED to the guest, nothing recorded), `None` lets it through.
+    /// The default refuses nothing.
+    fn dns_cname_target(&self, target: &str) -> Option<&'static str> {
+        let _ = target;
+        None
+    }
 }
 
 /// The non-overridable deny set, shared by every decider.
 #[derive(Debug, Clone, Default)]
 pub struct PlatformDenySet {
-    host_addrs: HashSet<IpAddr>,
+    host_addrs: Arc<HostAddresses>,
     gateway_ip: Option<Ipv4Addr>,
     subnet_broadcast: Option<Ipv4Addr>,
 }
 
 impl PlatformDenySet {
-    /// A deny set for the given host addresses and virtual network.
+    /// A deny set for the given (fixed) host addresses and virtual network.
     pub fn new(
         host_addrs: impl IntoIterator<Item = IpAddr>,
         gateway_ip: Ipv4Addr,
         subnet_broadcast: Ipv4Addr,
     ) -> Self {
+        Self::with_host_addresses(
+            Arc::new(HostAddresses::from_addrs(host_addrs)),
+            gateway_ip,
+            subnet_broadcast,
+        )
+    }
+
+    /// A deny set sharing `hosts`, which a refresher may keep growing
+    /// ([`HostAddresses::spawn_refresher`]).
+    pub fn with_host_addresses(
+        hosts: Arc<HostAddresses>,
+        gateway_ip: Ipv4Addr,
+        subnet_broadcast: Ipv4Addr,
+    ) -> Self {
         Self {
-            host_addrs: host_addrs.into_iter().collect(),
+            host_addrs: hosts,
             gateway_ip: Some(gateway_ip),
             subnet_broadcast: Some(subnet_broadcast),
         }
@@ -226,8 +259,8 @@ impl Decider for PlatformDecider {
 }
 
 /// The host's own IPv4 and IPv6 addresses, read from procfs (`/proc/net/fib_trie`
-/// LOCAL entries and `/proc/net/if_inet6`). Read once at start: addresses the host
-/// gains later are not covered (documented limitation).
+/// LOCAL entries and `/proc/net/if_inet6`). This is a snapshot: the gateway keeps
+/// it current with [`HostAddresses`] (crate::hostaddrs).
 pub fn host_addresses() -> Vec<IpAddr> {
     let mut out = Vec::new();
     if let Ok(text) = std::fs::read_to_string("/proc/net/fib_trie") {

@@ -187,6 +187,31 @@ pub fn forwarded_type(qtype: RecordType) -> bool {
     qtype == RecordType::A
 }
 
+/// The query the gateway sends upstream for a validated guest `question`,
+/// built afresh rather than forwarding the guest's bytes: the guest's id,
+/// RD and CD bits, and one question with the *normalised* name (the name the
+/// policy checked: lowercase, so no bits ride in the letter case; labels
+/// re-split at dots, so a label holding a dot cannot make upstream resolve
+/// another name than the one allowed) and the guest's type, IN class; an
+/// EDNS OPT record with the gateway's payload size and no options; nothing
+/// else (the guest's other sections, EDNS options such as client subnet or
+/// padding, never leave the machine). `None` if it cannot be encoded (a
+/// name from `parse_query` always can).
+pub fn upstream_query(question: &Question) -> Option<Vec<u8>> {
+    use hickory_proto::op::{Edns, Message, Query};
+    use hickory_proto::rr::Name;
+    let name = Name::from_ascii(format!("{}.", question.name)).ok()?;
+    let mut message = Message::query();
+    message.metadata.id = question.id;
+    message.metadata.recursion_desired = question.rd;
+    message.metadata.checking_disabled = question.cd;
+    message.add_query(Query::query(name, question.qtype));
+    let mut edns = Edns::new();
+    edns.set_max_payload(sluice_inspect::dns::EDNS_PAYLOAD);
+    message.set_edns(edns);
+    message.to_vec().ok()
+}
+
 /// Sanitises an upstream answer to `question` with
 /// [`sluice_inspect::dns::sanitize_response_clamped`] (IPv6 off; only the A
 /// records at the end of the question's CNAME chain survive; TTLs clamped
@@ -206,7 +231,26 @@ pub fn sanitize_and_record(
     keep: impl Fn(IpAddr) -> bool,
     ttl: RangeInclusive<u32>,
 ) -> Result<Sanitized, DnsReject> {
-    let clean = sanitize_response_clamped(question, upstream, |_, ip| keep(ip), false, ttl)?;
+    let clean = sanitize(question, upstream, keep, ttl)?;
+    record(question, &clean, table, now);
+    Ok(clean)
+}
+
+/// The sanitising half of [`sanitize_and_record`]: nothing is recorded, so
+/// the caller may still refuse the answer (e.g. for its CNAME chain, see
+/// [`Sanitized::cname_chain`]) before calling [`record`].
+pub fn sanitize(
+    question: &Question,
+    upstream: &[u8],
+    keep: impl Fn(IpAddr) -> bool,
+    ttl: RangeInclusive<u32>,
+) -> Result<Sanitized, DnsReject> {
+    sanitize_response_clamped(question, upstream, |_, ip| keep(ip), false, ttl)
+}
+
+/// The recording half of [`sanitize_and_record`]: every kept address under
+/// its owner name and the question's name (nothing for a private answer).
+pub fn record(question: &Question, clean: &Sanitized, table: &mut DnsTable, now: Instant) {
     if !clean.private_answer() {
         for (owner, ip, ttl) in &clean.answers {
             let ttl = Duration::from_secs(u64::from(*ttl));
@@ -214,7 +258,6 @@ pub fn sanitize_and_record(
             table.insert(*ip, &question.name, ttl, now);
         }
     }
-    Ok(clean)
 }
 
 /// Sends `query` to each upstream in turn over UDP; the first matching reply wins.

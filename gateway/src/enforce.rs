@@ -25,7 +25,9 @@
 //!    then requires the name on the wire to be allowed on the port and the
 //!    destination IP to be in the table *for that name*:
 //!    - TLS: exactly one host_name SNI, no ECH (`sni_absent`, `sni_multiple`,
-//!      `sni_unreadable`, `not_tls`, `ech_present`), allowed on the port
+//!      `sni_unreadable`, `not_tls`, `ech_present`; GREASE ECH cannot be told
+//!      from real ECH on the wire, so both are denied: docs/threat-model.md
+//!      says why and what clients must set), allowed on the port
 //!      (`not_allowlisted`, `denylisted`, `port_not_allowed`), and resolved
 //!      to the destination (`sni_dns_mismatch`).
 //!    - HTTP: one Host (`http_host_absent`), no CONNECT
@@ -284,6 +286,13 @@ fn method_plausible(bytes: &[u8]) -> bool {
 }
 
 impl Decider for PolicyDecider {
+    /// A flow on a TLS port whose SNI has a secret bound to it or matches an
+    /// `inspect:` pattern, under the policy in force now.
+    fn intercepts(&self, flow: &FlowKey, sni: &str) -> bool {
+        let policy = self.policy.load();
+        policy.port_protocol(flow.dst.port()) == PortProtocol::Tls && policy.inspect_host(sni)
+    }
+
     fn dns_query(&self, qname: &str) -> Option<(ResponseCode, &'static str)> {
         match self.dns_action(qname) {
             DnsAction::Forward => None,
@@ -293,6 +302,16 @@ impl Decider for PolicyDecider {
 
     fn keep_dns_answer(&self, ip: IpAddr) -> bool {
         self.keep_answer(ip)
+    }
+
+    /// A chain through a name a deny rule matches is refused (`denylisted`):
+    /// otherwise an allowed alias (`alias.example.org CNAME
+    /// bad.example.org`) would hand the guest the denied host's addresses
+    /// under the alias's name. Targets no rule mentions pass (CDN names are
+    /// rarely in an allow list; the question's name was allowed).
+    fn dns_cname_target(&self, target: &str) -> Option<&'static str> {
+        let denied = self.policy.load().check_name(target).reason == Reason::Denylisted;
+        denied.then_some(Reason::Denylisted.as_str())
     }
 
     fn dns_ttl_bounds(&self) -> Option<(Duration, Duration)> {

@@ -16,8 +16,10 @@ pub mod dhcp;
 pub mod dns;
 pub mod enforce;
 pub mod frames;
+pub mod hostaddrs;
 pub mod packet;
 pub mod reload;
+pub mod udp;
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -18,6 +18,9 @@ allow:
 internal:
   - "198.51.100.0/24"
   - "203.0.113.0/24"
+dns:
+  ttl_min: 600
+  ttl_max: 3600
 "#;
 
 /// The audit log's JSON lines (each must be a schema-1 record).

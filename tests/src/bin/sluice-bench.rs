@@ -54,6 +54,9 @@ enum Cmd {
         /// Flows held open for the RSS-under-load figure.
         #[arg(long, default_value_t = 1000)]
         flows: u32,
+        /// Extra argument for the sidecar (repeatable), e.g. `--flow-buffer-kib=256`.
+        #[arg(long, allow_hyphen_values = true)]
+        sidecar_arg: Vec<String>,
     },
     /// Markdown table from `run` JSON lines.
     Table {
@@ -101,13 +104,14 @@ fn main() -> Result<()> {
             conns,
             queries,
             flows,
+            sidecar_arg,
         } => {
             let s = match sidecar.as_str() {
                 "gateway" => Sidecar::Gateway,
                 "passt" => Sidecar::Passt,
                 other => bail!("unknown sidecar {other}"),
             };
-            let v = run(s, mtu, secs, conns, queries, flows)?;
+            let v = run(s, mtu, secs, conns, queries, flows, &sidecar_arg)?;
             println!("{v}");
             Ok(())
         }
@@ -261,8 +265,21 @@ fn guest_bench(w: &World, args: &str, secs: u32) -> Result<Value> {
     serde_json::from_str(out.trim()).with_context(|| format!("bench output {out}"))
 }
 
-fn run(s: Sidecar, mtu: u32, secs: u32, conns: u32, queries: u32, flows: u32) -> Result<Value> {
-    let mut w = World::builder().sidecar(s).mtu(mtu).iperf().start()?;
+fn run(
+    s: Sidecar,
+    mtu: u32,
+    secs: u32,
+    conns: u32,
+    queries: u32,
+    flows: u32,
+    sidecar_args: &[String],
+) -> Result<Value> {
+    let load_start = loadavg();
+    let mut b = World::builder().sidecar(s).mtu(mtu).iperf();
+    for a in sidecar_args {
+        b = b.sidecar_arg(a);
+    }
+    let mut w = b.start()?;
     let startup_ms = w.sidecar_startup().as_secs_f64() * 1e3;
     let rss_idle_kb = w.sidecar().and_then(|p| p.rss_kb());
     // Let iperf3 come up (it was started with the world).
@@ -330,7 +347,21 @@ fn run(s: Sidecar, mtu: u32, secs: u32, conns: u32, queries: u32, flows: u32) ->
         "rss_flows_mb": rss_flows_kb.map(|k| k as f64 / 1024.0),
         "flows": flows, "flows_ready": line.trim(),
         "startup_ms": startup_ms,
+        "sidecar_args": sidecar_args,
+        "load_start": load_start,
+        "load_end": loadavg(),
     }))
+}
+
+/// The 1-minute load average now (others compile on this machine: every
+/// figure is recorded with it).
+fn loadavg() -> Option<f64> {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
 
 fn fmt(v: &Value) -> String {
@@ -362,6 +393,8 @@ fn table(file: &PathBuf) -> Result<()> {
         ("rss_idle_mb", "RSS idle (MB)"),
         ("rss_flows_mb", "RSS with 1,000 open flows (MB)"),
         ("startup_ms", "start-up to socket ready (ms)"),
+        ("load_start", "load average (1 min) at start of run"),
+        ("load_end", "load average (1 min) at end of run"),
     ];
     let mtus: Vec<u64> = {
         let mut m: Vec<u64> = rows.keys().map(|k| k.0).collect();
