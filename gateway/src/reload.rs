@@ -51,7 +51,6 @@ use tokio::sync::mpsc;
 
 use crate::audit::{AuditEvent, AuditSink};
 use crate::datapath::Event;
-use crate::decide::host_addresses;
 use crate::enforce::PolicyDecider;
 
 /// How often the policy file's metadata is polled.
@@ -94,7 +93,10 @@ pub struct ReloadSource {
     pub path: PathBuf,
     /// The decider built from it.
     pub decider: Arc<PolicyDecider>,
-    /// Compile options; the host addresses are re-read on each reload.
+    /// Compile options, as at start. Their host addresses are those read at
+    /// start (procfs may be closed to the gateway by then, see
+    /// `gateway_self_restrict`); the current set is enforced anyway by the
+    /// decider's `PlatformDenySet`, which is checked first and kept fresh.
     pub options: CompileOptions,
     /// The metadata poll interval ([`POLL_INTERVAL`] by default).
     pub poll: Duration,
@@ -114,9 +116,7 @@ impl ReloadSource {
 
     /// Reads and compiles the file (blocking).
     pub fn load(&self) -> Result<Arc<CompiledPolicy>, String> {
-        let mut options = self.options.clone();
-        options.host_addresses = host_addresses();
-        sluice_policy::load_file(&self.path, &options)
+        sluice_policy::load_file(&self.path, &self.options)
             .map(Arc::new)
             .map_err(|e| e.to_string())
     }
