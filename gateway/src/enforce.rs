@@ -301,6 +301,13 @@ fn method_plausible(bytes: &[u8]) -> bool {
 }
 
 impl Decider for PolicyDecider {
+    /// A flow on a TLS port whose SNI has a secret bound to it or matches an
+    /// `inspect:` pattern, under the policy in force now.
+    fn intercepts(&self, flow: &FlowKey, sni: &str) -> bool {
+        let policy = self.policy.load();
+        policy.port_protocol(flow.dst.port()) == PortProtocol::Tls && policy.inspect_host(sni)
+    }
+
     fn dns_query(&self, qname: &str) -> Option<(ResponseCode, &'static str)> {
         match self.dns_action(qname) {
             DnsAction::Forward => None,

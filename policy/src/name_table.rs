@@ -252,15 +252,20 @@ impl NameTable {
         )
     }
 
-    fn u32_at(&self, offset: usize) -> Option<u32> {
-        let b = self.records.get(offset..offset + 4)?;
-        Some(u32::from_le_bytes(b.try_into().ok()?))
+    /// The header of the record at `offset`: key length, deny exact, deny
+    /// sub, number of exact allows, number of subdomain allows.
+    #[inline(always)]
+    fn header(&self, offset: usize) -> Option<[u32; 5]> {
+        let b: &[u8; HEADER] = self.records.get(offset..offset + HEADER)?.try_into().ok()?;
+        let word = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        Some([word(0), word(4), word(8), word(12), word(16)])
     }
 
-    /// The offset of the record whose key equals `suffix` ignoring ASCII
-    /// case (`suffix` holds only bytes that passed the fold table).
+    /// The offset and header of the record whose key equals `suffix`
+    /// ignoring ASCII case (`suffix` holds only bytes that passed the fold
+    /// table).
     #[inline]
-    fn find(&self, hash: u64, suffix: &[u8]) -> Option<usize> {
+    fn find(&self, hash: u64, suffix: &[u8]) -> Option<(usize, [u32; 5])> {
         let (word, bits) = self.filter_pos(hash);
         if self.filter.get(word).is_none_or(|&w| w & bits != bits) {
             return None;
@@ -274,41 +279,30 @@ impl NameTable {
             }
             if slot & TAG_MASK == tag {
                 let offset = usize::try_from((slot & !TAG_MASK) - 1).ok()?;
-                let key_len = usize::try_from(self.u32_at(offset)?).ok()?;
+                let header = self.header(offset)?;
+                let key_len = header[0] as usize;
                 let key = self
                     .records
                     .get(offset + HEADER..offset + HEADER + key_len)?;
                 if same_name(key, suffix) {
-                    return Some(offset);
+                    return Some((offset, header));
                 }
             }
             at = (at + 1) & self.mask;
         }
     }
 
-    /// A record's deny rule (exact or subdomain) and its allow list.
-    #[inline]
-    fn rules_of(&self, offset: usize, exact: bool) -> (u32, impl Iterator<Item = RuleRef> + '_) {
-        let field = |i: usize| self.u32_at(offset + 4 * i);
-        let key_len = field(0).unwrap_or(0) as usize;
-        let deny = field(if exact { 1 } else { 2 }).unwrap_or(NONE);
-        let n_exact = field(3).unwrap_or(0) as usize;
-        let n_sub = field(4).unwrap_or(0) as usize;
+    /// A record's allow list (exact or subdomain), given its header.
+    #[inline(always)]
+    fn allows_of(&self, offset: usize, header: [u32; 5], exact: bool) -> &[u8] {
+        let [key_len, _, _, n_exact, n_sub] = header.map(|v| v as usize);
         let (skip, n) = if exact {
             (0, n_exact)
         } else {
             (n_exact, n_sub)
         };
         let start = offset + HEADER + key_len + 8 * skip;
-        let items = self.records.get(start..start + 8 * n).unwrap_or_default();
-        let refs = items.chunks_exact(8).map(|c| {
-            let (id, ports) = c.split_at(4);
-            RuleRef {
-                id: id.try_into().map_or(NONE, u32::from_le_bytes),
-                ports: ports.try_into().map_or(NONE, u32::from_le_bytes),
-            }
-        });
-        (deny, refs)
+        self.records.get(start..start + 8 * n).unwrap_or_default()
     }
 
     /// Match `name` as seen on the wire (any ASCII case, one optional
@@ -331,19 +325,31 @@ impl NameTable {
         let mut denied = NONE;
         let mut allowed = NONE;
         let mut filtered = NONE;
-        let mut visit = |offset: usize, exact: bool| {
-            let (deny, mut refs) = self.rules_of(offset, exact);
+        let mut visit = |(offset, header): (usize, [u32; 5]), exact: bool| {
+            let deny = if exact { header[1] } else { header[2] };
             if deny != NONE {
                 denied = deny;
             }
-            if let Some(first) = refs.next() {
-                if accept(first) {
-                    allowed = first.id;
-                } else if let Some(r) = refs.find(|&r| accept(r)) {
+            let items = self.allows_of(offset, header, exact);
+            let mut first = NONE;
+            for item in items.chunks_exact(8) {
+                let &[a, b, c, d, e, f, g, h] = item else {
+                    continue;
+                };
+                let r = RuleRef {
+                    id: u32::from_le_bytes([a, b, c, d]),
+                    ports: u32::from_le_bytes([e, f, g, h]),
+                };
+                if accept(r) {
                     allowed = r.id;
-                } else {
-                    filtered = first.id;
+                    return;
                 }
+                if first == NONE {
+                    first = r.id;
+                }
+            }
+            if first != NONE {
+                filtered = first;
             }
         };
         let mut hash = HASH_SEED;
@@ -363,8 +369,8 @@ impl NameTable {
                 label_end = i;
                 if wanted & 1 != 0 {
                     let suffix = bytes.get(i + 1..).unwrap_or_default();
-                    if let Some(offset) = self.find(finish(hash), suffix) {
-                        visit(offset, false);
+                    if let Some(found) = self.find(finish(hash), suffix) {
+                        visit(found, false);
                     }
                 }
                 wanted >>= 1;
@@ -375,9 +381,9 @@ impl NameTable {
             return NameMatch::None;
         }
         if wanted & 1 != 0
-            && let Some(offset) = self.find(finish(hash), bytes)
+            && let Some(found) = self.find(finish(hash), bytes)
         {
-            visit(offset, true);
+            visit(found, true);
         }
         if denied != NONE {
             NameMatch::Denied(denied)

@@ -32,6 +32,7 @@ impl Datapath {
         };
         let previous = reload.decider.swap(Arc::clone(&policy));
         self.audit.set_policy(Some(Arc::clone(&policy)));
+        self.reload_intercept(&policy);
         let bounds = policy.ttl_bounds();
         self.dns.set_ttl_bounds(bounds.min, bounds.max);
         let purged = self
