@@ -35,11 +35,15 @@
 //!   TCP); flows now denied are reset (RST to the guest, the host socket
 //!   closed with RST) and audited `flow_close` / `reload_revoked` with the new
 //!   verdict's reason in `detail`. Flows still being inspected are decided
-//!   by the new policy when their first bytes are complete.
+//!   by the new policy when their first bytes are complete. Forwarded UDP
+//!   flows are re-checked the same way ([`PolicyDecider::recheck_udp`],
+//!   against the table's names for their destination at open); those now
+//!   denied lose their host socket and are audited `flow_close` /
+//!   `reload_revoked`.
 //! - With no guest connected the swap and the audit line happen at once.
 //!
 //! Limits: published (inbound) flows are not re-checked (the policy governs
-//! egress); UDP flows are not re-checked.
+//! egress).
 
 use std::path::PathBuf;
 use std::sync::Arc;
