@@ -950,6 +950,7 @@ impl Datapath {
         self.next_id += 1;
         self.counters.udp_flows_opened += 1;
         let names: Vec<&str> = self.dns.names_for(key.dst.ip(), now).take(8).collect();
+        self.udp.set_names(&key, &names);
         self.audit.record(&AuditEvent::FlowOpen {
             flow: id,
             proto: "udp",

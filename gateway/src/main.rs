@@ -138,10 +138,10 @@ fn main() -> anyhow::Result<()> {
     if cfg.dns_upstreams.iter().any(|u| u.ip().is_loopback()) {
         bail!("a loopback DNS upstream would expose the host's resolver to the guest");
     }
+    let mut options = CompileOptions::default();
+    options.host_addresses = host_addresses();
     let policy = match &args.policy {
         Some(p) => {
-            let mut options = CompileOptions::default();
-            options.host_addresses = host_addresses();
             let compiled = sluice_policy::load_file(p, &options)
                 .map_err(|e| anyhow::anyhow!("invalid policy {}:\n{e}", p.display()))?;
             Some(Arc::new(compiled))
@@ -184,7 +184,7 @@ fn main() -> anyhow::Result<()> {
             reload = Some(ReloadSource::new(
                 path.clone(),
                 Arc::clone(&decider),
-                CompileOptions::default(),
+                options,
             ));
             decider
         }
@@ -320,7 +320,9 @@ fn pin_mmap_threshold() {
     // this process starts any thread.
     let ok = unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD) };
     if ok != 1 {
-        eprintln!("sluice-gateway: mallopt(M_MMAP_THRESHOLD) failed; flow memory may stay resident");
+        eprintln!(
+            "sluice-gateway: mallopt(M_MMAP_THRESHOLD) failed; flow memory may stay resident"
+        );
     }
 }
 

@@ -335,12 +335,23 @@ allow:
 "#;
 
 /// The audit log's JSON lines.
+/// The audit log's schema-1 records, as JSON values.
 fn audit_lines(w: &World) -> Vec<serde_json::Value> {
     std::fs::read_to_string(w.audit_path())
         .unwrap_or_default()
         .lines()
+        .filter(|l| sluice_policy::audit::AuditRecord::from_json(l).is_ok())
         .filter_map(|l| serde_json::from_str(l).ok())
         .collect()
+}
+
+/// A record's destination as `ip:port`.
+fn dst_of(l: &serde_json::Value) -> String {
+    format!(
+        "{}:{}",
+        l["dst"]["ip"].as_str().unwrap_or("-"),
+        l["dst"]["port"]
+    )
 }
 
 // Policy-allowed guest UDP goes out through a host socket and the answers come
@@ -432,19 +443,20 @@ fn udp_forwarding(s: Sidecar) -> Result<()> {
         lines = audit_lines(&w);
         lines
             .iter()
-            .any(|l| l["event"] == "flow_close" && l["proto"] == "udp")
+            .any(|l| l["kind"] == "flow_close" && l["transport"] == "udp")
     });
-    let udp: Vec<&serde_json::Value> = lines.iter().filter(|l| l["proto"] == "udp").collect();
+    let udp: Vec<&serde_json::Value> = lines.iter().filter(|l| l["transport"] == "udp").collect();
     closed.with_context(|| format!("audit: {udp:?}"))?;
     ensure!(
-        udp.iter()
-            .any(|l| l["event"] == "flow_open" && l["dst"] == format!("{ORIGIN_ADDR}:7777")),
+        udp.iter().any(|l| l["kind"] == "connection"
+            && l["decision"] == "allow"
+            && dst_of(l) == format!("{ORIGIN_ADDR}:7777")),
         "no UDP open line: {udp:?}"
     );
     let deny_reasons: Vec<(String, String)> = udp
         .iter()
-        .filter(|l| l["event"] == "flow_deny")
-        .map(|l| (l["dst"].to_string(), l["reason"].to_string()))
+        .filter(|l| l["kind"] == "connection" && l["decision"] == "deny")
+        .map(|l| (dst_of(l), l["reason"].to_string()))
         .collect();
     // Another port of the allowed address: no rule opens it. Another address
     // (a documentation range nothing opens): a non-public destination.
@@ -460,8 +472,8 @@ fn udp_forwarding(s: Sidecar) -> Result<()> {
         );
     }
     ensure!(
-        udp.iter().any(|l| l["event"] == "flow_close"
-            && l["end"] == "idle_timeout"
+        udp.iter().any(|l| l["kind"] == "flow_close"
+            && l["reason"] == "idle_timeout"
             && l["bytes_up"].as_u64().unwrap_or(0) > 0
             && l["bytes_down"] == l["bytes_up"]),
         "no idle close with matching byte counts: {udp:?}"

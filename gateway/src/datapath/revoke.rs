@@ -1,5 +1,5 @@
 //! Applying a policy reload on the datapath task: swap, TTL bounds, DNS
-//! table purge, and the re-check of every open TCP flow (see
+//! table purge, and the re-check of every open TCP and forwarded UDP flow (see
 //! `crate::reload` for the whole sequence and what is logged).
 
 use std::net::{IpAddr, SocketAddr};
@@ -70,10 +70,15 @@ impl Datapath {
             }
         }
 
+        // Forwarded UDP flows, against the names that admitted them.
+        let udp_revoked = self.udp.revoke(now, |key, names| {
+            reload.decider.recheck_udp(key, names).err()
+        });
+
         let detail = format!(
             "previous: {}; flows revoked: {}; names purged: {}",
             previous.version_hash(),
-            revoked.len(),
+            revoked.len() + udp_revoked.len(),
             purged
         );
         self.audit.record(&AuditEvent::Reload {
@@ -129,6 +134,22 @@ impl Datapath {
             }
             // A pending connect's result finds no flow and is dropped.
             self.remove_flow(id);
+        }
+        // Their host sockets are closed already; the guest side of UDP has
+        // no connection to reset.
+        for (c, reason) in udp_revoked {
+            self.audit.record(&AuditEvent::Revoked {
+                flow: c.id,
+                proto: "udp",
+                src: c.key.src,
+                dst: c.key.dst,
+                bytes_up: c.up,
+                bytes_down: c.down,
+                duration_ms: u64::try_from(c.duration.as_millis()).unwrap_or(u64::MAX),
+                why: reason.as_str(),
+                wire: None,
+            });
+            self.counters.flows_closed += 1;
         }
         tracing::info!(
             version = policy.version_hash(),
