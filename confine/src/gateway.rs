@@ -17,6 +17,10 @@ pub struct GatewayConfinement {
     /// TCP ports it may still bind (`--publish` listeners opened later).
     /// Sockets already bound stay usable whatever this says.
     pub tcp_bind: Vec<u16>,
+    /// Directories where it may still create a unix socket (a `--socket`
+    /// listener bound after start-up) and remove a stale one.
+    #[serde(default)]
+    pub socket_dirs: Vec<PathBuf>,
     /// Allow running with Landlock unavailable (reported, not an error).
     pub allow_missing_landlock: bool,
 }
@@ -37,7 +41,7 @@ pub struct GatewayRestriction {
 ///   `vfork`, `clone` without `CLONE_THREAD`, and on every call of
 ///   [`crate::seccomp::KILL_ALWAYS`] (mount, ptrace, namespaces, modules, bpf, ...);
 /// * **filesystem**: Landlock allows writing only `audit_path` and reading
-///   only `read_paths`; no execute anywhere; no other file may be opened,
+///   only `read_paths` (and unix sockets in `socket_dirs`); no execute anywhere; no other file may be opened,
 ///   created, renamed or removed (descriptors already open keep working);
 /// * **network**: TCP bind only on `tcp_bind` ports (outbound connects stay
 ///   allowed: the gateway connects wherever the policy allows); no signals to
@@ -69,6 +73,7 @@ pub fn gateway_self_restrict(
         read: conf.read_paths.clone(),
         write_only: conf.audit_path.iter().cloned().collect(),
         tcp_bind: conf.tcp_bind.clone(),
+        socket_dirs: conf.socket_dirs.clone(),
         ..LandlockRules::default()
     };
     let landlock = match rules.restrict_self() {

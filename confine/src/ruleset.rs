@@ -35,6 +35,11 @@ pub struct LandlockRules {
     pub read_write: Vec<PathBuf>,
     /// Files it may write to but not read (e.g. an append-only audit log).
     pub write_only: Vec<PathBuf>,
+    /// Directories in which it may create unix sockets and remove files
+    /// (a listener's socket path, and a stale socket left there), nothing
+    /// else: no reading, no other file types.
+    #[serde(default)]
+    pub socket_dirs: Vec<PathBuf>,
     /// TCP ports it may bind. Empty: no TCP bind at all.
     pub tcp_bind: Vec<u16>,
     /// TCP ports it may connect to. `None`: connect is not restricted;
@@ -79,11 +84,12 @@ impl LandlockRules {
             .scope(Scope::from_all(TESTED_ABI))
             .map_err(|e| err(&e))?;
         let mut created = ruleset.create().map_err(|e| err(&e))?;
-        let classes: [(&[PathBuf], BitFlags<AccessFs>); 4] = [
+        let classes: [(&[PathBuf], BitFlags<AccessFs>); 5] = [
             (&self.read, fs_read & !AccessFs::Execute),
             (&self.read_exec, fs_read),
             (&self.read_write, fs_all & !AccessFs::Execute),
             (&self.write_only, AccessFs::from_write(TESTED_ABI)),
+            (&self.socket_dirs, AccessFs::MakeSock | AccessFs::RemoveFile),
         ];
         for (paths, access) in classes {
             for path in paths {

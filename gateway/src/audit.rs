@@ -1,25 +1,60 @@
-//! The audit sink: one JSON line per flow open, deny and close and per DNS
-//! query, written to a file or stdout.
+//! The audit sink: one schema-1 [`AuditRecord`] JSON line per decision (DNS
+//! query, connection, flow close, policy reload, gateway lifecycle), written
+//! to a file or stdout. The schema is `docs/audit.md`.
 //!
-//! This is a narrow module on purpose: when the policy crate's audit record
-//! types land, only [`AuditEvent`]'s serialisation changes. Denied-flow lines
-//! are rate-limited ([`DENY_LINES_PER_SEC`] per second); the suppressed count is
-//! written as a `deny_suppressed` summary line when the next second starts.
+//! The datapath describes what happened with an [`AuditEvent`] (its own
+//! vocabulary: reason codes as strings, ends of flows); this module maps each
+//! event to an [`AuditRecord`]:
+//! - the `policy` reference (id, version hash, label) of the policy in force
+//!   ([`AuditSink::set_policy`] is called on every applied reload);
+//! - the `reason` from the closed [`Reason`] set (datapath codes without a
+//!   policy spelling are mapped: `gateway_address` is `platform_denied`,
+//!   `udp_not_allowed` is `udp_blocked`, `too_many_flows` is `flow_limit`;
+//!   an unknown code fails closed to `not_allowlisted` with the code in
+//!   `detail`);
+//! - the `rule` that decided: re-derived from the same snapshot with the
+//!   same inputs the decider used (the names that admitted the flow, the SNI
+//!   or Host, the DNS question). Checks are pure and allocation-free, so this
+//!   costs one lookup per line.
+//!
+//! # Flood bounding
+//! Deny records are rate-limited **per reason**: at most
+//! [`DENY_LINES_PER_SEC`] lines of one reason per one-second window. What is
+//! suppressed is counted per reason and written as one `summary` record
+//! (`reason: rate_limit_summary`, `suppressed: [{reason, count}]`) when the
+//! window ends: on the next record or [`AuditSink::tick`] after it (the
+//! datapath ticks on every loop turn, and its loop wakes at least once a
+//! second), and on [`AuditSink::flush`]. Allow records, flow closes, reloads
+//! and gateway records are never suppressed. So under a flood the log grows
+//! by at most `DENY_LINES_PER_SEC` lines per reason per second plus one
+//! summary, and every suppressed attempt is still counted.
+//!
+//! Write errors are logged once and counted, never fatal.
 
+use std::borrow::Cow;
 use std::io::Write;
 use std::net::{IpAddr, SocketAddr};
-use std::time::{Duration, Instant, SystemTime};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use serde::Serialize;
+use hickory_proto::op::ResponseCode;
+use sluice_policy::audit::{AuditRecord, Kind, PolicyRef, RuleRef, Suppressed, Timestamp};
+use sluice_policy::{CompiledPolicy, Reason, Transport, Verdict};
 
-/// Deny lines written per second before suppression starts.
+use crate::enforce::WireName;
+
+/// Deny lines of one reason written per second before suppression starts.
 pub const DENY_LINES_PER_SEC: u32 = 50;
 
-/// One audit record.
-#[derive(Debug, Serialize)]
-#[serde(tag = "event", rename_all = "snake_case")]
+/// The policy reference written when the gateway runs without a policy
+/// (platform deny set only).
+pub const NO_POLICY_ID: &str = "none";
+
+/// What happened, in the datapath's terms; [`AuditSink::record`] maps it to
+/// a schema-1 [`AuditRecord`].
+#[derive(Debug)]
 pub enum AuditEvent<'a> {
-    /// A flow was allowed and connected.
+    /// A flow was allowed and connected (kind `connection`, decision allow).
     FlowOpen {
         /// Flow id (unique within the process).
         flow: u64,
@@ -32,7 +67,31 @@ pub enum AuditEvent<'a> {
         /// Names the destination was resolved for (from the DNS table).
         names: &'a [&'a str],
     },
-    /// A flow was denied.
+    /// An inspected flow was allowed on the name it presented (kind
+    /// `connection`, decision allow, `sni` or `host` set).
+    InspectedOpen {
+        /// Flow id.
+        flow: u64,
+        /// Guest endpoint.
+        src: SocketAddr,
+        /// Destination.
+        dst: SocketAddr,
+        /// The SNI or Host that admitted the flow.
+        wire: &'a WireName,
+    },
+    /// A host connection through a `--publish` mapping (kind `connection`,
+    /// reason `published`).
+    PublishedOpen {
+        /// Flow id.
+        flow: u64,
+        /// `tcp` or `udp`.
+        proto: &'static str,
+        /// The gateway-side endpoint the guest sees.
+        src: SocketAddr,
+        /// The guest endpoint.
+        dst: SocketAddr,
+    },
+    /// A flow was denied (kind `connection`, decision deny).
     FlowDeny {
         /// `tcp` or `udp`.
         proto: &'static str,
@@ -40,10 +99,24 @@ pub enum AuditEvent<'a> {
         src: SocketAddr,
         /// Destination.
         dst: SocketAddr,
-        /// Reason code.
+        /// Reason code (a [`Reason`] spelling or a datapath code).
         reason: &'static str,
     },
-    /// A flow ended.
+    /// An inspected flow was denied on its first bytes (kind `connection`,
+    /// decision deny, with the flow id and the name seen, if any).
+    InspectedDeny {
+        /// Flow id.
+        flow: u64,
+        /// Guest endpoint.
+        src: SocketAddr,
+        /// Destination.
+        dst: SocketAddr,
+        /// Reason code.
+        reason: &'static str,
+        /// The SNI or Host, when the first bytes named one.
+        wire: Option<&'a WireName>,
+    },
+    /// A flow ended (kind `flow_close`).
     FlowClose {
         /// Flow id.
         flow: u64,
@@ -59,10 +132,34 @@ pub enum AuditEvent<'a> {
         bytes_down: u64,
         /// Flow lifetime in milliseconds.
         duration_ms: u64,
-        /// How it ended (`closed`, `reset`, `shutdown`, ...).
+        /// How it ended: `closed`, `reset`, `idle_timeout`, `shutdown`,
+        /// `connect_failed`, or why the guest session ended.
         end: &'static str,
     },
-    /// A DNS query from the guest.
+    /// An open flow was reset because a reloaded policy denies it (kind
+    /// `flow_close`, reason `reload_revoked`, the new verdict's reason in
+    /// `detail`).
+    Revoked {
+        /// Flow id.
+        flow: u64,
+        /// `tcp` or `udp`.
+        proto: &'static str,
+        /// Guest endpoint.
+        src: SocketAddr,
+        /// Destination.
+        dst: SocketAddr,
+        /// Bytes from the guest to the destination.
+        bytes_up: u64,
+        /// Bytes from the destination to the guest.
+        bytes_down: u64,
+        /// Flow lifetime in milliseconds.
+        duration_ms: u64,
+        /// Why the new policy denies it (a reason code).
+        why: &'static str,
+        /// The SNI or Host that had admitted it, if inspected.
+        wire: Option<&'a WireName>,
+    },
+    /// A DNS query from the guest (kind `dns`).
     Dns {
         /// Query name.
         qname: &'a str,
@@ -72,153 +169,498 @@ pub enum AuditEvent<'a> {
         rcode: &'a str,
         /// Addresses returned (and recorded).
         answers: &'a [IpAddr],
-        /// `forwarded`, `local`, `denied` (a policy refused the name or
-        /// every answer address) or `failed`.
+        /// `forwarded`, `local` (answered by the gateway: AAAA withheld,
+        /// SERVFAIL when busy), `denied` (a policy refused the name or
+        /// every answer address) or `failed` (no usable upstream answer).
         outcome: &'static str,
         /// Why the query was denied (`not_allowlisted`, `denylisted`,
         /// `private_answer`); absent otherwise.
-        #[serde(skip_serializing_if = "Option::is_none")]
         reason: Option<&'static str>,
     },
-    /// Deny lines suppressed by the rate limit in the previous window.
-    DenySuppressed {
-        /// How many.
-        count: u64,
+    /// A policy reload (kind `policy_reload`): applied (the sink's policy
+    /// is already the new one) or rejected (the old one stays).
+    Reload {
+        /// Whether the new policy was swapped in.
+        applied: bool,
+        /// What triggered it (`sighup`, `file_changed`).
+        trigger: &'a str,
+        /// Applied: a summary (previous version, flows revoked); rejected:
+        /// the errors, one `file:line:col: message` per line.
+        detail: &'a str,
+    },
+    /// A gateway lifecycle event or guest-side protocol error (kind
+    /// `gateway`).
+    Gateway {
+        /// `started`, `shutdown`, `closed` (guest disconnected),
+        /// `frame_error` (guest broke the stream protocol).
+        reason: Reason,
+        /// Free text.
+        detail: &'a str,
     },
 }
 
-#[derive(Serialize)]
-struct Line<'a> {
-    ts: String,
-    sandbox: &'a str,
-    #[serde(flatten)]
-    event: &'a AuditEvent<'a>,
+/// Writes schema-1 audit lines (see the module docs).
+pub struct AuditSink {
+    writer: LineWriter,
+    limiter: DenyLimiter,
+    sandbox: String,
+    policy: Option<Arc<CompiledPolicy>>,
 }
 
-/// Writes audit lines; write errors are logged once and counted, never fatal.
-pub struct AuditSink {
+/// The output and its counters.
+struct LineWriter {
     out: Box<dyn Write + Send>,
-    sandbox: String,
-    window_start: Instant,
-    denies_in_window: u32,
-    suppressed: u64,
     write_errors: u64,
+    lines: u64,
+}
+
+/// The per-reason deny budget of the current one-second window.
+struct DenyLimiter {
+    window_start: Instant,
+    /// Deny lines written in this window, per reason.
+    in_window: Vec<(Reason, u32)>,
+    /// Deny lines suppressed since the last summary, per reason (in order of
+    /// first suppression).
+    suppressed: Vec<Suppressed>,
 }
 
 impl std::fmt::Debug for AuditSink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AuditSink")
             .field("sandbox", &self.sandbox)
+            .field("lines", &self.writer.lines)
             .finish_non_exhaustive()
     }
 }
 
+/// The schema reason for a datapath reason code (see the module docs).
+pub fn reason_of(code: &str) -> (Reason, Option<&str>) {
+    match code {
+        "gateway_address" => (Reason::PlatformDenied, Some("gateway address")),
+        "udp_not_allowed" => (Reason::UdpBlocked, None),
+        "too_many_flows" => (Reason::FlowLimit, None),
+        other => match Reason::from_name(other) {
+            Some(r) => (r, None),
+            None => (Reason::NotAllowlisted, Some(other)),
+        },
+    }
+}
+
+/// The audit spelling of a DNS response code (`NOERROR`, `NXDOMAIN`, ...).
+pub fn rcode_mnemonic(rcode: ResponseCode) -> &'static str {
+    match u16::from(rcode) {
+        0 => "NOERROR",
+        1 => "FORMERR",
+        2 => "SERVFAIL",
+        3 => "NXDOMAIN",
+        4 => "NOTIMP",
+        5 => "REFUSED",
+        _ => "OTHER",
+    }
+}
+
+fn transport_of(proto: &str) -> Transport {
+    if proto == "udp" {
+        Transport::Udp
+    } else {
+        Transport::Tcp
+    }
+}
+
+fn rule_of<'a>(v: &Verdict<'a>) -> Option<RuleRef<'a>> {
+    v.rule.map(|m| RuleRef {
+        id: Cow::Borrowed(m.id),
+        pattern: Cow::Borrowed(m.pattern),
+        name: m.name.map(Cow::Borrowed),
+    })
+}
+
+fn set_wire<'a>(rec: &mut AuditRecord<'a>, wire: Option<&'a WireName>) {
+    match wire {
+        Some(WireName::Sni(n)) => rec.sni = Some(Cow::Borrowed(n)),
+        Some(WireName::Host(n)) => rec.host = Some(Cow::Borrowed(n)),
+        None => {}
+    }
+}
+
+/// The reference to `policy`, or to [`NO_POLICY_ID`].
+fn policy_ref(policy: Option<&CompiledPolicy>) -> PolicyRef<'_> {
+    match policy {
+        Some(p) => PolicyRef::of(p),
+        None => PolicyRef {
+            id: Cow::Borrowed(NO_POLICY_ID),
+            version: Cow::Borrowed(NO_POLICY_ID),
+            label: None,
+        },
+    }
+}
+
 impl AuditSink {
-    /// A sink writing to `out` for sandbox `sandbox`.
+    /// A sink writing to `out` for sandbox `sandbox`, with no policy
+    /// (`policy.id` is [`NO_POLICY_ID`] until [`AuditSink::set_policy`]).
     pub fn new(out: Box<dyn Write + Send>, sandbox: &str) -> Self {
         Self {
-            out,
+            writer: LineWriter {
+                out,
+                write_errors: 0,
+                lines: 0,
+            },
+            limiter: DenyLimiter {
+                window_start: Instant::now(),
+                in_window: Vec::new(),
+                suppressed: Vec::new(),
+            },
             sandbox: sandbox.to_owned(),
-            window_start: Instant::now(),
-            denies_in_window: 0,
-            suppressed: 0,
-            write_errors: 0,
+            policy: None,
         }
     }
 
-    /// Writes `event` (rate-limited when it is a deny).
+    /// The policy in force from now on: its reference goes into every line
+    /// and its rules are named on decisions.
+    pub fn set_policy(&mut self, policy: Option<Arc<CompiledPolicy>>) {
+        self.policy = policy;
+    }
+
+    /// The policy the sink names in its lines.
+    pub fn policy(&self) -> Option<&Arc<CompiledPolicy>> {
+        self.policy.as_ref()
+    }
+
+    /// Lines written so far (including summaries).
+    pub fn lines_written(&self) -> u64 {
+        self.writer.lines
+    }
+
+    /// The sandbox id.
+    pub fn sandbox(&self) -> &str {
+        &self.sandbox
+    }
+
+    /// Writes `event` as one record (deny records rate-limited per reason).
     pub fn record(&mut self, event: &AuditEvent<'_>) {
-        let now = Instant::now();
-        if now.duration_since(self.window_start) >= Duration::from_secs(1) {
-            self.window_start = now;
-            self.denies_in_window = 0;
-            if self.suppressed > 0 {
-                let count = self.suppressed;
-                self.suppressed = 0;
-                self.write(&AuditEvent::DenySuppressed { count });
-            }
+        self.tick();
+        let rec = build(&self.sandbox, self.policy.as_deref(), event);
+        if rec.decision == sluice_policy::Decision::Deny
+            && matches!(rec.kind, Kind::Connection | Kind::Dns | Kind::Http)
+            && !self.limiter.admit(rec.reason)
+        {
+            return;
         }
-        if matches!(event, AuditEvent::FlowDeny { .. }) {
-            if self.denies_in_window >= DENY_LINES_PER_SEC {
-                self.suppressed += 1;
-                return;
-            }
-            self.denies_in_window += 1;
-        }
-        self.write(event);
+        self.writer.write(&rec);
     }
 
-    fn write(&mut self, event: &AuditEvent<'_>) {
-        let line = Line {
-            ts: rfc3339_now(),
-            sandbox: &self.sandbox,
-            event,
-        };
-        let res = serde_json::to_writer(&mut self.out, &line)
-            .map_err(std::io::Error::other)
-            .and_then(|()| self.out.write_all(b"\n"))
-            .and_then(|()| self.out.flush());
-        if let Err(e) = res {
-            if self.write_errors == 0 {
-                tracing::error!(error = %e, "audit write failed");
-            }
-            self.write_errors += 1;
+    /// Writes a record built elsewhere (e.g. `http` records of an
+    /// intercepting proxy; start from [`AuditSink::skeleton`]), unchanged and
+    /// never suppressed.
+    pub fn write_record(&mut self, rec: &AuditRecord<'_>) {
+        self.tick();
+        self.writer.write(rec);
+    }
+
+    /// A record skeleton with this sink's sandbox and policy reference.
+    pub fn skeleton(&self, kind: Kind, reason: Reason) -> AuditRecord<'_> {
+        let pref = policy_ref(self.policy.as_deref());
+        AuditRecord::new(Timestamp::now(), &self.sandbox, kind, reason, pref)
+    }
+
+    /// Ends the rate-limit window when a second has passed, writing the
+    /// summary of what it suppressed. Cheap; call it often.
+    pub fn tick(&mut self) {
+        let now = Instant::now();
+        if now.duration_since(self.limiter.window_start) >= Duration::from_secs(1) {
+            self.limiter.window_start = now;
+            self.limiter.in_window.clear();
+            self.write_summary();
         }
+    }
+
+    fn write_summary(&mut self) {
+        if self.limiter.suppressed.is_empty() {
+            return;
+        }
+        let suppressed = std::mem::take(&mut self.limiter.suppressed);
+        let pref = policy_ref(self.policy.as_deref());
+        let mut rec = AuditRecord::new(
+            Timestamp::now(),
+            &self.sandbox,
+            Kind::Summary,
+            Reason::RateLimitSummary,
+            pref,
+        );
+        rec.suppressed = suppressed;
+        self.writer.write(&rec);
     }
 
     /// Writes any pending suppression summary and flushes.
     pub fn flush(&mut self) {
-        if self.suppressed > 0 {
-            let count = self.suppressed;
-            self.suppressed = 0;
-            self.write(&AuditEvent::DenySuppressed { count });
-        }
-        let _ = self.out.flush();
+        self.write_summary();
+        let _ = self.writer.out.flush();
     }
 }
 
-/// UTC timestamp with millisecond precision, e.g. `2026-11-21T19:30:00.123Z`.
-fn rfc3339_now() -> String {
-    let d = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap_or_default();
-    let secs = d.as_secs();
-    let (days, rem) = (secs / 86400, secs % 86400);
-    let (y, m, dd) = civil_from_days(i64::try_from(days).unwrap_or(0));
-    format!(
-        "{y:04}-{m:02}-{dd:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3600,
-        (rem % 3600) / 60,
-        rem % 60,
-        d.subsec_millis()
-    )
+impl DenyLimiter {
+    /// Counts a deny line of `reason`; false when it is to be suppressed.
+    fn admit(&mut self, reason: Reason) -> bool {
+        let i = match self.in_window.iter().position(|(r, _)| *r == reason) {
+            Some(i) => i,
+            None => {
+                self.in_window.push((reason, 0));
+                self.in_window.len() - 1
+            }
+        };
+        if let Some((_, written)) = self.in_window.get_mut(i)
+            && *written < DENY_LINES_PER_SEC
+        {
+            *written += 1;
+            return true;
+        }
+        match self.suppressed.iter_mut().find(|s| s.reason == reason) {
+            Some(s) => s.count += 1,
+            None => self.suppressed.push(Suppressed { reason, count: 1 }),
+        }
+        false
+    }
 }
 
-/// Days since 1970-01-01 to (year, month, day) (H. Hinnant's algorithm).
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
-    let y = yoe + era * 400;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    (
-        if m <= 2 { y + 1 } else { y },
-        u32::try_from(m).unwrap_or(1),
-        u32::try_from(d).unwrap_or(1),
-    )
+impl LineWriter {
+    fn write(&mut self, rec: &AuditRecord<'_>) {
+        let res = rec
+            .write_line(&mut self.out)
+            .and_then(|()| self.out.flush());
+        match res {
+            Ok(()) => self.lines += 1,
+            Err(e) => {
+                if self.write_errors == 0 {
+                    tracing::error!(error = %e, "audit write failed");
+                }
+                self.write_errors += 1;
+            }
+        }
+    }
+}
+
+/// Maps one event to its record under `policy` (see the module docs).
+fn build<'a>(
+    sandbox: &'a str,
+    policy: Option<&'a CompiledPolicy>,
+    event: &'a AuditEvent<'a>,
+) -> AuditRecord<'a> {
+    let pref = policy_ref(policy);
+    let new =
+        |kind, reason| AuditRecord::new(Timestamp::now(), sandbox, kind, reason, pref.clone());
+    match *event {
+        AuditEvent::FlowOpen {
+            flow,
+            proto,
+            src,
+            dst,
+            names,
+        } => {
+            let verdict = policy.map(|p| {
+                if proto == "udp" {
+                    p.check_udp(dst.ip(), dst.port(), names)
+                } else {
+                    p.check_destination(dst.ip(), dst.port(), names)
+                }
+            });
+            // The decider allowed it: name the rule when the snapshot
+            // agrees (it always does for a policy decider).
+            let (reason, rule) = match verdict {
+                Some(v) if v.is_allowed() => (v.reason, rule_of(&v)),
+                _ => (Reason::Allowlisted, None),
+            };
+            let mut r =
+                new(Kind::Connection, reason)
+                    .flow(flow)
+                    .endpoints(transport_of(proto), src, dst);
+            r.rule = rule;
+            r
+        }
+        AuditEvent::InspectedOpen {
+            flow,
+            src,
+            dst,
+            wire,
+        } => {
+            let verdict =
+                policy.map(|p| p.check_name_port(wire.as_str(), Transport::Tcp, dst.port()));
+            let (reason, rule) = match verdict {
+                Some(v) if v.is_allowed() => (v.reason, rule_of(&v)),
+                _ => (Reason::Allowlisted, None),
+            };
+            let mut r =
+                new(Kind::Connection, reason)
+                    .flow(flow)
+                    .endpoints(Transport::Tcp, src, dst);
+            r.rule = rule;
+            set_wire(&mut r, Some(wire));
+            r
+        }
+        AuditEvent::PublishedOpen {
+            flow,
+            proto,
+            src,
+            dst,
+        } => new(Kind::Connection, Reason::Published)
+            .flow(flow)
+            .endpoints(transport_of(proto), src, dst),
+        AuditEvent::FlowDeny {
+            proto,
+            src,
+            dst,
+            reason,
+        } => {
+            let (reason, detail) = reason_of(reason);
+            let mut r = new(Kind::Connection, reason).endpoints(transport_of(proto), src, dst);
+            r.detail = detail.map(Cow::Borrowed);
+            r
+        }
+        AuditEvent::InspectedDeny {
+            flow,
+            src,
+            dst,
+            reason,
+            wire,
+        } => {
+            let (reason, detail) = reason_of(reason);
+            let mut r =
+                new(Kind::Connection, reason)
+                    .flow(flow)
+                    .endpoints(Transport::Tcp, src, dst);
+            r.detail = detail.map(Cow::Borrowed);
+            // A deny rule or a port-less allow rule explains the denial.
+            if let (Some(p), Some(w)) = (policy, wire) {
+                let v = p.check_name_port(w.as_str(), Transport::Tcp, dst.port());
+                if !v.is_allowed() {
+                    r.rule = rule_of(&v);
+                }
+            }
+            set_wire(&mut r, wire);
+            r
+        }
+        AuditEvent::FlowClose {
+            flow,
+            proto,
+            src,
+            dst,
+            bytes_up,
+            bytes_down,
+            duration_ms,
+            end,
+        } => {
+            let (reason, detail) = match end {
+                "closed" => (Reason::Closed, None),
+                "idle_timeout" => (Reason::IdleTimeout, None),
+                "shutdown" => (Reason::Shutdown, None),
+                "connect_failed" => (Reason::ConnectFailed, None),
+                "upstream_error" => (Reason::UpstreamError, None),
+                other => (Reason::Closed, Some(other)),
+            };
+            let mut r = new(Kind::FlowClose, reason)
+                .flow(flow)
+                .endpoints(transport_of(proto), src, dst)
+                .totals(bytes_up, bytes_down, duration_ms);
+            r.detail = detail.map(Cow::Borrowed);
+            r
+        }
+        AuditEvent::Revoked {
+            flow,
+            proto,
+            src,
+            dst,
+            bytes_up,
+            bytes_down,
+            duration_ms,
+            why,
+            wire,
+        } => {
+            let mut r = new(Kind::FlowClose, Reason::ReloadRevoked)
+                .flow(flow)
+                .endpoints(transport_of(proto), src, dst)
+                .totals(bytes_up, bytes_down, duration_ms)
+                .detail(why);
+            set_wire(&mut r, wire);
+            r
+        }
+        AuditEvent::Dns {
+            qname,
+            qtype,
+            rcode,
+            answers,
+            outcome,
+            reason,
+        } => {
+            let (reason, detail) = match (reason, outcome) {
+                (Some(code), _) => reason_of(code),
+                (None, "forwarded") => (Reason::DnsAnswered, None),
+                (None, "local") if rcode == "NOERROR" => (Reason::DnsTypeWithheld, None),
+                (None, "local") => (
+                    Reason::UpstreamError,
+                    Some("no upstream resolver or too many queries in flight"),
+                ),
+                (None, _) => (Reason::UpstreamError, None),
+            };
+            let mut r = new(Kind::Dns, reason);
+            // A query that could not be read has no name or type.
+            if !qname.is_empty() {
+                r = r.query(qname, qtype);
+            }
+            r.rcode = Some(Cow::Borrowed(rcode));
+            r.answers = answers.to_vec();
+            r.detail = detail.map(Cow::Borrowed);
+            if let Some(p) = policy
+                && matches!(
+                    reason,
+                    Reason::DnsAnswered | Reason::Denylisted | Reason::PrivateAnswer
+                )
+            {
+                let v = p.check_name(qname);
+                // A CNAME-chain denial: the question's own name is allowed,
+                // so its rule did not decide; name none rather than that one.
+                if reason != Reason::Denylisted || v.reason == Reason::Denylisted {
+                    r.rule = rule_of(&v);
+                }
+            }
+            r
+        }
+        AuditEvent::Reload {
+            applied,
+            trigger,
+            detail,
+        } => {
+            let reason = if applied {
+                Reason::ReloadApplied
+            } else {
+                Reason::ReloadRejected
+            };
+            let text = if detail.is_empty() {
+                Cow::Owned(format!("trigger: {trigger}"))
+            } else {
+                Cow::Owned(format!("trigger: {trigger}\n{detail}"))
+            };
+            new(Kind::PolicyReload, reason).detail(text)
+        }
+        AuditEvent::Gateway { reason, detail } => {
+            let r = new(Kind::Gateway, reason);
+            if detail.is_empty() {
+                r
+            } else {
+                r.detail(detail)
+            }
+        }
+    }
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
-    use std::sync::{Arc, Mutex};
+    use std::sync::Mutex;
 
+    use sluice_policy::{CompileOptions, Decision, from_yaml_str};
+
+    /// A writer tests can read back.
     #[derive(Clone, Default)]
-    struct Shared(Arc<Mutex<Vec<u8>>>);
+    pub(crate) struct Shared(pub(crate) Arc<Mutex<Vec<u8>>>);
     impl Write for Shared {
         fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
             self.0.lock().unwrap().extend_from_slice(b);
@@ -229,40 +671,259 @@ mod tests {
         }
     }
 
+    impl Shared {
+        pub(crate) fn text(&self) -> String {
+            String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
+        }
+    }
+
+    /// Every line parses as a schema-1 record; returned as JSON values.
+    pub(crate) fn parse_all(text: &str) -> Vec<serde_json::Value> {
+        text.lines()
+            .map(|l| {
+                let rec = AuditRecord::from_json(l).unwrap_or_else(|e| panic!("{e}: {l}"));
+                assert_eq!(rec.schema, 1);
+                assert_eq!(rec.decision, rec.reason.decision(), "{l}");
+                serde_json::from_str(l).unwrap()
+            })
+            .collect()
+    }
+
+    fn policy() -> Arc<CompiledPolicy> {
+        Arc::new(
+            from_yaml_str(
+                "version: 1\nid: audit-gw\nlabel: tests\nallow:\n  - domain: \"**.example.com\"\n  - cidr: \"203.0.113.0/24\"\n    ports: [22]\ndeny:\n  - \"bad.example.com\"\n",
+                "a.yaml",
+                &CompileOptions::default(),
+            )
+            .unwrap(),
+        )
+    }
+
     #[test]
-    fn lines_are_json_and_denies_are_rate_limited() {
+    fn every_event_maps_to_a_schema_1_record_that_round_trips() {
+        let buf = Shared::default();
+        let mut sink = AuditSink::new(Box::new(buf.clone()), "sb1");
+        sink.set_policy(Some(policy()));
+        let src: SocketAddr = "10.0.2.15:1000".parse().unwrap();
+        let dst: SocketAddr = "93.184.216.34:443".parse().unwrap();
+        let sni = WireName::Sni("www.example.com".into());
+        let host = WireName::Host("bad.example.com".into());
+        let answers = ["93.184.216.34".parse().unwrap()];
+        let events = [
+            AuditEvent::FlowOpen {
+                flow: 1,
+                proto: "tcp",
+                src,
+                dst: "203.0.113.9:22".parse().unwrap(),
+                names: &[],
+            },
+            AuditEvent::InspectedOpen {
+                flow: 2,
+                src,
+                dst,
+                wire: &sni,
+            },
+            AuditEvent::PublishedOpen {
+                flow: 3,
+                proto: "tcp",
+                src: "10.0.2.2:49152".parse().unwrap(),
+                dst: "10.0.2.15:8080".parse().unwrap(),
+            },
+            AuditEvent::FlowDeny {
+                proto: "tcp",
+                src,
+                dst,
+                reason: "ip_not_resolved_for_name",
+            },
+            AuditEvent::FlowDeny {
+                proto: "udp",
+                src,
+                dst,
+                reason: "udp_not_allowed",
+            },
+            AuditEvent::InspectedDeny {
+                flow: 4,
+                src,
+                dst: "93.184.216.34:80".parse().unwrap(),
+                reason: "denylisted",
+                wire: Some(&host),
+            },
+            AuditEvent::FlowClose {
+                flow: 2,
+                proto: "tcp",
+                src,
+                dst,
+                bytes_up: 10,
+                bytes_down: 20,
+                duration_ms: 30,
+                end: "reset",
+            },
+            AuditEvent::Revoked {
+                flow: 1,
+                proto: "tcp",
+                src,
+                dst,
+                bytes_up: 1,
+                bytes_down: 2,
+                duration_ms: 3,
+                why: "not_allowlisted",
+                wire: Some(&sni),
+            },
+            AuditEvent::Dns {
+                qname: "www.example.com",
+                qtype: "A",
+                rcode: "NOERROR",
+                answers: &answers,
+                outcome: "forwarded",
+                reason: None,
+            },
+            AuditEvent::Dns {
+                qname: "bad.example.com",
+                qtype: "A",
+                rcode: "REFUSED",
+                answers: &[],
+                outcome: "denied",
+                reason: Some("denylisted"),
+            },
+            AuditEvent::Reload {
+                applied: false,
+                trigger: "sighup",
+                detail: "p.yaml:3:1: unknown field `x`",
+            },
+            AuditEvent::Gateway {
+                reason: Reason::Started,
+                detail: "sluice-gateway",
+            },
+        ];
+        for e in &events {
+            sink.record(e);
+        }
+        sink.flush();
+        let lines = parse_all(&buf.text());
+        assert_eq!(lines.len(), events.len());
+        for l in &lines {
+            assert_eq!(l["sandbox"], "sb1");
+            assert_eq!(l["policy"]["id"], "audit-gw");
+            assert_eq!(l["policy"]["label"], "tests");
+            assert!(
+                l["policy"]["version"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("sha256:")
+            );
+        }
+        let want = [
+            ("connection", "cidr_allowed"),
+            ("connection", "allowlisted"),
+            ("connection", "published"),
+            ("connection", "ip_not_resolved_for_name"),
+            ("connection", "udp_blocked"),
+            ("connection", "denylisted"),
+            ("flow_close", "closed"),
+            ("flow_close", "reload_revoked"),
+            ("dns", "dns_answered"),
+            ("dns", "denylisted"),
+            ("policy_reload", "reload_rejected"),
+            ("gateway", "started"),
+        ];
+        for (l, (kind, reason)) in lines.iter().zip(want) {
+            assert_eq!(
+                (l["kind"].as_str(), l["reason"].as_str()),
+                (Some(kind), Some(reason)),
+                "{l}"
+            );
+        }
+        assert_eq!(lines[0]["rule"]["pattern"], "203.0.113.0/24");
+        assert_eq!(lines[0]["flow"], 1);
+        assert_eq!(lines[1]["sni"], "www.example.com");
+        assert_eq!(lines[1]["rule"]["pattern"], "**.example.com");
+        assert_eq!(lines[3]["dst"]["ip"], "93.184.216.34");
+        assert_eq!(lines[3]["transport"], "tcp");
+        assert_eq!(lines[4]["transport"], "udp");
+        assert_eq!(lines[5]["host"], "bad.example.com");
+        assert_eq!(lines[5]["rule"]["pattern"], "bad.example.com");
+        assert_eq!(lines[6]["bytes_down"], 20);
+        assert_eq!(lines[6]["detail"], "reset");
+        assert_eq!(lines[7]["detail"], "not_allowlisted");
+        assert_eq!(lines[7]["decision"], "deny");
+        assert_eq!(lines[8]["answers"][0], "93.184.216.34");
+        assert_eq!(lines[8]["rule"]["pattern"], "**.example.com");
+        assert!(lines[10]["detail"].as_str().unwrap().contains("p.yaml:3:1"));
+    }
+
+    #[test]
+    fn without_a_policy_lines_name_the_none_policy() {
+        let buf = Shared::default();
+        let mut sink = AuditSink::new(Box::new(buf.clone()), "sb");
+        sink.record(&AuditEvent::FlowDeny {
+            proto: "tcp",
+            src: "10.0.2.15:1".parse().unwrap(),
+            dst: "10.0.2.2:22".parse().unwrap(),
+            reason: "gateway_address",
+        });
+        let lines = parse_all(&buf.text());
+        assert_eq!(lines[0]["policy"]["id"], NO_POLICY_ID);
+        assert_eq!(lines[0]["reason"], "platform_denied");
+        assert_eq!(lines[0]["detail"], "gateway address");
+    }
+
+    #[test]
+    fn unknown_codes_fail_closed() {
+        assert_eq!(
+            reason_of("something_new"),
+            (Reason::NotAllowlisted, Some("something_new"))
+        );
+        assert_eq!(reason_of("sni_absent"), (Reason::SniAbsent, None));
+        assert_eq!(Reason::NotAllowlisted.decision(), Decision::Deny);
+    }
+
+    #[test]
+    fn denies_are_rate_limited_per_reason_with_a_summary() {
         let buf = Shared::default();
         let mut sink = AuditSink::new(Box::new(buf.clone()), "sb1");
         let src: SocketAddr = "10.0.2.15:1000".parse().unwrap();
         let dst: SocketAddr = "127.0.0.1:22".parse().unwrap();
-        for _ in 0..(DENY_LINES_PER_SEC + 25) {
+        let n = DENY_LINES_PER_SEC + 25;
+        for _ in 0..n {
             sink.record(&AuditEvent::FlowDeny {
                 proto: "tcp",
                 src,
                 dst,
                 reason: "platform_denied",
             });
+            // Another reason has its own budget.
+            sink.record(&AuditEvent::FlowDeny {
+                proto: "tcp",
+                src,
+                dst,
+                reason: "ip_not_resolved_for_name",
+            });
         }
         sink.flush();
-        let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
-        let lines: Vec<serde_json::Value> = text
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect();
-        assert_eq!(lines.len(), DENY_LINES_PER_SEC as usize + 1);
-        assert_eq!(lines[0]["event"], "flow_deny");
-        assert_eq!(lines[0]["reason"], "platform_denied");
-        assert_eq!(lines[0]["sandbox"], "sb1");
-        assert_eq!(lines[0]["dst"], "127.0.0.1:22");
-        let last = lines.last().unwrap();
-        assert_eq!(last["event"], "deny_suppressed");
-        assert_eq!(last["count"], 25);
-    }
-
-    #[test]
-    fn civil_dates() {
-        assert_eq!(civil_from_days(0), (1970, 1, 1));
-        assert_eq!(civil_from_days(20_413), (2025, 11, 21));
-        assert_eq!(civil_from_days(11_016), (2000, 2, 29));
+        let lines = parse_all(&buf.text());
+        let count = |reason: &str| {
+            lines
+                .iter()
+                .filter(|l| l["kind"] == "connection" && l["reason"] == reason)
+                .count() as u64
+        };
+        let summaries: Vec<_> = lines.iter().filter(|l| l["kind"] == "summary").collect();
+        assert!(!summaries.is_empty(), "no summary");
+        let suppressed = |reason: &str| -> u64 {
+            summaries
+                .iter()
+                .flat_map(|s| s["suppressed"].as_array().unwrap())
+                .filter(|s| s["reason"] == reason)
+                .map(|s| s["count"].as_u64().unwrap())
+                .sum()
+        };
+        // Nothing is lost: every attempt is a line or a suppressed count.
+        for reason in ["platform_denied", "ip_not_resolved_for_name"] {
+            assert_eq!(count(reason) + suppressed(reason), u64::from(n), "{reason}");
+            assert!(count(reason) >= u64::from(DENY_LINES_PER_SEC), "{reason}");
+        }
+        assert_eq!(summaries[0]["reason"], "rate_limit_summary");
+        assert_eq!(summaries[0]["decision"], "allow");
     }
 }

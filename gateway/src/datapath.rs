@@ -27,8 +27,7 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use hickory_proto::op::{Message, ResponseCode};
-use hickory_proto::rr::RecordType;
+use hickory_proto::op::ResponseCode;
 use smoltcp::iface::{Config as IfaceConfig, Interface, SocketHandle, SocketSet};
 use smoltcp::phy::{Device, DeviceCapabilities, Medium, RxToken, TxToken};
 use smoltcp::socket::tcp;
@@ -46,9 +45,12 @@ use crate::decide::{
 };
 use crate::dhcp::{self, DhcpServer};
 use crate::dns::{self, DnsTable, Question};
+use crate::enforce::{WireName, sniff_wire_name};
 use crate::frames::{FrameError, FrameReader, TxBatch};
 use crate::packet::{self, Addresses, Class, DropReason};
 use crate::udp::{ClosedUdpFlow, SendOutcome, UdpFlows, UdpOpenError};
+
+mod revoke;
 
 /// Bytes read from the guest per syscall.
 const GUEST_READ_CHUNK: usize = 256 * 1024;
@@ -85,8 +87,6 @@ pub enum Event {
         guest: SocketAddrV4,
         /// The question asked.
         question: Question,
-        /// The original query (for SERVFAIL when there is no answer).
-        query: Vec<u8>,
         /// The upstream response, `None` on timeout.
         reply: Option<Vec<u8>>,
     },
@@ -96,8 +96,6 @@ pub enum Event {
         id: u64,
         /// The question asked.
         question: Question,
-        /// The original query.
-        query: Vec<u8>,
         /// The upstream response, `None` on failure.
         reply: Option<Vec<u8>>,
     },
@@ -121,6 +119,9 @@ pub enum Event {
     },
     /// Log the counters now (SIGUSR1).
     DumpCounters,
+    /// A policy reload was attempted (SIGHUP or a change of the policy
+    /// file): swap it in and revoke what it denies, or audit the rejection.
+    Reload(Box<crate::reload::PolicyReload>),
     /// Close flows and stop (SIGTERM/SIGINT).
     Shutdown,
 }
@@ -276,6 +277,11 @@ struct Flow {
     down: u64,
     /// Whether a `flow_open` line was written (a close line follows only then).
     audited_open: bool,
+    /// The SNI or Host that admitted an inspected flow.
+    wire: Option<WireName>,
+    /// The names that admitted the flow (rechecked on reload): the wire
+    /// name, or the table's names for the destination at open.
+    names: Vec<Box<str>>,
 }
 
 /// One guest session's datapath state.
@@ -480,6 +486,8 @@ impl Datapath {
                     }
                 }
             }
+            // Ends the audit rate-limit window (summary of suppressed denies).
+            self.audit.tick();
             if last_counters.elapsed() >= COUNTER_LOG_INTERVAL {
                 last_counters = Instant::now();
                 self.counters.log(self.flows.len());
@@ -697,6 +705,13 @@ impl Datapath {
             }
             return;
         }
+        // Every guest-initiated connection counts, DNS over TCP to the
+        // gateway included: each holds socket buffers and a slot in every poll.
+        if self.flows.len() >= self.cfg.max_flows {
+            self.rst_syn(frame, src, dst, seq);
+            self.deny_audit(&key, DenyReason::TooManyFlows);
+            return;
+        }
         if *dst.ip() == self.cfg.gateway_ip {
             if dst.port() == 53 {
                 if let Some(handle) = self.accept_syn(frame, src, dst) {
@@ -713,11 +728,6 @@ impl Datapath {
             }
             self.rst_syn(frame, src, dst, seq);
             self.deny_audit(&key, DenyReason::GatewayAddress);
-            return;
-        }
-        if self.flows.len() >= self.cfg.max_flows {
-            self.rst_syn(frame, src, dst, seq);
-            self.deny_audit(&key, DenyReason::TooManyFlows);
             return;
         }
         let decision = {
@@ -772,6 +782,8 @@ impl Datapath {
                 up: 0,
                 down: 0,
                 audited_open: false,
+                wire: None,
+                names: Vec::new(),
             },
         );
         self.by_key.insert(key, id);
@@ -965,17 +977,19 @@ impl Datapath {
             tx.queued() < TX_HIGH_WATER
         });
         for c in &failed {
-            self.audit_udp_close(c);
+            self.audit_udp_close(c, c.end.as_str());
         }
         if now.saturating_duration_since(self.udp_swept) >= Duration::from_secs(1) {
             self.udp_swept = now;
             for c in self.udp.expire(now) {
-                self.audit_udp_close(&c);
+                self.audit_udp_close(&c, c.end.as_str());
             }
         }
     }
 
-    fn audit_udp_close(&mut self, c: &ClosedUdpFlow) {
+    /// Audits the close of a UDP flow; `end` is [`crate::udp::UdpEnd::as_str`]
+    /// or, at session end, why the session ended.
+    fn audit_udp_close(&mut self, c: &ClosedUdpFlow, end: &'static str) {
         self.counters.flows_closed += 1;
         self.audit.record(&AuditEvent::FlowClose {
             flow: c.id,
@@ -985,44 +999,49 @@ impl Datapath {
             bytes_up: c.up,
             bytes_down: c.down,
             duration_ms: u64::try_from(c.duration.as_millis()).unwrap_or(u64::MAX),
-            end: c.end.as_str(),
+            end,
         });
     }
 
     fn on_dns_udp(&mut self, frame: &[u8], src: SocketAddrV4, payload: &[u8]) {
         self.counters.dns_queries += 1;
         let mac = Self::frame_src_mac(frame);
-        let (msg, question) = match dns::parse_query(payload) {
+        let question = match sluice_inspect::dns::parse_query(payload) {
             Ok(q) => q,
             Err(e) => {
-                tracing::debug!(error = %e, "bad DNS query from guest");
-                if let Some(b) = sluice_inspect::dns::formerr_response(payload) {
+                if let Some(b) = self.dns_reject(payload, &e) {
                     self.reply_udp(mac, src, &b);
                 }
                 return;
             }
         };
-        if let Some(local) = self.dns_local(&msg, &question) {
+        if let Some(local) = self.dns_local(&question) {
             self.reply_udp(mac, src, &local);
             return;
         }
-        if question.qtype == RecordType::AAAA
+        if !dns::forwarded_type(question.qtype)
             || self.dns_in_flight >= MAX_DNS_IN_FLIGHT
             || self.cfg.dns_upstreams.is_empty()
         {
             // A local answer that could not be encoded: nothing to send.
             return;
         }
+        // Never the guest's bytes: a query rebuilt from what was checked.
+        let Some(query) = dns::upstream_query(&question) else {
+            if let Some(b) = sluice_inspect::dns::error_response(&question, ResponseCode::ServFail)
+            {
+                self.reply_udp(mac, src, &b);
+            }
+            return;
+        };
         self.dns_in_flight += 1;
         let events = self.events.clone();
         let upstreams = self.cfg.dns_upstreams.clone();
-        let query = payload.to_vec();
         tokio::spawn(async move {
             let reply = dns::forward_udp(&query, &upstreams, DNS_TIMEOUT).await;
             let _ = events.send(Event::DnsUdpReply {
                 guest: src,
                 question,
-                query,
                 reply,
             });
         });
@@ -1059,47 +1078,68 @@ impl Datapath {
         reason: Option<&'static str>,
     ) {
         let qtype = q.qtype.to_string();
-        let rcode = rcode.to_string();
         self.audit.record(&AuditEvent::Dns {
             qname: &q.name,
             qtype: &qtype,
-            rcode: &rcode,
+            rcode: crate::audit::rcode_mnemonic(rcode),
             answers,
             outcome,
             reason,
         });
     }
 
+    /// The answer for guest bytes sluice-inspect's reader refused (FORMERR
+    /// for undecodable messages and names that do not normalise, NOTIMP for
+    /// other opcodes, REFUSED for other classes), audited `dns_formerr`.
+    /// `None` when nothing may be answered (no header, or a response).
+    fn dns_reject(
+        &mut self,
+        payload: &[u8],
+        e: &sluice_inspect::dns::DnsReject,
+    ) -> Option<Vec<u8>> {
+        tracing::debug!(error = %e, "bad DNS query from guest");
+        self.counters.dns_denied += 1;
+        self.audit.record(&AuditEvent::Dns {
+            qname: "",
+            qtype: "",
+            rcode: crate::audit::rcode_mnemonic(e.rcode()),
+            answers: &[],
+            outcome: "denied",
+            reason: Some("dns_formerr"),
+        });
+        sluice_inspect::dns::reject_response(payload, e)
+    }
+
     /// The local answer for a query the guest must not get forwarded: a
-    /// policy denial of the name (audited with its reason) or a synthetic
-    /// answer (AAAA: IPv6 is off; SERVFAIL when no upstream / too busy).
+    /// policy denial of the name (audited with its reason), a withheld type
+    /// (anything but A, see [`dns::forwarded_type`]: an empty NOERROR,
+    /// audited `dns_type_withheld`), or SERVFAIL when no upstream / too busy.
     /// `None` when the query is to be forwarded.
-    fn dns_local(&mut self, msg: &Message, question: &Question) -> Option<Vec<u8>> {
+    fn dns_local(&mut self, question: &Question) -> Option<Vec<u8>> {
         if let Some((rcode, reason)) = self.decider.dns_query(&question.name) {
             self.counters.dns_denied += 1;
             self.audit_dns_reason(question, rcode, &[], "denied", Some(reason));
-            return dns::local_response(msg, rcode)
-                .ok()
-                .or_else(|| dns::minimal_servfail(&[]));
+            return sluice_inspect::dns::error_response(question, rcode);
         }
-        let rcode = if question.qtype == RecordType::AAAA {
-            ResponseCode::NoError
-        } else if self.dns_in_flight >= MAX_DNS_IN_FLIGHT || self.cfg.dns_upstreams.is_empty() {
-            ResponseCode::ServFail
-        } else {
+        if !dns::forwarded_type(question.qtype) {
+            self.audit_dns_reason(
+                question,
+                ResponseCode::NoError,
+                &[],
+                "denied",
+                Some("dns_type_withheld"),
+            );
+            return sluice_inspect::dns::error_response(question, ResponseCode::NoError);
+        }
+        if self.dns_in_flight < MAX_DNS_IN_FLIGHT && !self.cfg.dns_upstreams.is_empty() {
             return None;
-        };
-        self.audit_dns(question, rcode, &[], "local");
-        dns::local_response(msg, rcode).ok()
+        }
+        self.audit_dns(question, ResponseCode::ServFail, &[], "local");
+        sluice_inspect::dns::error_response(question, ResponseCode::ServFail)
     }
 
     /// Filters an upstream reply into the table; the bytes for the guest.
-    fn dns_answer(
-        &mut self,
-        question: &Question,
-        query: &[u8],
-        reply: Option<Vec<u8>>,
-    ) -> Option<Vec<u8>> {
+    fn dns_answer(&mut self, question: &Question, reply: Option<Vec<u8>>) -> Option<Vec<u8>> {
         let decider = Arc::clone(&self.decider);
         let keep = move |ip: IpAddr| decider.keep_dns_answer(ip);
         let ttl = match self.decider.dns_ttl_bounds() {
@@ -1109,10 +1149,25 @@ impl Datapath {
             }
             None => 0..=u32::MAX,
         };
-        let filtered = reply
-            .map(|r| dns::filter_response(&r, question, &mut self.dns, Instant::now(), &keep, ttl));
+        let filtered = reply.map(|r| dns::sanitize(question, &r, keep, ttl));
+        // A chain through a denied name is refused before anything is recorded.
+        let chain_denied = match &filtered {
+            Some(Ok(ans)) => ans
+                .cname_chain
+                .iter()
+                .find_map(|target| self.decider.dns_cname_target(target)),
+            _ => None,
+        };
+        if let Some(reason) = chain_denied {
+            self.counters.dns_denied += 1;
+            self.audit_dns_reason(question, ResponseCode::Refused, &[], "denied", Some(reason));
+            return sluice_inspect::dns::refused_response(question);
+        }
+        if let Some(Ok(ans)) = &filtered {
+            dns::record(question, ans, &mut self.dns, Instant::now());
+        }
         match filtered {
-            Some(Ok(ans)) if ans.private_answer => {
+            Some(Ok(ans)) if ans.private_answer() => {
                 self.counters.dns_denied += 1;
                 self.audit_dns_reason(
                     question,
@@ -1121,13 +1176,11 @@ impl Datapath {
                     "denied",
                     Some("private_answer"),
                 );
-                dns::parse_query(query)
-                    .ok()
-                    .and_then(|(msg, _)| dns::local_response(&msg, ResponseCode::Refused).ok())
-                    .or_else(|| dns::minimal_servfail(query))
+                sluice_inspect::dns::refused_response(question)
             }
             Some(Ok(ans)) => {
-                self.audit_dns(question, ans.rcode, &ans.addresses, "forwarded");
+                let addresses: Vec<IpAddr> = ans.answers.iter().map(|(_, ip, _)| *ip).collect();
+                self.audit_dns(question, ans.rcode, &addresses, "forwarded");
                 Some(ans.bytes)
             }
             other => {
@@ -1135,7 +1188,7 @@ impl Datapath {
                     tracing::debug!(error = %e, name = %question.name, "upstream DNS answer rejected");
                 }
                 self.audit_dns(question, ResponseCode::ServFail, &[], "failed");
-                dns::minimal_servfail(query)
+                sluice_inspect::dns::error_response(question, ResponseCode::ServFail)
             }
         }
     }
@@ -1145,26 +1198,33 @@ impl Datapath {
         match ev {
             Event::Shutdown => return true,
             Event::DumpCounters => self.counters.log(self.flows.len()),
+            Event::Reload(reload) => self.on_reload(*reload),
             Event::Connected { id, result } => self.on_connected(id, result),
             Event::DnsUdpReply {
                 guest,
                 question,
-                query,
                 reply,
             } => {
                 self.dns_in_flight = self.dns_in_flight.saturating_sub(1);
-                if let Some(bytes) = self.dns_answer(&question, &query, reply) {
-                    self.reply_udp([0xff; 6], guest, &bytes);
+                if let Some(bytes) = self.dns_answer(&question, reply) {
+                    // Too big for the guest's UDP payload: TC, retry over TCP.
+                    let bytes = if bytes.len() > question.max_udp_payload() {
+                        sluice_inspect::dns::truncated(&question)
+                    } else {
+                        Some(bytes)
+                    };
+                    if let Some(bytes) = bytes {
+                        self.reply_udp([0xff; 6], guest, &bytes);
+                    }
                 }
             }
             Event::DnsTcpReply {
                 id,
                 question,
-                query,
                 reply,
             } => {
                 self.dns_in_flight = self.dns_in_flight.saturating_sub(1);
-                let bytes = self.dns_answer(&question, &query, reply);
+                let bytes = self.dns_answer(&question, reply);
                 if let Some(Flow {
                     state:
                         FlowState::DnsTcp {
@@ -1271,8 +1331,32 @@ impl Datapath {
         flow.audited_open = true;
         self.counters.flows_opened += 1;
         let key = flow.key;
+        if key.src.ip() == IpAddr::V4(self.cfg.gateway_ip) {
+            self.audit.record(&AuditEvent::PublishedOpen {
+                flow: id,
+                proto: "tcp",
+                src: key.src,
+                dst: key.dst,
+            });
+            return;
+        }
+        if let Some(wire) = &flow.wire {
+            flow.names = vec![wire.as_str().into()];
+            self.audit.record(&AuditEvent::InspectedOpen {
+                flow: id,
+                src: key.src,
+                dst: key.dst,
+                wire,
+            });
+            return;
+        }
         let now = Instant::now();
-        let names: Vec<&str> = self.dns.names_for(key.dst.ip(), now).take(8).collect();
+        let names: Vec<&str> = self
+            .dns
+            .names_for(key.dst.ip(), now)
+            .take(crate::enforce::MAX_NAMES_PER_IP)
+            .collect();
+        flow.names = names.iter().map(|n| Box::from(*n)).collect();
         self.audit.record(&AuditEvent::FlowOpen {
             flow: id,
             proto: "tcp",
@@ -1442,23 +1526,28 @@ impl Datapath {
         };
         let handle = *handle;
         *waiting = false;
-        let local = match dns::parse_query(&query) {
-            Ok((msg, question)) => match self.dns_local(&msg, &question) {
+        let local = match sluice_inspect::dns::parse_query(&query) {
+            Ok(question) => match self.dns_local(&question) {
                 Some(b) => Err(Some(b)),
                 None => Ok(question),
             },
-            Err(e) => {
-                tracing::debug!(error = %e, "bad DNS query from guest (TCP)");
-                Err(sluice_inspect::dns::formerr_response(&query))
-            }
+            Err(e) => Err(self.dns_reject(&query, &e)),
         };
-        let question = match local {
-            Ok(q)
-                if q.qtype != RecordType::AAAA
+        // Never the guest's bytes upstream: a query rebuilt from what was checked.
+        let local = local.and_then(|q| match dns::upstream_query(&q) {
+            Some(rebuilt) => Ok((q, rebuilt)),
+            None => Err(sluice_inspect::dns::error_response(
+                &q,
+                ResponseCode::ServFail,
+            )),
+        });
+        let (question, query) = match local {
+            Ok((q, rebuilt))
+                if dns::forwarded_type(q.qtype)
                     && self.dns_in_flight < MAX_DNS_IN_FLIGHT
                     && !self.cfg.dns_upstreams.is_empty() =>
             {
-                q
+                (q, rebuilt)
             }
             other => {
                 let reply = other.err().flatten();
@@ -1488,7 +1577,6 @@ impl Datapath {
             let _ = events.send(Event::DnsTcpReply {
                 id,
                 question,
-                query,
                 reply,
             });
         });
@@ -1530,17 +1618,29 @@ impl Datapath {
             }
             v => v,
         };
+        if matches!(verdict, InspectVerdict::NeedMore) {
+            return;
+        }
+        let wire = sock.peek(max_bytes).ok().and_then(sniff_wire_name);
         match verdict {
             InspectVerdict::NeedMore => {}
             InspectVerdict::Allow => {
                 if let Some(f) = self.flows.get_mut(&id) {
                     f.state = FlowState::InspectConnecting { handle };
+                    f.wire = wire;
                 }
                 self.spawn_connect(id, key.dst);
             }
             InspectVerdict::Deny(reason) => {
                 sock.abort();
-                self.deny_audit(&key, reason);
+                self.counters.flows_denied += 1;
+                self.audit.record(&AuditEvent::InspectedDeny {
+                    flow: id,
+                    src: key.src,
+                    dst: key.dst,
+                    reason: reason.as_str(),
+                    wire: wire.as_ref(),
+                });
                 self.remove_flow(id);
             }
         }
@@ -1605,7 +1705,7 @@ impl Datapath {
             self.finish_flow(id, end);
         }
         for c in self.udp.close_all(Instant::now()) {
-            self.audit_udp_close(&c);
+            self.audit_udp_close(&c, end);
         }
         self.counters.log(0);
         self.audit.flush();
@@ -1671,7 +1771,7 @@ mod tests {
     impl Decider for TestDecider {
         fn decide_tcp(&self, flow: &FlowKey, _ctx: &DecideContext<'_>) -> Decision {
             if flow.dst.port() == 9 {
-                Decision::Deny(DenyReason::Policy("test_denied"))
+                Decision::Deny(DenyReason::Policy("not_allowlisted"))
             } else {
                 Decision::Allow
             }
@@ -1782,8 +1882,15 @@ mod tests {
     }
 
     fn start(decider: Arc<dyn Decider>) -> (Guest, SharedBuf, tokio::task::JoinHandle<SessionEnd>) {
+        start_cfg(Config::new(DEFAULT_SUBNET, 1500).unwrap(), decider)
+    }
+
+    fn start_cfg(
+        cfg: Config,
+        decider: Arc<dyn Decider>,
+    ) -> (Guest, SharedBuf, tokio::task::JoinHandle<SessionEnd>) {
         let (gw_end, test_end) = UnixStream::pair().unwrap();
-        let cfg = Arc::new(Config::new(DEFAULT_SUBNET, 1500).unwrap());
+        let cfg = Arc::new(cfg);
         let audit_buf = SharedBuf::default();
         let audit = AuditSink::new(Box::new(audit_buf.clone()), "test");
         let (tx, mut rx) = mpsc::unbounded_channel();
@@ -1852,8 +1959,18 @@ mod tests {
             (denied, 1002, TcpControl::Rst, Some(78))
         );
         let text = String::from_utf8(audit.0.lock().unwrap().clone()).unwrap();
-        assert!(text.contains(r#""reason":"test_denied""#), "{text}");
-        assert_eq!(text.matches(r#""event":"flow_open""#).count(), 2, "{text}");
+        let lines = crate::audit::tests::parse_all(&text);
+        assert!(
+            lines.iter().any(|l| l["kind"] == "connection"
+                && l["reason"] == "not_allowlisted"
+                && l["dst"]["port"] == 9),
+            "{text}"
+        );
+        let opens = lines
+            .iter()
+            .filter(|l| l["kind"] == "connection" && l["decision"] == "allow")
+            .count();
+        assert_eq!(opens, 2, "{text}");
 
         // A frame length below 14 ends the session cleanly.
         guest.stream.write_all(&5u32.to_be_bytes()).await.unwrap();
@@ -1900,9 +2017,313 @@ mod tests {
         let (_, to, control, _, ack) = guest.recv_tcp().await;
         assert_eq!((to, control, ack), (g, TcpControl::Rst, Some(10)));
         let text = String::from_utf8(audit.0.lock().unwrap().clone()).unwrap();
+        crate::audit::tests::parse_all(&text);
         assert!(text.contains(r#""reason":"platform_denied""#), "{text}");
-        assert!(text.contains(r#""reason":"udp_not_allowed""#), "{text}");
+        assert!(text.contains(r#""reason":"udp_blocked""#), "{text}");
         drop(guest);
         assert!(matches!(task.await.unwrap(), SessionEnd::GuestClosed));
+    }
+
+    #[tokio::test]
+    async fn a_flood_of_denied_syns_is_bounded_in_the_audit_and_later_flows_are_served() {
+        const N: u32 = 10_000;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (guest, audit, task) = start(Arc::new(TestDecider));
+        let g = Ipv4Addr::new(10, 0, 2, 15);
+        let denied = SocketAddrV4::new(Ipv4Addr::new(198, 51, 100, 1), 9);
+        let started = Instant::now();
+        // 10,000 SYNs to a denied destination, from distinct ports, in
+        // batches of 500 frames per write.
+        let syns: Vec<Vec<u8>> = (0..N)
+            .map(|i| {
+                let src = SocketAddrV4::new(g, 10_000 + u16::try_from(i).unwrap());
+                tcp_frame(src, denied, TcpControl::Syn, i, None)
+            })
+            .collect();
+        let (mut rd, mut wr) = guest.stream.into_split();
+        let writer = tokio::spawn(async move {
+            for chunk in syns.chunks(500) {
+                let mut out = Vec::new();
+                for f in chunk {
+                    out.extend_from_slice(&u32::try_from(f.len()).unwrap().to_be_bytes());
+                    out.extend_from_slice(f);
+                }
+                wr.write_all(&out).await.unwrap();
+            }
+            wr
+        });
+        // Every one is answered with a RST (read while writing: the gateway
+        // never waits for us).
+        let mut resets = 0;
+        let mut buf = Vec::new();
+        while resets < N {
+            let mut chunk = vec![0u8; 65536];
+            let n = tokio::time::timeout(Duration::from_secs(60), rd.read(&mut chunk))
+                .await
+                .expect("gateway stopped answering the flood")
+                .unwrap();
+            assert!(n > 0, "gateway closed the stream");
+            buf.extend_from_slice(&chunk[..n]);
+            while buf.len() >= 4 {
+                let len = u32::from_be_bytes(buf[..4].try_into().unwrap()) as usize;
+                if buf.len() < 4 + len {
+                    break;
+                }
+                let f: Vec<u8> = buf.drain(..4 + len).skip(4).collect();
+                let eth = EthernetFrame::new_checked(&f[..]).unwrap();
+                if eth.ethertype() != EthernetProtocol::Ipv4 {
+                    continue;
+                }
+                let ip = Ipv4Packet::new_checked(eth.payload()).unwrap();
+                if ip.next_header() == IpProtocol::Tcp
+                    && TcpPacket::new_checked(ip.payload()).unwrap().rst()
+                {
+                    resets += 1;
+                }
+            }
+        }
+        let wr = writer.await.unwrap();
+        let mut guest = Guest {
+            stream: rd.reunite(wr).unwrap(),
+            buf,
+        };
+        // The datapath is still responsive: an allowed flow is served.
+        let dst = SocketAddrV4::new(Ipv4Addr::LOCALHOST, port);
+        guest
+            .send(&[tcp_frame(
+                SocketAddrV4::new(g, 999),
+                dst,
+                TcpControl::Syn,
+                1,
+                None,
+            )])
+            .await;
+        loop {
+            let (src, to, control, _, ack) = guest.recv_tcp().await;
+            if src == dst && to.port() == 999 {
+                assert_eq!(
+                    (control, ack),
+                    (TcpControl::Syn, Some(2)),
+                    "expected SYN-ACK"
+                );
+                break;
+            }
+        }
+        let (_conn, _) = listener.accept().await.unwrap();
+        drop(guest);
+        assert!(matches!(task.await.unwrap(), SessionEnd::GuestClosed));
+        let elapsed = started.elapsed().as_secs() + 1;
+
+        let text = String::from_utf8(audit.0.lock().unwrap().clone()).unwrap();
+        let lines = crate::audit::tests::parse_all(&text);
+        let written = lines
+            .iter()
+            .filter(|l| l["kind"] == "connection" && l["reason"] == "not_allowlisted")
+            .count() as u64;
+        let suppressed: u64 = lines
+            .iter()
+            .filter(|l| l["kind"] == "summary")
+            .flat_map(|l| l["suppressed"].as_array().unwrap().clone())
+            .filter(|s| s["reason"] == "not_allowlisted")
+            .map(|s| s["count"].as_u64().unwrap())
+            .sum();
+        // Bounded: at most the per-reason budget for each second the flood
+        // lasted (plus the window it started in) ...
+        let bound = u64::from(crate::audit::DENY_LINES_PER_SEC) * (elapsed + 1);
+        assert!(written <= bound, "{written} deny lines in {elapsed} s");
+        // ... and nothing lost: the summaries count the rest.
+        assert!(suppressed > 0, "no summary of suppressed lines: {text}");
+        assert_eq!(written + suppressed, u64::from(N));
+        assert!(lines.len() < 1000, "{} lines", lines.len());
+        // The allowed flow has its connection line after the flood.
+        assert!(
+            lines.iter().any(|l| l["kind"] == "connection"
+                && l["decision"] == "allow"
+                && l["dst"]["port"] == port),
+            "{text}"
+        );
+    }
+
+    #[tokio::test]
+    async fn dns_over_tcp_connections_count_against_the_flow_limit() {
+        let mut cfg = Config::new(DEFAULT_SUBNET, 1500).unwrap();
+        cfg.max_flows = 2;
+        let (mut guest, audit, task) = start_cfg(cfg, Arc::new(TestDecider));
+        let g = Ipv4Addr::new(10, 0, 2, 15);
+        let dns = SocketAddrV4::new(Ipv4Addr::new(10, 0, 2, 2), 53);
+        // Three connections to the gateway's DNS port; the third is over the limit.
+        for (i, port) in [3000u16, 3001, 3002].into_iter().enumerate() {
+            let seq = 1000 * u32::try_from(i).unwrap();
+            guest
+                .send(&[tcp_frame(
+                    SocketAddrV4::new(g, port),
+                    dns,
+                    TcpControl::Syn,
+                    seq,
+                    None,
+                )])
+                .await;
+        }
+        let mut answers = HashMap::new();
+        while answers.len() < 3 {
+            let (src, to, control, _, _) = guest.recv_tcp().await;
+            assert_eq!(src, dns);
+            answers.insert(to.port(), control);
+        }
+        assert_eq!(answers[&3000], TcpControl::Syn, "SYN-ACK: {answers:?}");
+        assert_eq!(answers[&3001], TcpControl::Syn, "SYN-ACK: {answers:?}");
+        assert_eq!(
+            answers[&3002],
+            TcpControl::Rst,
+            "over the limit: {answers:?}"
+        );
+        let text = String::from_utf8(audit.0.lock().unwrap().clone()).unwrap();
+        let lines = crate::audit::tests::parse_all(&text);
+        assert!(
+            lines
+                .iter()
+                .any(|l| l["reason"] == "flow_limit" && l["src"]["port"] == 3002),
+            "{text}"
+        );
+        drop(guest);
+        assert!(matches!(task.await.unwrap(), SessionEnd::GuestClosed));
+    }
+
+    #[tokio::test]
+    async fn upstream_gets_a_rebuilt_query_not_the_guests_bytes() {
+        use hickory_proto::op::Message;
+        let upstream = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let mut cfg = Config::new(DEFAULT_SUBNET, 1500).unwrap();
+        cfg.dns_upstreams = vec![upstream.local_addr().unwrap()];
+        let (mut guest, _audit, _task) = start_cfg(cfg, Arc::new(TestDecider));
+        // One question whose first label holds a dot ("x.Origin", "TeSt":
+        // the policy sees x.origin.test), an additional record and an EDNS
+        // option carrying data.
+        let mut q = vec![0x42, 0x42, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 2];
+        q.push(8);
+        q.extend_from_slice(b"x.Origin");
+        q.push(4);
+        q.extend_from_slice(b"TeSt");
+        q.extend_from_slice(&[0, 0, 1, 0, 1]);
+        q.extend_from_slice(&[0, 0, 1, 0, 1, 0, 0, 0, 0, 0, 4]);
+        q.extend_from_slice(b"SEKR");
+        q.extend_from_slice(&[0, 0, 41, 0x10, 0, 0, 0, 0, 0, 0, 14, 0xfd, 0xe9, 0, 10]);
+        q.extend_from_slice(b"EXFILTRATE");
+        assert!(sluice_inspect::dns::parse_query(&q).is_ok());
+        let g = SocketAddrV4::new(Ipv4Addr::new(10, 0, 2, 15), 5353);
+        let gw = SocketAddrV4::new(Ipv4Addr::new(10, 0, 2, 2), 53);
+        guest.send(&[udp_frame(g, gw, &q)]).await;
+        let mut buf = vec![0u8; 4096];
+        let (n, _) = tokio::time::timeout(Duration::from_secs(30), upstream.recv_from(&mut buf))
+            .await
+            .expect("nothing forwarded")
+            .unwrap();
+        let sent = &buf[..n];
+        let has = |needle: &[u8]| sent.windows(needle.len()).any(|w| w == needle);
+        assert!(!has(b"EXFILTRATE") && !has(b"SEKR"), "{sent:?}");
+        let m = Message::from_vec(sent).unwrap();
+        assert_eq!(m.metadata.id, 0x4242);
+        assert_eq!(m.queries.len(), 1);
+        let name = &m.queries[0].name;
+        assert_eq!(name.num_labels(), 3, "{name:?}");
+        assert_eq!(name.to_ascii(), "x.origin.test.");
+        assert!(m.additionals.is_empty(), "{m:?}");
+        assert!(
+            m.edns
+                .as_ref()
+                .is_none_or(|e| e.options().as_ref().is_empty()),
+            "{m:?}"
+        );
+    }
+
+    /// Serves A queries from `upstream`: `alias.example.org` is a CNAME to
+    /// the denied `bad.example.org`, `ok.example.org` a CNAME to
+    /// `cdn.example.net`; both chains end in a public address.
+    fn serve_cname_chains(upstream: tokio::net::UdpSocket) {
+        use hickory_proto::op::{Message, OpCode};
+        use hickory_proto::rr::rdata::{A, CNAME};
+        use hickory_proto::rr::{Name, RData, Record};
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 4096];
+            while let Ok((n, peer)) = upstream.recv_from(&mut buf).await {
+                let q = Message::from_vec(&buf[..n]).unwrap();
+                let qname = q.queries[0].name.clone();
+                let target = if qname.to_ascii().starts_with("alias.") {
+                    "bad.example.org."
+                } else {
+                    "cdn.example.net."
+                };
+                let target = Name::from_ascii(target).unwrap();
+                let mut r = Message::response(q.metadata.id, OpCode::Query);
+                r.add_queries(q.queries.clone());
+                r.add_answer(Record::from_rdata(
+                    qname,
+                    60,
+                    RData::CNAME(CNAME(target.clone())),
+                ));
+                r.add_answer(Record::from_rdata(
+                    target,
+                    60,
+                    RData::A(A::new(93, 184, 216, 34)),
+                ));
+                let _ = upstream.send_to(&r.to_vec().unwrap(), peer).await;
+            }
+        });
+    }
+
+    #[tokio::test]
+    async fn an_answer_whose_cname_chain_reaches_a_denied_name_is_refused() {
+        use hickory_proto::op::{Message, Query};
+        use hickory_proto::rr::{Name, RecordType};
+        const POLICY: &str = "version: 1\nid: cname-test\nallow:\n  - domain: \"*.example.org\"\n    ports: [443]\ndeny:\n  - \"bad.example.org\"\n";
+        let policy = sluice_policy::from_yaml_str(POLICY, "p.yaml", &Default::default()).unwrap();
+        let decider = crate::enforce::PolicyDecider::new(
+            Arc::new(policy),
+            crate::decide::PlatformDenySet::default(),
+        );
+        let upstream = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let mut cfg = Config::new(DEFAULT_SUBNET, 1500).unwrap();
+        cfg.dns_upstreams = vec![upstream.local_addr().unwrap()];
+        serve_cname_chains(upstream);
+        let (mut guest, audit, _task) = start_cfg(cfg, Arc::new(decider));
+        let g = SocketAddrV4::new(Ipv4Addr::new(10, 0, 2, 15), 5353);
+        let gw = SocketAddrV4::new(Ipv4Addr::new(10, 0, 2, 2), 53);
+        let mut ask = async |name: &str| {
+            let mut m = Message::query();
+            m.metadata.id = 7;
+            m.add_query(Query::query(Name::from_ascii(name).unwrap(), RecordType::A));
+            guest.send(&[udp_frame(g, gw, &m.to_vec().unwrap())]).await;
+            loop {
+                let f = guest.recv().await;
+                let eth = EthernetFrame::new_checked(&f[..]).unwrap();
+                let Ok(ip) = Ipv4Packet::new_checked(eth.payload()) else {
+                    continue;
+                };
+                if ip.next_header() == IpProtocol::Udp {
+                    return Message::from_vec(&ip.payload()[8..]).unwrap();
+                }
+            }
+        };
+        let denied = ask("alias.example.org.").await;
+        assert_eq!(
+            denied.metadata.response_code,
+            ResponseCode::Refused,
+            "{denied:?}"
+        );
+        assert!(denied.answers.is_empty(), "{denied:?}");
+        // Control: a chain through a name no rule mentions is answered.
+        let ok = ask("ok.example.org.").await;
+        assert_eq!(ok.metadata.response_code, ResponseCode::NoError, "{ok:?}");
+        assert_eq!(ok.answers.len(), 2, "{ok:?}");
+        let text = String::from_utf8(audit.0.lock().unwrap().clone()).unwrap();
+        let lines = crate::audit::tests::parse_all(&text);
+        assert!(
+            lines.iter().any(|l| l["kind"] == "dns"
+                && l["qname"] == "alias.example.org"
+                && l["reason"] == "denylisted"
+                && l["rule"]["pattern"] != "*.example.org"),
+            "{text}"
+        );
     }
 }

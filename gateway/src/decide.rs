@@ -11,6 +11,8 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use sluice_policy::platform::classify;
+
 use crate::dns::DnsTable;
 use crate::hostaddrs::HostAddresses;
 
@@ -146,6 +148,15 @@ pub trait Decider: Send + Sync {
     fn dns_ttl_bounds(&self) -> Option<(Duration, Duration)> {
         None
     }
+
+    /// Whether an upstream answer must be refused because its CNAME chain
+    /// passes through `target` (a normalised name): `Some(reason)` refuses
+    /// it (REFUSED to the guest, nothing recorded), `None` lets it through.
+    /// The default refuses nothing.
+    fn dns_cname_target(&self, target: &str) -> Option<&'static str> {
+        let _ = target;
+        None
+    }
 }
 
 /// The non-overridable deny set, shared by every decider.
@@ -184,29 +195,25 @@ impl PlatformDenySet {
         }
     }
 
-    /// Whether `ip` may never be reached from the guest. The gateway address
-    /// itself counts as denied: DHCP and DNS are served before flows are decided.
+    /// Whether `ip` may never be reached from the guest: the always-denied
+    /// classes of [`sluice_policy::platform::classify`] (loopback,
+    /// unspecified incl. `0.0.0.0/8`, link-local incl. `169.254.169.254`,
+    /// multicast, broadcast; IPv6 forms embedding an IPv4 address are
+    /// classified by that address), the host's own addresses, and the
+    /// virtual network's gateway and broadcast addresses. The gateway
+    /// address itself counts as denied: DHCP and DNS are served before flows
+    /// are decided.
     pub fn denies(&self, ip: IpAddr) -> bool {
         let ip = match ip {
             IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
             v4 => v4,
         };
-        if ip.is_loopback()
-            || ip.is_unspecified()
-            || ip.is_multicast()
-            || self.host_addrs.contains(&ip)
-        {
+        if classify(ip).is_always_denied() || self.host_addrs.contains(&ip) {
             return true;
         }
         match ip {
-            IpAddr::V4(v4) => {
-                v4.is_link_local()
-                    || v4.is_broadcast()
-                    || Some(v4) == self.gateway_ip
-                    || Some(v4) == self.subnet_broadcast
-                    || v4.octets()[0] == 0
-            }
-            IpAddr::V6(v6) => (v6.segments()[0] & 0xffc0) == 0xfe80,
+            IpAddr::V4(v4) => Some(v4) == self.gateway_ip || Some(v4) == self.subnet_broadcast,
+            IpAddr::V6(_) => false,
         }
     }
 }

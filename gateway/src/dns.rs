@@ -3,17 +3,23 @@
 //! answer reaches the guest, so a connection that follows an answer can never
 //! race it.
 //!
+//! Parsing and sanitising are sluice-inspect's ([`sluice_inspect::dns`]), the
+//! one DNS reader of the project: queries that do not parse or whose name does
+//! not normalise like the policy's (non-ASCII, over-long labels, compression
+//! loops) get FORMERR; only A questions are forwarded ([`forwarded_type`]);
+//! answers keep only the A records at the end of the question's CNAME chain.
 //! IPv6 is off in this gateway: AAAA queries are answered locally with an
-//! empty NOERROR answer and AAAA records are stripped from forwarded answers.
-//! A response that does not parse is replaced by SERVFAIL (fail closed).
+//! empty NOERROR answer. A response that does not parse or does not match the
+//! query is replaced by SERVFAIL (fail closed).
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use hickory_proto::op::{Message, MessageType, ResponseCode};
-use hickory_proto::rr::{RData, RecordType};
-use thiserror::Error;
+use std::ops::RangeInclusive;
+
+use hickory_proto::rr::RecordType;
+use sluice_inspect::dns::{DnsReject, Sanitized, sanitize_response_clamped};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpStream, UdpSocket};
 
@@ -24,20 +30,6 @@ pub const DEFAULT_MAX_TTL: Duration = Duration::from_secs(24 * 3600);
 /// Default lower bound on TTLs recorded in the table: answers with TTL 0 (common
 /// for local resolvers) must still cover the connection that follows them.
 pub const DEFAULT_MIN_TTL: Duration = Duration::from_secs(10);
-
-/// A DNS message the gateway cannot handle.
-#[derive(Debug, Error)]
-pub enum DnsError {
-    /// The bytes are not a DNS message.
-    #[error("malformed DNS message: {0}")]
-    Malformed(String),
-    /// A query without exactly one question.
-    #[error("query has {0} questions, expected 1")]
-    QuestionCount(usize),
-    /// Re-encoding a filtered answer failed.
-    #[error("encoding DNS message: {0}")]
-    Encode(String),
-}
 
 /// One name recorded for an address.
 #[derive(Debug, Clone)]
@@ -142,6 +134,20 @@ impl DnsTable {
         self.len -= removed;
     }
 
+    /// Keeps only the names `keep` accepts (e.g. those a reloaded policy
+    /// still allows); returns how many (address, name) pairs were dropped.
+    pub fn retain_names(&mut self, mut keep: impl FnMut(&str) -> bool) -> usize {
+        let mut removed = 0;
+        self.by_ip.retain(|_, list| {
+            let before = list.len();
+            list.retain(|e| keep(&e.name));
+            removed += before - list.len();
+            !list.is_empty()
+        });
+        self.len -= removed;
+        removed
+    }
+
     fn evict_soonest(&mut self) {
         let victim = self
             .by_ip
@@ -168,135 +174,90 @@ fn normalise(name: &str) -> String {
     name.trim_end_matches('.').to_ascii_lowercase()
 }
 
-/// The question of a guest query.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Question {
-    /// Message id.
-    pub id: u16,
-    /// Query name, normalised (lower-case, no trailing dot).
-    pub name: String,
-    /// Query type.
-    pub qtype: RecordType,
+/// A validated guest query (sluice-inspect's reader: one IN question, opcode
+/// QUERY, the name normalised exactly as the policy normalises names).
+pub use sluice_inspect::dns::Query as Question;
+
+/// Whether the gateway asks upstream for `qtype` at all. Only A is answered
+/// (IPv6 is off, so AAAA is withheld); every other type (HTTPS/SVCB, which
+/// would carry ECH configurations and alternative endpoints, TXT, MX, ...)
+/// gets an empty NOERROR answer locally and is audited `dns_type_withheld`.
+/// CNAME chains leading to A records are part of A answers.
+pub fn forwarded_type(qtype: RecordType) -> bool {
+    qtype == RecordType::A
 }
 
-/// Parses a guest query; it must be a query with exactly one question.
-pub fn parse_query(bytes: &[u8]) -> Result<(Message, Question), DnsError> {
-    let msg = Message::from_vec(bytes).map_err(|e| DnsError::Malformed(e.to_string()))?;
-    if msg.metadata.message_type != MessageType::Query {
-        return Err(DnsError::Malformed("not a query".into()));
-    }
-    if msg.queries.len() != 1 {
-        return Err(DnsError::QuestionCount(msg.queries.len()));
-    }
-    let q = &msg.queries[0];
-    let question = Question {
-        id: msg.metadata.id,
-        name: normalise(&q.name().to_ascii()),
-        qtype: q.query_type(),
-    };
-    Ok((msg, question))
+/// The query the gateway sends upstream for a validated guest `question`,
+/// built afresh rather than forwarding the guest's bytes: the guest's id,
+/// RD and CD bits, and one question with the *normalised* name (the name the
+/// policy checked: lowercase, so no bits ride in the letter case; labels
+/// re-split at dots, so a label holding a dot cannot make upstream resolve
+/// another name than the one allowed) and the guest's type, IN class; an
+/// EDNS OPT record with the gateway's payload size and no options; nothing
+/// else (the guest's other sections, EDNS options such as client subnet or
+/// padding, never leave the machine). `None` if it cannot be encoded (a
+/// name from `parse_query` always can).
+pub fn upstream_query(question: &Question) -> Option<Vec<u8>> {
+    use hickory_proto::op::{Edns, Message, Query};
+    use hickory_proto::rr::Name;
+    let name = Name::from_ascii(format!("{}.", question.name)).ok()?;
+    let mut message = Message::query();
+    message.metadata.id = question.id;
+    message.metadata.recursion_desired = question.rd;
+    message.metadata.checking_disabled = question.cd;
+    message.add_query(Query::query(name, question.qtype));
+    let mut edns = Edns::new();
+    edns.set_max_payload(sluice_inspect::dns::EDNS_PAYLOAD);
+    message.set_edns(edns);
+    message.to_vec().ok()
 }
 
-/// A response to `query` with `rcode` and no records (used for AAAA, errors).
-pub fn local_response(query: &Message, rcode: ResponseCode) -> Result<Vec<u8>, DnsError> {
-    let mut resp = Message::response(query.metadata.id, query.metadata.op_code);
-    resp.metadata.recursion_desired = query.metadata.recursion_desired;
-    resp.metadata.recursion_available = true;
-    resp.metadata.response_code = rcode;
-    resp.add_queries(query.queries.iter().cloned());
-    resp.to_vec().map_err(|e| DnsError::Encode(e.to_string()))
-}
-
-/// A SERVFAIL for a query id when even the query could not be re-encoded.
-pub fn minimal_servfail(query_bytes: &[u8]) -> Option<Vec<u8>> {
-    let head = query_bytes.get(..12)?;
-    let mut out = head.to_vec();
-    out[2] = 0x80 | (head[2] & 0x01); // QR=1, keep RD
-    out[3] = 0x82; // RA=1, RCODE=SERVFAIL
-    out[4..12].fill(0);
-    Some(out)
-}
-
-/// A forwarded answer after filtering.
-#[derive(Debug)]
-pub struct FilteredAnswer {
-    /// The bytes to send to the guest.
-    pub bytes: Vec<u8>,
-    /// Addresses recorded in the table.
-    pub addresses: Vec<IpAddr>,
-    /// The upstream's response code.
-    pub rcode: ResponseCode,
-    /// Whether `keep` refused every address the upstream gave: the caller
-    /// answers an error instead of `bytes` and audits `private_answer`.
-    pub private_answer: bool,
-}
-
-/// Filters an upstream response for `question`: the id must match; AAAA
-/// records are removed; A records whose address `keep` refuses are removed
-/// (rebinding defense); every remaining record's TTL is clamped into `ttl`;
-/// each kept A record is recorded in `table` under its owner name and under
-/// the question's name (the name the guest will send as SNI / Host, so CNAME
-/// chains resolve to it). The table is updated before the bytes are returned.
-/// When `keep` refused every address, nothing is recorded and
-/// [`FilteredAnswer::private_answer`] is set.
-pub fn filter_response(
-    bytes: &[u8],
+/// Sanitises an upstream answer to `question` with
+/// [`sluice_inspect::dns::sanitize_response_clamped`] (IPv6 off; only the A
+/// records at the end of the question's CNAME chain survive; TTLs clamped
+/// into `ttl`) and records every kept address in `table` before the bytes are
+/// returned, under its owner name and under the question's name (the name the
+/// guest will send as SNI / Host).
+///
+/// `keep(ip)` refuses addresses (rebinding defense). When it refused every
+/// address, nothing is recorded and [`Sanitized::private_answer`] is true:
+/// the caller answers an error instead of [`Sanitized::bytes`] and audits
+/// `private_answer`.
+pub fn sanitize_and_record(
     question: &Question,
+    upstream: &[u8],
     table: &mut DnsTable,
     now: Instant,
-    keep: &dyn Fn(IpAddr) -> bool,
-    ttl: std::ops::RangeInclusive<u32>,
-) -> Result<FilteredAnswer, DnsError> {
-    let mut msg = Message::from_vec(bytes).map_err(|e| DnsError::Malformed(e.to_string()))?;
-    if msg.metadata.id != question.id || msg.metadata.message_type != MessageType::Response {
-        return Err(DnsError::Malformed(
-            "response does not match the query".into(),
-        ));
-    }
-    let not_aaaa = |r: &hickory_proto::rr::Record| r.record_type() != RecordType::AAAA;
-    msg.answers.retain(not_aaaa);
-    msg.additionals.retain(not_aaaa);
-    let mut dropped = 0usize;
-    msg.answers.retain(|r| match &r.data {
-        RData::A(a) if !keep(IpAddr::V4(a.0)) => {
-            dropped += 1;
-            false
-        }
-        _ => true,
-    });
-    // Glue in the additional section is never needed by a stub resolver.
-    msg.additionals
-        .retain(|r| !matches!(&r.data, RData::A(a) if !keep(IpAddr::V4(a.0))));
-    let (lo, hi) = (*ttl.start(), (*ttl.end()).max(*ttl.start()));
-    for rec in msg.answers.iter_mut().chain(msg.additionals.iter_mut()) {
-        rec.ttl = rec.ttl.clamp(lo, hi);
-    }
-    let mut addresses = Vec::new();
-    for rec in &msg.answers {
-        if let RData::A(a) = &rec.data {
-            let ip = IpAddr::V4(a.0);
-            addresses.push(ip);
+    keep: impl Fn(IpAddr) -> bool,
+    ttl: RangeInclusive<u32>,
+) -> Result<Sanitized, DnsReject> {
+    let clean = sanitize(question, upstream, keep, ttl)?;
+    record(question, &clean, table, now);
+    Ok(clean)
+}
+
+/// The sanitising half of [`sanitize_and_record`]: nothing is recorded, so
+/// the caller may still refuse the answer (e.g. for its CNAME chain, see
+/// [`Sanitized::cname_chain`]) before calling [`record`].
+pub fn sanitize(
+    question: &Question,
+    upstream: &[u8],
+    keep: impl Fn(IpAddr) -> bool,
+    ttl: RangeInclusive<u32>,
+) -> Result<Sanitized, DnsReject> {
+    sanitize_response_clamped(question, upstream, |_, ip| keep(ip), false, ttl)
+}
+
+/// The recording half of [`sanitize_and_record`]: every kept address under
+/// its owner name and the question's name (nothing for a private answer).
+pub fn record(question: &Question, clean: &Sanitized, table: &mut DnsTable, now: Instant) {
+    if !clean.private_answer() {
+        for (owner, ip, ttl) in &clean.answers {
+            let ttl = Duration::from_secs(u64::from(*ttl));
+            table.insert(*ip, owner, ttl, now);
+            table.insert(*ip, &question.name, ttl, now);
         }
     }
-    let private_answer = dropped > 0 && addresses.is_empty();
-    if !private_answer {
-        for rec in &msg.answers {
-            if let RData::A(a) = &rec.data {
-                let ip = IpAddr::V4(a.0);
-                let ttl = Duration::from_secs(u64::from(rec.ttl));
-                table.insert(ip, &rec.name.to_ascii(), ttl, now);
-                table.insert(ip, &question.name, ttl, now);
-            }
-        }
-    }
-    let rcode = msg.metadata.response_code;
-    let bytes = msg.to_vec().map_err(|e| DnsError::Encode(e.to_string()))?;
-    Ok(FilteredAnswer {
-        bytes,
-        addresses,
-        rcode,
-        private_answer,
-    })
 }
 
 /// Sends `query` to each upstream in turn over UDP; the first matching reply wins.
@@ -358,9 +319,9 @@ pub async fn forward_tcp(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hickory_proto::op::{OpCode, Query};
+    use hickory_proto::op::{Message, OpCode, Query};
     use hickory_proto::rr::rdata::{A, AAAA, CNAME};
-    use hickory_proto::rr::{Name, Record};
+    use hickory_proto::rr::{Name, RData, Record};
     use std::str::FromStr;
 
     fn query(name: &str, qtype: RecordType) -> Vec<u8> {
@@ -417,14 +378,17 @@ mod tests {
         ));
     }
 
-    #[test]
-    fn response_filter_records_a_and_cname_and_strips_aaaa() {
-        let q = query("www.example.com.", RecordType::A);
-        let (qmsg, question) = parse_query(&q).unwrap();
-        assert_eq!(question.name, "www.example.com");
+    fn question(q: &[u8]) -> Question {
+        sluice_inspect::dns::parse_query(q).unwrap()
+    }
+
+    /// An upstream answer to `q`: www -> CNAME cdn -> A 198.51.100.9 and an
+    /// AAAA, plus an unrelated A record for another owner.
+    fn cname_answer(q: &[u8]) -> Vec<u8> {
+        let qmsg = Message::from_vec(q).unwrap();
         let mut resp = Message::response(qmsg.metadata.id, OpCode::Query);
         resp.add_queries(qmsg.queries.clone());
-        let www = Name::from_str("www.example.com.").unwrap();
+        let www = Name::from_str("WWW.example.com.").unwrap();
         let cdn = Name::from_str("cdn.example.net.").unwrap();
         resp.add_answer(Record::from_rdata(
             www,
@@ -441,73 +405,95 @@ mod tests {
             60,
             RData::AAAA(AAAA::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 1)),
         ));
-        let bytes = resp.to_vec().unwrap();
+        resp.add_answer(Record::from_rdata(
+            Name::from_str("elsewhere.example.").unwrap(),
+            60,
+            RData::A(A::new(198, 51, 100, 66)),
+        ));
+        resp.to_vec().unwrap()
+    }
+
+    #[test]
+    fn sanitised_answer_records_the_chain_end_under_question_and_owner() {
+        let q = query("www.EXAMPLE.com.", RecordType::A);
+        let question = question(&q);
+        assert_eq!(question.name, "www.example.com");
+        let bytes = cname_answer(&q);
         let now = Instant::now();
         let mut t = DnsTable::new(16);
-        let out = filter_response(&bytes, &question, &mut t, now, &|_| true, 0..=u32::MAX).unwrap();
+        let out =
+            sanitize_and_record(&question, &bytes, &mut t, now, |_| true, 0..=u32::MAX).unwrap();
         let ip: IpAddr = "198.51.100.9".parse().unwrap();
-        assert_eq!(out.addresses, vec![ip]);
+        assert_eq!(out.answers.len(), 1);
+        assert_eq!(out.answers[0].1, ip);
         assert!(t.resolved_for(ip, "www.example.com", now));
         assert!(t.resolved_for(ip, "cdn.example.net", now));
+        // The record off the chain is neither answered nor recorded.
+        let stray: IpAddr = "198.51.100.66".parse().unwrap();
+        assert_eq!(t.names_for(stray, now).count(), 0);
         let back = Message::from_vec(&out.bytes).unwrap();
-        assert_eq!(back.answers.len(), 2);
+        assert_eq!(back.answers.len(), 2, "CNAME + A only: {back:?}");
         assert!(
             back.answers
                 .iter()
-                .all(|r| r.record_type() != RecordType::AAAA)
+                .all(|r| matches!(r.record_type(), RecordType::A | RecordType::CNAME))
         );
 
         // TTLs are clamped into the bounds, in the bytes and in the table.
         let mut t = DnsTable::new(16);
-        let out = filter_response(&bytes, &question, &mut t, now, &|_| true, 10..=30).unwrap();
+        t.set_ttl_bounds(Duration::ZERO, DEFAULT_MAX_TTL);
+        let out = sanitize_and_record(&question, &bytes, &mut t, now, |_| true, 10..=30).unwrap();
         let back = Message::from_vec(&out.bytes).unwrap();
         assert!(back.answers.iter().all(|r| (10..=30).contains(&r.ttl)));
+        assert!(t.resolved_for(ip, "www.example.com", now + Duration::from_secs(29)));
         assert!(!t.resolved_for(ip, "www.example.com", now + Duration::from_secs(31)));
 
         // Every address refused: nothing recorded, private_answer set.
         let mut t = DnsTable::new(16);
         let out =
-            filter_response(&bytes, &question, &mut t, now, &|a| a != ip, 0..=u32::MAX).unwrap();
-        assert!(out.private_answer);
-        assert!(out.addresses.is_empty());
+            sanitize_and_record(&question, &bytes, &mut t, now, |a| a != ip, 0..=u32::MAX).unwrap();
+        assert!(out.private_answer());
+        assert!(out.answers.is_empty());
         assert!(t.is_empty());
     }
 
     #[test]
-    fn mismatched_or_garbage_responses_are_errors() {
-        let (_, question) = parse_query(&query("a.example.", RecordType::A)).unwrap();
-        let mut t = DnsTable::new(4);
-        assert!(
-            filter_response(
-                b"\x00\x01garbage",
-                &question,
-                &mut t,
-                Instant::now(),
-                &|_| true,
-                0..=9
-            )
-            .is_err()
-        );
-        let other = Message::response(0x9999, OpCode::Query).to_vec().unwrap();
-        assert!(
-            filter_response(&other, &question, &mut t, Instant::now(), &|_| true, 0..=9).is_err()
-        );
-        assert!(parse_query(b"").is_err());
-        assert!(parse_query(&other).is_err());
+    fn only_a_questions_are_forwarded() {
+        assert!(forwarded_type(RecordType::A));
+        for t in [
+            RecordType::AAAA,
+            RecordType::HTTPS,
+            RecordType::SVCB,
+            RecordType::TXT,
+            RecordType::MX,
+            RecordType::CNAME,
+            RecordType::ANY,
+        ] {
+            assert!(!forwarded_type(t), "{t}");
+        }
     }
 
     #[test]
-    fn local_responses_keep_id_and_question() {
-        let (qmsg, _) = parse_query(&query("v6.example.", RecordType::AAAA)).unwrap();
-        let bytes = local_response(&qmsg, ResponseCode::NoError).unwrap();
-        let m = Message::from_vec(&bytes).unwrap();
-        assert_eq!(m.metadata.id, 0x1234);
-        assert_eq!(m.metadata.message_type, MessageType::Response);
-        assert_eq!(m.queries.len(), 1);
-        assert!(m.answers.is_empty());
-        let sf = minimal_servfail(&query("x.example.", RecordType::A)).unwrap();
-        let m = Message::from_vec(&sf).unwrap();
-        assert_eq!(m.metadata.response_code, ResponseCode::ServFail);
-        assert_eq!(m.metadata.id, 0x1234);
+    fn mismatched_or_garbage_responses_are_errors() {
+        let question = question(&query("a.example.", RecordType::A));
+        let mut t = DnsTable::new(4);
+        let now = Instant::now();
+        assert_eq!(
+            sanitize_and_record(&question, b"\x00\x01garbage", &mut t, now, |_| true, 0..=9),
+            Err(DnsReject::Malformed)
+        );
+        let other = Message::response(0x9999, OpCode::Query).to_vec().unwrap();
+        assert_eq!(
+            sanitize_and_record(&question, &other, &mut t, now, |_| true, 0..=9),
+            Err(DnsReject::Mismatch)
+        );
+        // An answer to another question with the right id.
+        let q2 = query("b.example.", RecordType::A);
+        let wrong = cname_answer(&q2);
+        assert_eq!(
+            sanitize_and_record(&question, &wrong, &mut t, now, |_| true, 0..=9),
+            Err(DnsReject::Mismatch)
+        );
+        assert!(t.is_empty());
     }
 }

@@ -25,7 +25,9 @@
 //!    then requires the name on the wire to be allowed on the port and the
 //!    destination IP to be in the table *for that name*:
 //!    - TLS: exactly one host_name SNI, no ECH (`sni_absent`, `sni_multiple`,
-//!      `sni_unreadable`, `not_tls`, `ech_present`), allowed on the port
+//!      `sni_unreadable`, `not_tls`, `ech_present`; GREASE ECH cannot be told
+//!      from real ECH on the wire, so both are denied: docs/threat-model.md
+//!      says why and what clients must set), allowed on the port
 //!      (`not_allowlisted`, `denylisted`, `port_not_allowed`), and resolved
 //!      to the destination (`sni_dns_mismatch`).
 //!    - HTTP: one Host (`http_host_absent`), no CONNECT
@@ -49,8 +51,12 @@
 //! is the address predicate for `sluice_inspect::dns::sanitize_response`, and
 //! [`ttl_range`] its TTL clamp. The datapath reaches them through the
 //! [`Decider`] DNS hooks this type implements (`dns_query`,
-//! `keep_dns_answer`, `dns_ttl_bounds`); it filters answers with its own
-//! `dns::filter_response`, which applies the same address predicate and clamp.
+//! `keep_dns_answer`, `dns_ttl_bounds`) and filters answers with
+//! `dns::sanitize_and_record` (sluice-inspect's `sanitize_response_clamped`
+//! plus the table update), which applies the same address predicate and
+//! clamp. Only A questions are forwarded; other types (AAAA while IPv6 is
+//! off, HTTPS/SVCB which could carry ECH configurations, TXT, ...) get an
+//! empty answer locally (`dns_type_withheld`).
 //!
 //! # Reload
 //! [`PolicyDecider::swap`] installs a new snapshot; [`PolicyDecider::recheck_tcp`]
@@ -291,6 +297,16 @@ impl Decider for PolicyDecider {
         self.keep_answer(ip)
     }
 
+    /// A chain through a name a deny rule matches is refused (`denylisted`):
+    /// otherwise an allowed alias (`alias.example.org CNAME
+    /// bad.example.org`) would hand the guest the denied host's addresses
+    /// under the alias's name. Targets no rule mentions pass (CDN names are
+    /// rarely in an allow list; the question's name was allowed).
+    fn dns_cname_target(&self, target: &str) -> Option<&'static str> {
+        let denied = self.policy.load().check_name(target).reason == Reason::Denylisted;
+        denied.then_some(Reason::Denylisted.as_str())
+    }
+
     fn dns_ttl_bounds(&self) -> Option<(Duration, Duration)> {
         let b = self.policy.load().ttl_bounds();
         Some((b.min, b.max))
@@ -421,6 +437,19 @@ pub fn wire_name(protocol: PortProtocol, first_bytes: &[u8]) -> Option<WireName>
                 _ => None,
             }
         }
+    }
+}
+
+/// The SNI or Host an inspected flow's first bytes present, whatever the
+/// port: a TLS handshake record (first byte 0x16) is read as a ClientHello,
+/// anything else as an HTTP/1 request head. Sound because the two cannot be
+/// confused (an HTTP method starts with a token character, never 0x16).
+/// For the audit line and for [`PolicyDecider::recheck_tcp`] after a reload.
+pub fn sniff_wire_name(first_bytes: &[u8]) -> Option<WireName> {
+    match first_bytes.first() {
+        Some(0x16) => wire_name(PortProtocol::Tls, first_bytes),
+        Some(_) => wire_name(PortProtocol::Http, first_bytes),
+        None => None,
     }
 }
 

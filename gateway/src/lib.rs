@@ -18,6 +18,7 @@ pub mod enforce;
 pub mod frames;
 pub mod hostaddrs;
 pub mod packet;
+pub mod reload;
 pub mod udp;
 
 use std::path::PathBuf;
@@ -28,7 +29,7 @@ use tokio::net::{TcpListener, UnixListener, UnixStream};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 
-use crate::audit::AuditSink;
+use crate::audit::{AuditEvent, AuditSink};
 use crate::config::{Config, Proto};
 use crate::datapath::{Datapath, Event, SessionEnd};
 use crate::decide::Decider;
@@ -71,15 +72,36 @@ pub enum GuestSource {
 
 /// Serves guests until SIGTERM/SIGINT (returns `Ok`) or, for a connected
 /// stream, until the guest disconnects. Must run inside a tokio runtime.
+/// No policy reload: see [`serve_with_reload`].
 pub async fn serve(
+    cfg: Config,
+    decider: Arc<dyn Decider>,
+    audit: AuditSink,
+    source: GuestSource,
+) -> Result<(), GatewayError> {
+    serve_with_reload(cfg, decider, audit, source, None).await
+}
+
+/// [`serve`], plus policy reload on SIGHUP and on changes of the policy file
+/// when `reload` is given (see [`reload`]). Writes `gateway` audit records
+/// when it starts and stops and when a guest session ends.
+pub async fn serve_with_reload(
     cfg: Config,
     decider: Arc<dyn Decider>,
     mut audit: AuditSink,
     source: GuestSource,
+    reload: Option<reload::ReloadSource>,
 ) -> Result<(), GatewayError> {
     let cfg = Arc::new(cfg);
     let (events_tx, mut events) = mpsc::unbounded_channel();
     spawn_signals(events_tx.clone())?;
+    if let Some(source) = reload {
+        reload::spawn(source, events_tx.clone()).map_err(GatewayError::Signals)?;
+    }
+    audit.record(&AuditEvent::Gateway {
+        reason: sluice_policy::Reason::Started,
+        detail: concat!("sluice-gateway ", env!("CARGO_PKG_VERSION")),
+    });
     for spec in &cfg.publish {
         match spec.proto {
             Proto::Tcp => {
@@ -152,7 +174,9 @@ pub async fn serve(
             let mut dp = Datapath::new(cfg.clone(), decider.clone(), audit, events_tx.clone());
             let end = dp.run(&stream, &mut events).await;
             log_end(&end);
-            dp.into_audit().flush();
+            let mut audit = dp.into_audit();
+            audit_end(&mut audit, &end);
+            audit_stop(&mut audit);
             Ok(())
         }
         GuestSource::Socket(path) => {
@@ -170,6 +194,10 @@ pub async fn serve(
                     },
                     ev = events.recv() => match ev {
                         Some(Event::Shutdown) | None => break Ok(()),
+                        Some(Event::Reload(r)) => {
+                            reload::apply_idle(*r, &mut audit);
+                            continue;
+                        }
                         // Nothing to deliver to without a guest: drop (closes published connections).
                         Some(_) => continue,
                     },
@@ -179,16 +207,47 @@ pub async fn serve(
                 let end = dp.run(&stream, &mut events).await;
                 log_end(&end);
                 audit = dp.into_audit();
+                audit_end(&mut audit, &end);
                 audit.flush();
                 if matches!(end, SessionEnd::Shutdown) {
                     break Ok(());
                 }
             };
             let _ = std::fs::remove_file(&path);
-            audit.flush();
+            audit_stop(&mut audit);
             result
         }
     }
+}
+
+/// The `gateway` audit record for the end of a guest session.
+fn audit_end(audit: &mut AuditSink, end: &SessionEnd) {
+    let (reason, detail) = match end {
+        SessionEnd::GuestClosed => (sluice_policy::Reason::Closed, "guest disconnected".into()),
+        SessionEnd::ProtocolError(e) => (
+            sluice_policy::Reason::FrameError,
+            format!("guest stream protocol error: {e}"),
+        ),
+        SessionEnd::GuestIo(e) => (
+            sluice_policy::Reason::Closed,
+            format!("guest stream error: {e}"),
+        ),
+        // The stop record follows.
+        SessionEnd::Shutdown => return,
+    };
+    audit.record(&AuditEvent::Gateway {
+        reason,
+        detail: &detail,
+    });
+}
+
+/// The last audit record; flushes.
+fn audit_stop(audit: &mut AuditSink) {
+    audit.record(&AuditEvent::Gateway {
+        reason: sluice_policy::Reason::Shutdown,
+        detail: "sluice-gateway stopping",
+    });
+    audit.flush();
 }
 
 fn log_end(end: &SessionEnd) {

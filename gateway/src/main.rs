@@ -11,7 +11,8 @@ use sluice_gateway::config::{self, Config, PublishSpec};
 use sluice_gateway::decide::{Decider, PlatformDecider, PlatformDenySet, host_addresses};
 use sluice_gateway::enforce::PolicyDecider;
 use sluice_gateway::hostaddrs::HostAddresses;
-use sluice_gateway::{GuestSource, serve};
+use sluice_gateway::reload::ReloadSource;
+use sluice_gateway::{GuestSource, serve_with_reload};
 use sluice_policy::CompileOptions;
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -37,7 +38,10 @@ struct Args {
     #[arg(long)]
     fd: Option<i32>,
     /// Policy file (YAML), compiled at start (exit non-zero if invalid) and enforced on every
-    /// flow and DNS query. Without it only the platform deny set applies.
+    /// flow and DNS query. Without it only the platform deny set applies. Reloaded on SIGHUP
+    /// and when the file changes (also by rename); an invalid new file is rejected and the
+    /// running policy stays (audit `reload_rejected`); open flows the new policy denies are
+    /// reset (audit `reload_revoked`).
     #[arg(long)]
     policy: Option<PathBuf>,
     /// Audit JSON lines destination: a file path (appended) or `-` for stdout.
@@ -66,6 +70,10 @@ struct Args {
     /// Maximum concurrent flows; new connections beyond it are refused with RST.
     #[arg(long, default_value_t = config::DEFAULT_MAX_FLOWS)]
     max_flows: usize,
+    /// Start even where the kernel enforces no Landlock (the gateway's
+    /// self-restriction then has only its seccomp filter).
+    #[arg(long)]
+    allow_missing_landlock: bool,
     /// Maximum concurrent forwarded UDP flows (guest endpoint, destination) the policy
     /// allowed; a new one beyond it is dropped and audited `too_many_flows`.
     #[arg(long, default_value_t = sluice_gateway::udp::DEFAULT_MAX_UDP_FLOWS)]
@@ -141,22 +149,31 @@ fn main() -> anyhow::Result<()> {
                 .with_context(|| format!("opening audit file {}", args.audit))?,
         )
     };
-    let audit = AuditSink::new(out, &cfg.sandbox_id);
+    let mut audit = AuditSink::new(out, &cfg.sandbox_id);
+    audit.set_policy(policy.clone());
     let broadcast = cfg.subnet.broadcast();
     // Read now, kept current by a refresher on the runtime (hostaddrs module docs).
     let hosts = Arc::new(HostAddresses::read());
     let deny = PlatformDenySet::with_host_addresses(Arc::clone(&hosts), cfg.gateway_ip, broadcast);
-    let decider: Arc<dyn Decider> = match policy {
-        Some(policy) => {
-            tracing::info!(policy = ?args.policy, "enforcing policy");
-            Arc::new(PolicyDecider::new(policy, deny))
+    let mut reload = None;
+    let decider: Arc<dyn Decider> = match (policy, &args.policy) {
+        (Some(policy), Some(path)) => {
+            tracing::info!(policy = %path.display(), "enforcing policy (SIGHUP or a file change reloads it)");
+            let decider = Arc::new(PolicyDecider::new(policy, deny));
+            reload = Some(ReloadSource::new(
+                path.clone(),
+                Arc::clone(&decider),
+                CompileOptions::default(),
+            ));
+            decider
         }
-        None => {
+        _ => {
             tracing::warn!("no --policy: only the platform deny set applies");
             Arc::new(PlatformDecider::new(deny))
         }
     };
 
+    self_restrict(&args)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -171,7 +188,7 @@ fn main() -> anyhow::Result<()> {
             gateway = %cfg.gateway_ip, guest = %cfg.guest_ip, mtu = cfg.mtu,
             upstreams = ?cfg.dns_upstreams, "sluice-gateway starting"
         );
-        serve(cfg, decider, audit, source).await?;
+        serve_with_reload(cfg, decider, audit, source, reload).await?;
         Ok(())
     })
 }
@@ -196,12 +213,57 @@ fn pin_mmap_threshold() {
     // this process starts any thread.
     let ok = unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD) };
     if ok != 1 {
-        eprintln!("sluice-gateway: mallopt(M_MMAP_THRESHOLD) failed; flow memory may stay resident");
+        eprintln!(
+            "sluice-gateway: mallopt(M_MMAP_THRESHOLD) failed; flow memory may stay resident"
+        );
     }
 }
 
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 fn pin_mmap_threshold() {}
+
+/// The gateway's own jail (docs/isolation.md), applied once everything it
+/// reads at start is read and before the runtime starts any thread: no
+/// exec, no new processes, no file writes but the audit log, reads only of
+/// the policy file's directory (reload re-reads it); TCP bind only on `--publish` ports. With `--socket`,
+/// the socket's directory stays writable (the listener is bound later).
+fn self_restrict(args: &Args) -> anyhow::Result<()> {
+    use sluice_confine::{GatewayConfinement, gateway_self_restrict};
+    let mut conf = GatewayConfinement {
+        audit_path: (args.audit != "-").then(|| PathBuf::from(&args.audit)),
+        // The policy's directory, not the file: reload follows editors and
+        // tools that replace the file by rename, and Landlock binds a file
+        // rule to the inode that existed when the rule was made.
+        read_paths: args.policy.iter().map(|p| policy_dir(p)).collect(),
+        tcp_bind: args
+            .publish
+            .iter()
+            .filter(|p| p.proto == config::Proto::Tcp)
+            .map(|p| p.host.port())
+            .collect(),
+        allow_missing_landlock: args.allow_missing_landlock,
+        ..GatewayConfinement::default()
+    };
+    if let Some(dir) = args.socket.as_ref().and_then(|s| s.parent()) {
+        let dir = if dir.as_os_str().is_empty() {
+            PathBuf::from(".")
+        } else {
+            dir.to_path_buf()
+        };
+        conf.socket_dirs.push(dir);
+    }
+    let applied = gateway_self_restrict(&conf).context("restricting the gateway")?;
+    tracing::info!(landlock = ?applied.landlock, seccomp = ?applied.seccomp, "self-restricted");
+    Ok(())
+}
+
+/// The directory holding the policy file (`.` for a bare file name).
+fn policy_dir(path: &std::path::Path) -> PathBuf {
+    match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
 
 /// Adopts the inherited stream socket `fd`.
 #[allow(unsafe_code)]
@@ -210,9 +272,10 @@ fn adopt_fd(fd: i32) -> anyhow::Result<tokio::net::UnixStream> {
     if fd < 3 {
         bail!("--fd {fd}: refusing to adopt a standard stream");
     }
-    // Check the fd is open before taking ownership of it.
-    let probe = std::fs::metadata(format!("/proc/self/fd/{fd}"));
-    if probe.is_err() {
+    // Check the fd is open before taking ownership of it (by fcntl, not
+    // /proc: the jailed gateway has no /proc).
+    // SAFETY: F_GETFD on an integer only reads the descriptor table.
+    if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
         bail!("--fd {fd}: not an open file descriptor");
     }
     // SAFETY: `fd` is >= 3, open (checked above), was inherited from the parent

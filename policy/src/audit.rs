@@ -131,6 +131,9 @@ pub struct PolicyRef<'a> {
     /// The policy's version hash ([`CompiledPolicy::version_hash`]).
     #[serde(borrow)]
     pub version: Cow<'a, str>,
+    /// The policy's free-text `label:`, when it has one.
+    #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
+    pub label: Option<Cow<'a, str>>,
 }
 
 impl<'a> PolicyRef<'a> {
@@ -140,6 +143,7 @@ impl<'a> PolicyRef<'a> {
         Self {
             id: Cow::Borrowed(policy.id()),
             version: Cow::Borrowed(policy.version_hash()),
+            label: policy.label().map(Cow::Borrowed),
         }
     }
 }

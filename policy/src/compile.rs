@@ -1,13 +1,15 @@
 //! Compiling a policy file into an immutable, allocation-free-to-query
 //! snapshot ([`CompiledPolicy`]), and the queries the gateway asks it.
 //!
-//! Matching structure: one hash map from a normalised domain to a node that
-//! holds the allow and deny rules written for that exact name and for its
-//! subdomains. A check walks the name's label boundaries (`a.b.example.com`,
-//! `b.example.com`, `example.com`, `com`) with one hash lookup each, so its
-//! cost grows with the number of labels, not the number of rules.
+//! Matching structure: the name table (`name_table.rs`) maps each normalised
+//! domain a rule names to the allow and deny rules written for that exact
+//! name and for its subdomains. A check reads the name once and probes the
+//! label-boundary suffixes (`a.b.example.com`, `b.example.com`,
+//! `example.com`, `com`) with one hash each, so its cost grows with the
+//! number of labels, not the number of rules.
 
 use std::collections::HashMap;
+use std::fmt::Write as _;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -20,8 +22,10 @@ use serde_saphyr::{Location, Spanned};
 use crate::error::{PolicyError, PolicyErrors};
 use crate::model::{RawAllow, RawPolicy, RawSecret, RawUpstream};
 use crate::name::{DomainPattern, PatternKind, PatternUse, normalize_name, parse_pattern};
+use crate::name_table::{NameMatch, NameTable, NameTableBuilder, RuleRef};
 use crate::platform::{self, AddressClass};
 use crate::reason::Reason;
+use crate::rule_table::RuleTable;
 use crate::verdict::{MatchedRule, Verdict};
 
 /// The largest policy file read (16 MiB); larger files are rejected before
@@ -137,37 +141,6 @@ pub struct SecretSpec {
     pub locations: SecretLocations,
 }
 
-/// One compiled rule.
-#[derive(Debug)]
-struct Rule {
-    id: Box<str>,
-    pattern: Box<str>,
-    tcp_ports: Box<[u16]>,
-    udp_ports: Box<[u16]>,
-}
-
-impl Rule {
-    fn ports(&self, transport: Transport) -> &[u16] {
-        match transport {
-            Transport::Tcp => &self.tcp_ports,
-            Transport::Udp => &self.udp_ports,
-        }
-    }
-}
-
-/// The rules attached to one normalised domain.
-#[derive(Debug, Default)]
-struct NameNode {
-    /// Allow rules matching exactly this name.
-    exact: Vec<u32>,
-    /// Allow rules matching strict subdomains of this name.
-    sub: Vec<u32>,
-    /// A deny rule matching exactly this name.
-    deny_exact: Option<u32>,
-    /// A deny rule matching strict subdomains of this name.
-    deny_sub: Option<u32>,
-}
-
 /// A small, fast, non-cryptographic hasher (the Fx hash used by rustc) for
 /// the name tables. Keys come from the policy; lookups from the guest cannot
 /// change the table, so flooding is not a concern.
@@ -220,60 +193,6 @@ impl Hasher for FxHasher {
 
 type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
 
-/// A one-hash Bloom filter over the keys of the name table, small enough to
-/// stay in cache (2 bytes per key). Most label-suffix probes of a check miss
-/// the table (`com`, `b.example.com`); the filter answers those without
-/// touching the large table, whose probes are cache misses at 100k rules.
-#[derive(Debug, Default)]
-struct NameFilter {
-    bits: Vec<u64>,
-    mask: u64,
-}
-
-impl NameFilter {
-    fn build<'k>(keys: impl ExactSizeIterator<Item = &'k str>) -> Self {
-        let nbits = (keys.len().max(64) * 16).next_power_of_two();
-        let mut f = Self {
-            bits: vec![0; nbits / 64],
-            mask: (nbits as u64) - 1,
-        };
-        for k in keys {
-            let h = f.bit(k);
-            if let Some(w) = f.bits.get_mut((h / 64) as usize) {
-                *w |= 1 << (h % 64);
-            }
-        }
-        f
-    }
-
-    fn bit(&self, key: &str) -> u64 {
-        let mut h = FxHasher::default();
-        h.write(key.as_bytes());
-        h.finish() & self.mask
-    }
-
-    /// False: `key` is certainly not in the table.
-    #[inline]
-    fn may_contain(&self, key: &str) -> bool {
-        let h = self.bit(key);
-        self.bits
-            .get((h / 64) as usize)
-            .is_some_and(|w| w & (1 << (h % 64)) != 0)
-    }
-}
-
-/// What walking a name through the tables found.
-enum NameMatch {
-    /// A deny rule matched (wins over any allow).
-    Denied(u32),
-    /// An allow rule matched and passed the caller's filter.
-    Allowed(u32),
-    /// Allow rules matched the name, but none passed the filter (e.g. port).
-    FilteredOut(u32),
-    /// Nothing matched.
-    None,
-}
-
 /// An immutable compiled policy snapshot.
 ///
 /// Shared as `Arc<CompiledPolicy>` and swapped whole on reload; a snapshot
@@ -285,9 +204,8 @@ pub struct CompiledPolicy {
     id: String,
     label: Option<String>,
     version_hash: String,
-    rules: Vec<Rule>,
-    names: FxMap<Box<str>, NameNode>,
-    names_filter: NameFilter,
+    rules: RuleTable,
+    names: NameTable,
     cidr_rules: Vec<(IpNet, u32)>,
     internal: Vec<(IpNet, u32)>,
     host_addresses: Vec<IpAddr>,
@@ -367,66 +285,24 @@ impl CompiledPolicy {
         self.port_protocol(port) == PortProtocol::Tls
     }
 
-    /// Walk `name` (normalised) through the tables. `accept` filters allow
-    /// rules (e.g. by port); deny rules always win.
-    fn match_name(&self, name: &str, mut accept: impl FnMut(&Rule) -> bool) -> NameMatch {
-        let mut allowed = None;
-        let mut filtered = None;
-        let mut consider = |ids: &[u32], allowed: &mut Option<u32>, filtered: &mut Option<u32>| {
-            if allowed.is_some() {
-                return;
-            }
-            for &id in ids {
-                let Some(rule) = self.rules.get(id as usize) else {
-                    continue;
-                };
-                if accept(rule) {
-                    *allowed = Some(id);
-                    return;
-                }
-                if filtered.is_none() {
-                    *filtered = Some(id);
-                }
-            }
-        };
-        if let Some(node) = self.lookup(name) {
-            if let Some(d) = node.deny_exact {
-                return NameMatch::Denied(d);
-            }
-            consider(&node.exact, &mut allowed, &mut filtered);
-        }
-        let mut rest = name;
-        while let Some(dot) = rest.find('.') {
-            rest = rest.get(dot + 1..).unwrap_or_default();
-            if let Some(node) = self.lookup(rest) {
-                if let Some(d) = node.deny_sub {
-                    return NameMatch::Denied(d);
-                }
-                consider(&node.sub, &mut allowed, &mut filtered);
-            }
-        }
-        match (allowed, filtered) {
-            (Some(a), _) => NameMatch::Allowed(a),
-            (None, Some(f)) => NameMatch::FilteredOut(f),
-            (None, None) => NameMatch::None,
-        }
+    /// Walk `name` (as seen on the wire: any case, optional trailing dot)
+    /// through the name table. `accept` filters allow rules (e.g. by port);
+    /// deny rules always win. A name that is not valid DNS syntax matches
+    /// nothing.
+    #[inline]
+    fn match_name(&self, name: &str, accept: impl FnMut(RuleRef) -> bool) -> NameMatch {
+        self.names.match_name(name, accept)
     }
 
-    #[inline]
-    fn lookup(&self, key: &str) -> Option<&NameNode> {
-        if self.names_filter.may_contain(key) {
-            self.names.get(key)
-        } else {
-            None
-        }
+    /// Whether a rule allows `port` over `transport`.
+    fn port_filter(&self, transport: Transport, port: u16) -> impl Fn(RuleRef) -> bool + '_ {
+        move |r| self.rules.allows(r.ports, transport, port)
     }
 
     fn rule_ref<'a>(&'a self, id: u32, name: Option<&'a str>) -> Option<MatchedRule<'a>> {
-        self.rules.get(id as usize).map(|r| MatchedRule {
-            id: &r.id,
-            pattern: &r.pattern,
-            name,
-        })
+        self.rules
+            .texts(id)
+            .map(|(id, pattern)| MatchedRule { id, pattern, name })
     }
 
     fn verdict_for<'a>(&'a self, reason: Reason, id: u32, name: Option<&'a str>) -> Verdict<'a> {
@@ -444,10 +320,7 @@ impl CompiledPolicy {
     /// FORMERR instead). Deny rules win over allow rules.
     #[must_use]
     pub fn check_name<'a>(&'a self, name: &'a str) -> Verdict<'a> {
-        let Ok(norm) = normalize_name(name) else {
-            return Verdict::of(Reason::NotAllowlisted);
-        };
-        match self.match_name(norm.as_str(), |_| true) {
+        match self.match_name(name, |_| true) {
             NameMatch::Denied(d) => self.verdict_for(Reason::Denylisted, d, Some(name)),
             NameMatch::Allowed(a) | NameMatch::FilteredOut(a) => {
                 self.verdict_for(Reason::Allowlisted, a, Some(name))
@@ -465,10 +338,7 @@ impl CompiledPolicy {
         transport: Transport,
         port: u16,
     ) -> Verdict<'a> {
-        let Ok(norm) = normalize_name(name) else {
-            return Verdict::of(Reason::NotAllowlisted);
-        };
-        match self.match_name(norm.as_str(), |r| r.ports(transport).contains(&port)) {
+        match self.match_name(name, self.port_filter(transport, port)) {
             NameMatch::Denied(d) => self.verdict_for(Reason::Denylisted, d, Some(name)),
             NameMatch::Allowed(a) => self.verdict_for(Reason::Allowlisted, a, Some(name)),
             NameMatch::FilteredOut(f) => {
@@ -540,8 +410,8 @@ impl CompiledPolicy {
             if net.contains(&ip)
                 && self
                     .rules
-                    .get(id as usize)
-                    .is_some_and(|r| r.ports(transport).contains(&port))
+                    .ports_of(id)
+                    .is_some_and(|set| self.rules.allows(set, transport, port))
             {
                 return self.verdict_for(Reason::CidrAllowed, id, None);
             }
@@ -549,10 +419,7 @@ impl CompiledPolicy {
         let mut port_miss: Option<Verdict<'a>> = None;
         let mut denied: Option<Verdict<'a>> = None;
         for &name in names {
-            let Ok(norm) = normalize_name(name) else {
-                continue;
-            };
-            match self.match_name(norm.as_str(), |r| r.ports(transport).contains(&port)) {
+            match self.match_name(name, self.port_filter(transport, port)) {
                 NameMatch::Allowed(a) => {
                     return self.verdict_for(Reason::Allowlisted, a, Some(name));
                 }
@@ -966,12 +833,12 @@ impl<'o> Compiler<'o> {
         raw: RawPolicy,
         options: &CompileOptions,
     ) -> Result<CompiledPolicy, PolicyErrors> {
-        if raw.version.value != 1 {
+        if raw.version.value.0 != 1 {
             self.err(
                 raw.version.referenced,
                 format!(
                     "unsupported policy version {}; this sluice reads `version: 1`",
-                    raw.version.value
+                    raw.version.value.0
                 ),
             );
         }
@@ -983,12 +850,12 @@ impl<'o> Compiler<'o> {
             );
         }
 
-        let mut rules: Vec<Rule> = Vec::new();
-        let mut names: FxMap<Box<str>, NameNode> = FxMap::default();
+        let mut rules = RuleTable::default();
+        let mut pattern_text = String::new();
+        let mut names = NameTableBuilder::default();
         let mut cidr_rules: Vec<(IpNet, u32)> = Vec::new();
         let mut rule_ids: HashMap<String, Location> = HashMap::new();
         let mut domain_rule_count = 0usize;
-        let mut canon_rules: Vec<(String, String, Vec<u16>, Vec<u16>)> = Vec::new();
 
         for (idx, entry) in raw.allow.iter().enumerate() {
             let at = entry.referenced;
@@ -1045,6 +912,9 @@ impl<'o> Compiler<'o> {
                 }
                 continue;
             }
+            let Some(port_set) = rules.port_set(&tcp_ports, &udp_ports) else {
+                continue;
+            };
             let mut domain_list: Vec<&Spanned<String>> = Vec::new();
             if let Some(d) = &a.domain {
                 domain_list.push(d);
@@ -1063,30 +933,23 @@ impl<'o> Compiler<'o> {
                         continue;
                     }
                 };
-                let Ok(rid) = u32::try_from(rules.len()) else {
+                pattern_text.clear();
+                let _ = write!(pattern_text, "{pat}");
+                let Some(rid) = rules.push(&rule_id, &pattern_text, port_set) else {
                     self.err(d.referenced, "too many rules");
                     continue;
                 };
-                let pattern = pat.to_string();
-                canon_rules.push((
-                    rule_id.clone(),
-                    pattern.clone(),
-                    tcp_ports.clone(),
-                    udp_ports.clone(),
-                ));
-                rules.push(Rule {
-                    id: rule_id.clone().into(),
-                    pattern: pattern.into(),
-                    tcp_ports: tcp_ports.clone().into(),
-                    udp_ports: udp_ports.clone().into(),
-                });
-                let node = names.entry(pat.base.into_boxed_str()).or_default();
+                let r = RuleRef {
+                    id: rid,
+                    ports: port_set,
+                };
+                let node = names.node(pat.base);
                 match pat.kind {
-                    PatternKind::Exact => node.exact.push(rid),
-                    PatternKind::Subdomains => node.sub.push(rid),
+                    PatternKind::Exact => node.exact.push(r),
+                    PatternKind::Subdomains => node.sub.push(r),
                     PatternKind::ApexAndSubdomains => {
-                        node.exact.push(rid);
-                        node.sub.push(rid);
+                        node.exact.push(r);
+                        node.sub.push(r);
                     }
                 }
                 domain_rule_count += 1;
@@ -1105,26 +968,15 @@ impl<'o> Compiler<'o> {
                 let Some(net) = self.cidr(c, "allow network") else {
                     continue;
                 };
-                let Ok(rid) = u32::try_from(rules.len()) else {
+                let Some(rid) = rules.push(&rule_id, &net.to_string(), port_set) else {
                     continue;
                 };
-                let pattern = net.to_string();
-                canon_rules.push((
-                    rule_id.clone(),
-                    pattern.clone(),
-                    tcp_ports.clone(),
-                    udp_ports.clone(),
-                ));
-                rules.push(Rule {
-                    id: rule_id.clone().into(),
-                    pattern: pattern.into(),
-                    tcp_ports: tcp_ports.clone().into(),
-                    udp_ports: udp_ports.clone().into(),
-                });
                 cidr_rules.push((net, rid));
             }
         }
 
+        let allow_rule_count = rules.len();
+        let no_ports = rules.port_set(&[], &[]).unwrap_or(0);
         let mut canon_deny: Vec<String> = Vec::new();
         for (idx, d) in raw.deny.iter().enumerate() {
             let pat = match parse_pattern(&d.value, PatternUse::Deny) {
@@ -1134,18 +986,12 @@ impl<'o> Compiler<'o> {
                     continue;
                 }
             };
-            let Ok(rid) = u32::try_from(rules.len()) else {
+            let pattern = pat.to_string();
+            let Some(rid) = rules.push(&format!("deny[{idx}]"), &pattern, no_ports) else {
                 continue;
             };
-            let pattern = pat.to_string();
-            canon_deny.push(pattern.clone());
-            rules.push(Rule {
-                id: format!("deny[{idx}]").into(),
-                pattern: pattern.into(),
-                tcp_ports: Box::new([]),
-                udp_ports: Box::new([]),
-            });
-            let node = names.entry(pat.base.into_boxed_str()).or_default();
+            canon_deny.push(pattern);
+            let node = names.node(pat.base);
             match pat.kind {
                 PatternKind::Exact => {
                     node.deny_exact.get_or_insert(rid);
@@ -1164,15 +1010,10 @@ impl<'o> Compiler<'o> {
         let mut internal = Vec::new();
         for (idx, s) in raw.internal.iter().enumerate() {
             if let Some(net) = self.cidr(s, "internal network") {
-                let Ok(rid) = u32::try_from(rules.len()) else {
+                let Some(rid) = rules.push(&format!("internal[{idx}]"), &net.to_string(), no_ports)
+                else {
                     continue;
                 };
-                rules.push(Rule {
-                    id: format!("internal[{idx}]").into(),
-                    pattern: net.to_string().into(),
-                    tcp_ports: Box::new([]),
-                    udp_ports: Box::new([]),
-                });
                 internal.push((net, rid));
             }
         }
@@ -1266,7 +1107,11 @@ impl<'o> Compiler<'o> {
             }
         }
 
-        let names_filter = NameFilter::build(names.keys().map(AsRef::as_ref));
+        rules.freeze();
+        let Some(names) = names.build() else {
+            self.err(raw.id.referenced, "too many domain rules");
+            return Err(PolicyErrors::new(self.errors));
+        };
         let mut policy = CompiledPolicy {
             origin: self.origin.to_owned(),
             id,
@@ -1274,7 +1119,6 @@ impl<'o> Compiler<'o> {
             version_hash: String::new(),
             rules,
             names,
-            names_filter,
             cidr_rules,
             internal,
             host_addresses: options.host_addresses.clone(),
@@ -1299,9 +1143,8 @@ impl<'o> Compiler<'o> {
             version: 1,
             id: &policy.id,
             label: policy.label.as_deref(),
-            rules: canon_rules
-                .iter()
-                .map(|(i, p, t, u)| (i.as_str(), p.as_str(), t.as_slice(), u.as_slice()))
+            rules: (0..allow_rule_count)
+                .filter_map(|i| policy.rules.describe(u32::try_from(i).ok()?))
                 .collect(),
             deny: &canon_deny,
             internal: policy.internal.iter().map(|(n, _)| n.to_string()).collect(),

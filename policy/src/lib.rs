@@ -25,8 +25,10 @@ mod compile;
 mod error;
 mod model;
 pub mod name;
+mod name_table;
 pub mod platform;
 mod reason;
+mod rule_table;
 mod verdict;
 
 pub use compile::{

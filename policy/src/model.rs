@@ -4,14 +4,17 @@
 //! check may complain about is [`Spanned`] so the error can name its line and
 //! column.
 
+use std::fmt;
+
 use serde::Deserialize;
+use serde::de::{self, Deserializer, Visitor};
 use serde_saphyr::Spanned;
 
 /// The whole file.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawPolicy {
-    pub(crate) version: Spanned<i64>,
+    pub(crate) version: Spanned<RawVersion>,
     pub(crate) id: Spanned<String>,
     #[serde(default)]
     pub(crate) label: Option<String>,
@@ -32,6 +35,70 @@ pub(crate) struct RawPolicy {
     pub(crate) dns: Option<RawDns>,
     #[serde(default)]
     pub(crate) secrets: Vec<Spanned<RawSecret>>,
+}
+
+/// `version:`, which must be a YAML integer. A quoted `"1"` is a string and
+/// is rejected as a wrong type (the parser would otherwise read any scalar
+/// that looks like a number as one, quoted or not).
+#[derive(Debug)]
+pub(crate) struct RawVersion(pub(crate) i64);
+
+impl<'de> Deserialize<'de> for RawVersion {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(VersionVisitor)
+    }
+}
+
+struct VersionVisitor;
+
+impl<'de> Visitor<'de> for VersionVisitor {
+    type Value = RawVersion;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("the number 1 (`version: 1`)")
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<RawVersion, E> {
+        Ok(RawVersion(v))
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<RawVersion, E> {
+        i64::try_from(v).map(RawVersion).map_err(|_| {
+            E::custom(format!(
+                "unsupported policy version {v}; this sluice reads `version: 1`"
+            ))
+        })
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<RawVersion, E> {
+        Err(E::custom(format!(
+            "`version` is the string {v:?}, not a number; write `version: 1` without quotes"
+        )))
+    }
+
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<RawVersion, E> {
+        Err(E::custom(format!(
+            "`version` is {v:?}, not a whole number; write `version: 1`"
+        )))
+    }
+
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<RawVersion, E> {
+        Err(E::custom(format!(
+            "`version` is `{v}`, not a number; write `version: 1`"
+        )))
+    }
+
+    fn visit_seq<A: de::SeqAccess<'de>>(self, _: A) -> Result<RawVersion, A::Error> {
+        Err(de::Error::custom(
+            "`version` is a list, not a number; write `version: 1`",
+        ))
+    }
+
+    fn visit_map<A: de::MapAccess<'de>>(self, _: A) -> Result<RawVersion, A::Error> {
+        Err(de::Error::custom(
+            "`version` is a mapping, not a number; write `version: 1`",
+        ))
+    }
 }
 
 /// One allow rule: exactly one of `domain`, `domains`, `cidr`, `cidrs`.
@@ -99,7 +166,7 @@ pub(crate) struct RawSecret {
     pub(crate) file: Option<Spanned<String>>,
     /// Never accepted: present only to give a precise error.
     #[serde(default)]
-    pub(crate) value: Option<Spanned<serde::de::IgnoredAny>>,
+    pub(crate) value: Option<Spanned<de::IgnoredAny>>,
     pub(crate) hosts: Vec<Spanned<String>>,
     #[serde(default)]
     pub(crate) locations: Option<Vec<Spanned<String>>>,

@@ -111,6 +111,8 @@ reasons! {
         Shutdown = "shutdown",
         /// A new policy was loaded and swapped in.
         ReloadApplied = "reload_applied",
+        /// The gateway started serving (a `gateway` record).
+        Started = "started",
         /// A summary of audit lines suppressed by rate limiting (see the
         /// record's `suppressed` counts).
         RateLimitSummary = "rate_limit_summary",

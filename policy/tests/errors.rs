@@ -80,6 +80,26 @@ const CASES: &[(&str, &[&str])] = &[
         &["p.yaml:1:10: unsupported policy version 2; this sluice reads `version: 1`"],
     ),
     (
+        "version: \"1\"\nid: t\n",
+        &[
+            "p.yaml:1:10: `version` is the string \"1\", not a number; write `version: 1` without quotes",
+        ],
+    ),
+    (
+        "version: '1'\nid: t\n",
+        &[
+            "p.yaml:1:10: `version` is the string \"1\", not a number; write `version: 1` without quotes",
+        ],
+    ),
+    (
+        "version: 1.0\nid: t\n",
+        &["p.yaml:1:10: `version` is 1.0, not a whole number; write `version: 1`"],
+    ),
+    (
+        "version: [1]\nid: t\n",
+        &["p.yaml:1:10: `version` is a list, not a number; write `version: 1`"],
+    ),
+    (
         "version: 1\nid: \"bad id\"\n",
         &["p.yaml:2:5: policy id `bad id` is invalid; use 1-64 characters from A-Z a-z 0-9 . _ -"],
     ),

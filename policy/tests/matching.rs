@@ -7,8 +7,8 @@
 use std::net::IpAddr;
 
 use sluice_policy::{
-    CompileOptions, CompiledPolicy, Decision, PortProtocol, Reason, SecretSource, Upstream,
-    from_domains, from_yaml_str,
+    CompileOptions, CompiledPolicy, Decision, PortProtocol, Reason, SecretSource, Transport,
+    Upstream, from_domains, from_yaml_str,
 };
 
 const POLICY: &str = r#"
@@ -617,4 +617,159 @@ fn large_policies_are_accepted() {
     assert_eq!(p.domain_rule_count(), 12_000);
     assert!(p.check_name("h11999.example.com").is_allowed());
     assert!(!p.check_name("h12000.example.com").is_allowed());
+}
+
+/// A random policy and random names, checked against a naive reading of the
+/// matching rules (normalise, then walk from the full name down to its
+/// shortest suffix, rule by rule): reason, rule id and pattern must agree
+/// for every check. Guards the name table's hashing, Bloom filter, depth
+/// skipping, case-insensitive compare and rule order.
+#[test]
+fn name_table_agrees_with_a_naive_walk() {
+    #[derive(Clone, Copy, PartialEq)]
+    enum Kind {
+        Exact,
+        Sub,
+        Apex,
+    }
+    struct Pat {
+        kind: Kind,
+        base: String,
+        id: String,
+        ports: Vec<u16>,
+    }
+    // xorshift64*: deterministic.
+    let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+    let mut rnd = |n: usize| {
+        seed ^= seed >> 12;
+        seed ^= seed << 25;
+        seed ^= seed >> 27;
+        usize::try_from(seed.wrapping_mul(0x2545_f491_4f6c_dd1d) % n as u64).unwrap()
+    };
+    const LABELS: [&str; 8] = ["a", "b", "www", "x-y", "_srv", "api0", "c", "ab"];
+    const APEXES: [&str; 4] = ["ex.test", "ex2.test", "deep.ex.test", "test"];
+    let base = |rnd: &mut dyn FnMut(usize) -> usize, wild: bool| {
+        let mut parts: Vec<&str> = (0..rnd(3)).map(|_| LABELS[rnd(LABELS.len())]).collect();
+        // A wildcard may not sit over a public suffix (`test`).
+        parts.push(APEXES[rnd(if wild { 3 } else { 4 })]);
+        parts.join(".")
+    };
+    for round in 0..40 {
+        let mut pats: Vec<Pat> = Vec::new();
+        let mut denies: Vec<Pat> = Vec::new();
+        let mut yaml = format!("version: 1\nid: diff{round}\nallow:\n");
+        for i in 0..(5 + rnd(40)) {
+            let kind = [Kind::Exact, Kind::Sub, Kind::Apex][rnd(3)];
+            let b = base(&mut rnd, kind != Kind::Exact);
+            let ports: Vec<u16> = match rnd(3) {
+                0 => vec![443],
+                1 => vec![80, 443],
+                _ => vec![8443],
+            };
+            let prefix = ["", "*.", "**."][kind as usize];
+            yaml.push_str(&format!(
+                "  - domain: \"{prefix}{b}\"\n    ports: {ports:?}\n"
+            ));
+            pats.push(Pat {
+                kind,
+                base: b,
+                id: format!("allow[{i}]"),
+                ports,
+            });
+        }
+        yaml.push_str("deny:\n");
+        for i in 0..(1 + rnd(6)) {
+            let kind = [Kind::Exact, Kind::Sub, Kind::Apex][rnd(3)];
+            let b = base(&mut rnd, false);
+            let prefix = ["", "*.", "**."][kind as usize];
+            yaml.push_str(&format!("  - \"{prefix}{b}\"\n"));
+            denies.push(Pat {
+                kind,
+                base: b,
+                id: format!("deny[{i}]"),
+                ports: vec![],
+            });
+        }
+        let p = from_yaml_str(&yaml, "diff.yaml", &CompileOptions::default()).unwrap();
+
+        // The naive walk: (reason, rule id) for `port` (None: any port).
+        let naive = |name: &str, port: Option<u16>| -> (Reason, Option<String>) {
+            let Ok(n) = sluice_policy::normalize_name(name) else {
+                return (Reason::NotAllowlisted, None);
+            };
+            let n = n.as_str().to_owned();
+            let mut levels = vec![(n.clone(), true)];
+            let mut rest = n.as_str();
+            while let Some(dot) = rest.find('.') {
+                rest = &rest[dot + 1..];
+                levels.push((rest.to_owned(), false));
+            }
+            let applies = |pat: &Pat, level: &str, exact: bool| {
+                pat.base == level
+                    && match pat.kind {
+                        Kind::Exact => exact,
+                        Kind::Sub => !exact,
+                        Kind::Apex => true,
+                    }
+            };
+            let mut allowed = None;
+            let mut filtered = None;
+            for (level, exact) in &levels {
+                if let Some(d) = denies.iter().find(|d| applies(d, level, *exact)) {
+                    return (Reason::Denylisted, Some(d.id.clone()));
+                }
+                if allowed.is_some() {
+                    continue;
+                }
+                for a in pats.iter().filter(|a| applies(a, level, *exact)) {
+                    if port.is_none_or(|pt| a.ports.contains(&pt)) {
+                        allowed = Some(a.id.clone());
+                        break;
+                    }
+                    if filtered.is_none() {
+                        filtered = Some(a.id.clone());
+                    }
+                }
+            }
+            match (allowed, filtered) {
+                (Some(a), _) => (Reason::Allowlisted, Some(a)),
+                (None, Some(f)) => (Reason::PortNotAllowed, Some(f)),
+                (None, None) => (Reason::NotAllowlisted, None),
+            }
+        };
+
+        for _ in 0..400 {
+            let mut name = base(&mut rnd, false);
+            for _ in 0..rnd(3) {
+                name = format!("{}.{name}", LABELS[rnd(LABELS.len())]);
+            }
+            match rnd(12) {
+                0 => name = name.to_uppercase(),
+                1 => name.push('.'),
+                2 => name = format!("{name}.."),
+                3 => name = format!(".{name}"),
+                4 => name = name.replacen('.', "..", 1),
+                5 => name = format!("{}.{name}", "q".repeat(63 + rnd(2))),
+                6 => name = format!("a b.{name}"),
+                7 => name = format!("Ü.{name}"),
+                _ => {}
+            }
+            let v = p.check_name(&name);
+            let (reason, id) = naive(&name, None);
+            assert_eq!(
+                (v.reason, v.rule.map(|r| r.id.to_owned())),
+                (reason, id),
+                "check_name({name:?}) in\n{yaml}"
+            );
+            for port in [443, 80, 8443, 22] {
+                let v = p.check_name_port(&name, Transport::Tcp, port);
+                let (reason, id) = naive(&name, Some(port));
+                assert_eq!(
+                    (v.reason, v.rule.map(|r| r.id.to_owned())),
+                    (reason, id),
+                    "check_name_port({name:?}, {port}) in\n{yaml}"
+                );
+            }
+        }
+    }
 }

@@ -6,28 +6,6 @@ use crate::image;
 use crate::jail;
 use crate::qemu;
 
-/// The isolation layers as a JSON object for `sluice run --json`: what
-/// `sluice run` applies today (QEMU's own `-sandbox` and the death signal /
-/// process group), and, under `jail_available`, what the jail
-/// (`crate::jail::probe_layers`) could apply on this host. `sluice run` does
-/// not spawn QEMU through the jail yet: those layers are not active.
-pub(crate) fn layers_summary() -> serde_json::Value {
-    let probe: serde_json::Map<String, serde_json::Value> = jail::probe_layers()
-        .into_iter()
-        .map(|l| {
-            (
-                l.name,
-                serde_json::json!({"available": l.available, "reason": l.reason}),
-            )
-        })
-        .collect();
-    serde_json::json!({
-        "active": ["qemu-sandbox", "death-signal", "process-group"],
-        "jail_active": false,
-        "jail_available": probe,
-    })
-}
-
 /// Prints the report; returns the process exit status (0 when a VM can
 /// boot here: QEMU, a kernel and an agent were found).
 pub fn main() -> i32 {
@@ -81,18 +59,25 @@ pub fn main() -> i32 {
         })
         .unwrap_or(0);
     say!("image cache: {} ({entries} image(s))", cache.display());
-    say!("isolation layers applied by `sluice run` today:");
-    say!("  qemu-sandbox (QEMU's own seccomp, -sandbox on,...): on");
-    say!("  death-signal + process group (QEMU, gateway): on");
-    say!("jail layers (NOT yet applied by `sluice run`; what this host could apply):");
+    say!("isolation: `sluice run` jails QEMU and the gateway with these layers;");
+    say!("  an unavailable one makes it fail unless --allow-missing-isolation NAME is given");
+    let mut all_on = true;
     for l in jail::probe_layers() {
-        let state = if l.available {
-            "available"
+        let state = if l.available { "on" } else { "OFF" };
+        all_on &= l.available;
+        // The gateway needs the host network: it never gets a new netns.
+        let note = if l.name == "net-ns" {
+            " [QEMU only: the gateway keeps the host network]"
         } else {
-            "unavailable"
+            ""
         };
-        say!("  {}: {state} ({})", l.name, l.reason);
+        say!("  {}: {state} ({}){note}", l.name, l.reason);
     }
+    say!("  qemu-sandbox (QEMU's own -sandbox on,...): on");
+    say!(
+        "  gateway-self-restrict (seccomp: no exec/fork; Landlock: no writes, reads only its policy): on"
+    );
+    say!("jail_active: {all_on}");
     let _ = std::io::Write::write_all(&mut std::io::stdout(), out.as_bytes());
     if ok { 0 } else { 1 }
 }

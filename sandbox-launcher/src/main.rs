@@ -48,6 +48,8 @@ enum ImageCmd {
 }
 
 fn main() {
+    // `sluice __jail-exec`: this binary is also the jail's helper.
+    sluice_launcher::jail::helper_main_if_requested();
     let cli = Cli::parse();
     let code = match cli.command {
         Cmd::Run(args) => sluice_launcher::run::main(*args),

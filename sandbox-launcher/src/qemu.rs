@@ -5,6 +5,10 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+/// The TCG translation cache in MiB (`-accel tcg,tb-size=`): QEMU 7.2's
+/// default is 1 GiB, which the VM's memory limit would have to cover.
+pub(crate) const TCG_TB_MIB: u64 = 128;
+
 /// The fixed descriptor numbers QEMU inherits (see [`crate::spawn`]).
 pub(crate) const NET_FD: i32 = 3;
 /// The agent's virtio-serial channel.
@@ -103,9 +107,9 @@ pub(crate) struct VmConfig {
     pub(crate) verbose_console: bool,
 }
 
-/// The QEMU command; the caller places [`NET_FD`], [`AGENT_FD`] and
+/// QEMU's arguments; the caller places [`NET_FD`], [`AGENT_FD`] and
 /// [`CONSOLE_FD`] in the child.
-pub(crate) fn command(cfg: &VmConfig) -> Command {
+pub(crate) fn args(cfg: &VmConfig) -> Vec<String> {
     let mut append = String::from("console=ttyS0 rdinit=/init panic=-1");
     // Every console byte costs a trap under TCG: keep the kernel quiet
     // unless the console is being watched.
@@ -120,8 +124,13 @@ pub(crate) fn command(cfg: &VmConfig) -> Command {
             host_khz()
         ));
     }
-    let mut cmd = Command::new(&cfg.qemu);
-    cmd.args(["-M", "microvm,x-option-roms=off", "-accel", cfg.accel.name]);
+    let mut cmd = Args(Vec::new());
+    let accel = if cfg.accel.name == "tcg" {
+        format!("tcg,tb-size={TCG_TB_MIB}")
+    } else {
+        cfg.accel.name.to_owned()
+    };
+    cmd.args(["-M", "microvm,x-option-roms=off", "-accel", &accel]);
     cmd.args([
         "-cpu",
         if cfg.accel.name == "kvm" {
@@ -153,8 +162,8 @@ pub(crate) fn command(cfg: &VmConfig) -> Command {
         "-serial",
         "chardev:con0",
     ]);
-    cmd.arg("-kernel").arg(&cfg.kernel);
-    cmd.arg("-initrd").arg(&cfg.initrd);
+    cmd.args(["-kernel", &cfg.kernel.to_string_lossy()]);
+    cmd.args(["-initrd", &cfg.initrd.to_string_lossy()]);
     cmd.args(["-append", &append]);
     cmd.args([
         "-device",
@@ -173,7 +182,16 @@ pub(crate) fn command(cfg: &VmConfig) -> Command {
         "-device",
         "virtio-net-device,netdev=net0",
     ]);
-    cmd
+    cmd.0
+}
+
+/// An argument list built like a [`Command`]'s.
+struct Args(Vec<String>);
+
+impl Args {
+    fn args<const N: usize>(&mut self, args: [&str; N]) {
+        self.0.extend(args.iter().map(|a| (*a).to_owned()));
+    }
 }
 
 /// `qemu-system-x86_64 --version`'s first line, if QEMU runs.

@@ -17,11 +17,11 @@
 use std::collections::BTreeMap;
 use std::fs;
 use std::io::{self, Read, Write};
-use std::os::fd::OwnedFd;
-use std::os::unix::fs::PermissionsExt;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
@@ -34,8 +34,11 @@ use sluice_agent_proto::{
 };
 
 use crate::image::{self, ImageOptions};
+use crate::jail::{FdMap, Layer};
 use crate::qemu::{self, AGENT_FD, CONSOLE_FD, NET_FD, VmConfig};
-use crate::spawn::{Inherit, kill_group, spawn_child};
+use crate::spawn::{
+    GatewayJail, Isolation, QemuJail, Sidecar, gateway_spec, publish_tcp_host_port, qemu_spec,
+};
 
 /// Exit status when `--timeout` expired.
 pub const EXIT_TIMEOUT: i32 = 124;
@@ -101,6 +104,11 @@ pub struct RunArgs {
     /// Boot without a gateway: the guest's network link has nobody on it.
     #[arg(long, conflicts_with_all = ["policy", "allow_domain", "publish", "audit", "gateway"])]
     pub no_network: bool,
+    /// Run without this isolation layer where this host cannot apply it
+    /// (repeatable; names as `sluice doctor` prints them, e.g. `landlock`,
+    /// `cgroup-memory`). Without it, an unavailable layer is an error.
+    #[arg(long = "allow-missing-isolation", value_name = "LAYER", value_parser = parse_layer)]
+    pub allow_missing_isolation: Vec<Layer>,
     /// A root filesystem directory to boot instead of the default userland.
     #[arg(long, value_name = "DIR")]
     pub rootfs: Option<PathBuf>,
@@ -132,11 +140,12 @@ enum Event {
     Closed(Option<String>),
 }
 
-/// QEMU and the gateway; killed and reaped when dropped.
+/// QEMU and the gateway, each jailed; killed, reaped and cleaned up (by
+/// their helpers) when dropped.
 #[derive(Default)]
 struct Children {
-    qemu: Option<Child>,
-    gateway: Option<Child>,
+    qemu: Option<Sidecar>,
+    gateway: Option<Sidecar>,
 }
 
 impl Children {
@@ -144,26 +153,18 @@ impl Children {
     /// powered off), then kills whatever is left.
     fn finish(&mut self, grace: Duration) {
         if let Some(q) = self.qemu.as_mut() {
-            let until = Instant::now() + grace;
-            while Instant::now() < until {
-                if matches!(q.try_wait(), Ok(Some(_))) {
-                    break;
-                }
-                thread::sleep(Duration::from_millis(20));
-            }
+            let _ = q.wait_timeout(grace);
         }
         self.kill_all();
     }
 
+    /// Kills QEMU, then the gateway, each waiting for its helper's cleanup.
     fn kill_all(&mut self) {
-        for child in [self.qemu.take(), self.gateway.take()]
+        for mut child in [self.qemu.take(), self.gateway.take()]
             .into_iter()
             .flatten()
         {
-            let mut child = child;
-            kill_group(child.id(), libc::SIGKILL);
-            let _ = child.kill();
-            let _ = child.wait();
+            child.kill();
         }
     }
 }
@@ -227,17 +228,43 @@ struct Session {
     interrupted: Arc<AtomicBool>,
     deadline: Option<Instant>,
     console: Arc<Mutex<Vec<u8>>>,
-    audit: Arc<Mutex<Vec<serde_json::Value>>>,
-    audit_reader: Option<thread::JoinHandle<()>>,
+    qemu_log: Arc<Mutex<Vec<u8>>>,
+    gateway: Option<GatewayHandles>,
     stdout: Vec<u8>,
     stderr: Vec<u8>,
     accel: qemu::Accel,
     image_built: bool,
-    has_gateway: bool,
+    /// The run dir (policy, CA); the gateway's helper removes it too.
+    run_dir: Option<RunDir>,
+    /// The isolation layers of both jails, for `--json`.
+    isolation: serde_json::Value,
 }
 
+/// The launcher's side of the gateway: its audit lines, log and readiness.
+struct GatewayHandles {
+    audit: Arc<Mutex<Vec<serde_json::Value>>>,
+    audit_reader: Option<thread::JoinHandle<()>>,
+    log: Arc<Mutex<Vec<u8>>>,
+    ready: Receiver<()>,
+    /// Where the gateway writes the sandbox CA (when it supports `--ca-out`).
+    ca_out: Option<PathBuf>,
+}
+
+/// A per-run directory, removed (with its contents) when dropped.
+struct RunDir(PathBuf);
+
+impl Drop for RunDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+/// How long to wait for the gateway's "starting" line before giving the
+/// guest its CA (the gateway writes the CA before it starts serving).
+const GATEWAY_READY_WAIT: Duration = Duration::from_secs(30);
+
 impl Session {
-    /// Builds or finds the image, spawns the gateway and QEMU.
+    /// Builds or finds the image, spawns the gateway and QEMU, each jailed.
     fn new(args: &RunArgs, interrupted: Arc<AtomicBool>) -> anyhow::Result<Session> {
         let start = Instant::now();
         let agent = image::find_agent(args.agent.as_deref())?;
@@ -251,46 +278,53 @@ impl Session {
         let qemu_bin = qemu::find_qemu().ok_or_else(|| {
             anyhow!("qemu-system-x86_64 not found: install qemu-system-x86 (scripts/install-deps)")
         })?;
+        let qemu_bin = fs::canonicalize(&qemu_bin)
+            .with_context(|| format!("resolving {}", qemu_bin.display()))?;
         let accel = qemu::choose_accel();
         if args.debug {
             eprintln!("sluice: accelerator {} ({})", accel.name, accel.reason);
         }
+        let iso = Isolation {
+            allow_missing: args.allow_missing_isolation.iter().copied().collect(),
+            helper: None,
+        };
+        let sandbox_id = format!("sluice-{}", std::process::id());
 
         let (net_host, net_guest) = UnixStream::pair().context("socketpair")?;
         let (agent_host, agent_guest) = UnixStream::pair().context("socketpair")?;
         let (console_host, console_guest) = UnixStream::pair().context("socketpair")?;
 
         let mut children = Children::default();
-        let audit = Arc::new(Mutex::new(Vec::new()));
+        let mut run_dir = None;
         let gateway = if args.no_network {
+            // Hold the link open and discard what the guest sends: the
+            // guest sees a cable with nobody on it.
+            thread::spawn(move || {
+                let mut net_host = net_host;
+                let mut sink = [0u8; 65536];
+                while matches!(net_host.read(&mut sink), Ok(n) if n > 0) {}
+            });
             None
         } else {
-            Some(find_gateway(args.gateway.as_deref()).ok_or_else(|| {
+            let gw = find_gateway(args.gateway.as_deref()).ok_or_else(|| {
                 anyhow!(
                     "no sluice-gateway found (--gateway, SLUICE_GATEWAY, or next to sluice); \
                      pass --no-network to run without a network"
                 )
-            })?)
+            })?;
+            let dir = make_run_dir(&sandbox_id)?;
+            let (sidecar, handles) = spawn_gateway(
+                &gw,
+                args,
+                &dir.0,
+                &sandbox_id,
+                OwnedFd::from(net_host),
+                &iso,
+            )?;
+            run_dir = Some(dir);
+            children.gateway = Some(sidecar);
+            Some(handles)
         };
-        let mut audit_reader = None;
-        let has_gateway = gateway.is_some();
-        match gateway {
-            Some(gw) => {
-                let (child, reader) =
-                    spawn_gateway(&gw, args, OwnedFd::from(net_host), Arc::clone(&audit))?;
-                children.gateway = Some(child);
-                audit_reader = Some(reader);
-            }
-            None => {
-                // Hold the link open and discard what the guest sends: the
-                // guest sees a cable with nobody on it.
-                thread::spawn(move || {
-                    let mut net_host = net_host;
-                    let mut sink = [0u8; 65536];
-                    while matches!(net_host.read(&mut sink), Ok(n) if n > 0) {}
-                });
-            }
-        }
 
         let cfg = VmConfig {
             qemu: qemu_bin,
@@ -304,29 +338,42 @@ impl Session {
         let net_guest = OwnedFd::from(net_guest);
         let agent_guest = OwnedFd::from(agent_guest);
         let console_guest = OwnedFd::from(console_guest);
-        let mut cmd = qemu::command(&cfg);
-        cmd.stdin(Stdio::null()).stdout(Stdio::null());
-        cmd.stderr(Stdio::inherit());
-        let qemu_child = spawn_child(
-            &mut cmd,
-            &[
-                Inherit {
-                    fd: &net_guest,
-                    at: NET_FD,
-                },
-                Inherit {
-                    fd: &agent_guest,
-                    at: AGENT_FD,
-                },
-                Inherit {
-                    fd: &console_guest,
-                    at: CONSOLE_FD,
-                },
-            ],
+        let (qemu_err_read, qemu_err_write) = io::pipe().context("pipe")?;
+        let qemu_log = Arc::new(Mutex::new(Vec::new()));
+        spawn_log_reader(
+            qemu_err_read,
+            Arc::clone(&qemu_log),
+            args.debug,
+            "qemu",
+            None,
+        );
+        let fd = |f: &dyn AsRawFd, child| FdMap {
+            parent: f.as_raw_fd(),
+            child,
+        };
+        let spec = qemu_spec(
+            &QemuJail {
+                name: format!("{sandbox_id}-qemu"),
+                qemu: &cfg.qemu,
+                args: qemu::args(&cfg),
+                files: vec![cfg.kernel.clone(), cfg.initrd.clone()],
+                accel: accel.name,
+                memory_mib: args.memory,
+                cpus: args.cpus,
+                fds: vec![
+                    fd(&qemu_err_write, 2),
+                    fd(&net_guest, NET_FD),
+                    fd(&agent_guest, AGENT_FD),
+                    fd(&console_guest, CONSOLE_FD),
+                ],
+                sandbox_id: sandbox_id.clone(),
+            },
+            &iso,
         )
-        .context("starting QEMU")?;
+        .context("QEMU's jail")?;
+        let qemu_child = Sidecar::spawn("QEMU", &spec).context("starting QEMU in its jail")?;
         children.qemu = Some(qemu_child);
-        drop((net_guest, agent_guest, console_guest));
+        drop((net_guest, agent_guest, console_guest, qemu_err_write));
         let qemu_started = Instant::now();
         let deadline = args
             .timeout
@@ -367,20 +414,74 @@ impl Session {
                 first_output: None,
                 exited: None,
             },
-            children,
             writer: Arc::new(Mutex::new(agent_host)),
             events,
             interrupted,
             deadline,
             console,
-            audit,
-            audit_reader,
+            qemu_log,
+            gateway,
             stdout: Vec::new(),
             stderr: Vec::new(),
             accel,
             image_built: image.built,
-            has_gateway,
+            isolation: isolation_summary(&children),
+            children,
+            run_dir,
         })
+    }
+
+    /// Gives the guest the sandbox CA when the gateway wrote one: waits for
+    /// the gateway to be ready (it writes the CA before serving), then sends
+    /// `InstallCa`. No file means the policy inspects nothing: no CA.
+    fn install_ca(&self) -> Result<bool, Stop> {
+        let Some(gw) = &self.gateway else {
+            return Ok(false);
+        };
+        let Some(ca) = &gw.ca_out else {
+            return Ok(false);
+        };
+        let until = Instant::now() + GATEWAY_READY_WAIT;
+        loop {
+            if self.interrupted.load(Ordering::Relaxed) {
+                return Err(Stop::Interrupted);
+            }
+            match gw.ready.recv_timeout(Duration::from_millis(100)) {
+                Ok(()) => break,
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(Stop::Failed(anyhow!(
+                        "the gateway exited before it was ready{}",
+                        log_tail(&gw.log)
+                    )));
+                }
+                Err(RecvTimeoutError::Timeout) if Instant::now() < until => {}
+                Err(RecvTimeoutError::Timeout) => {
+                    return Err(Stop::Failed(anyhow!(
+                        "the gateway was not ready after {GATEWAY_READY_WAIT:?}{}",
+                        log_tail(&gw.log)
+                    )));
+                }
+            }
+        }
+        let pem = match fs::read(ca) {
+            Ok(pem) => pem,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => {
+                return Err(Stop::Failed(anyhow!(
+                    "reading the sandbox CA {}: {e}",
+                    ca.display()
+                )));
+            }
+        };
+        if pem.len() > MAX_CA_PEM {
+            return Err(Stop::Failed(anyhow!(
+                "the sandbox CA {} is larger than {MAX_CA_PEM} bytes",
+                ca.display()
+            )));
+        }
+        self.send(&Message::InstallCa { pem })?;
+        self.ack("installing the sandbox CA in the guest")?;
+        Ok(true)
     }
 
     fn send(&self, msg: &Message) -> anyhow::Result<()> {
@@ -404,6 +505,16 @@ impl Session {
                     return Err(Stop::Timeout);
                 }
                 wait = wait.min(left);
+            }
+            // Without its gateway the guest would wait for a network that
+            // is gone: fail with the gateway's last words instead.
+            if let (Some(gw), Some(g)) = (self.children.gateway.as_ref(), &self.gateway)
+                && gw.has_exited()
+            {
+                return Err(Stop::Failed(anyhow!(
+                    "the gateway exited while the VM was running{}",
+                    log_tail(&g.log)
+                )));
             }
             match self.events.recv_timeout(wait) {
                 Ok(Event::Msg(Message::Error { message })) => {
@@ -446,6 +557,7 @@ impl Session {
         }
         self.timings.hello = Some(Instant::now());
         self.send(&Message::Hello { version: VERSION })?;
+        self.install_ca()?;
 
         for spec in &args.copy_in {
             let (host, guest) = spec
@@ -625,10 +737,19 @@ impl Session {
     /// exit status.
     fn report(mut self, args: &RunArgs, outcome: Result<ExitStatus, Stop>) -> i32 {
         let end = Instant::now();
-        // The gateway is gone: its audit pipe ends.
-        if let Some(r) = self.audit_reader.take() {
-            let _ = r.join();
-        }
+        // Both sidecars are gone (killed by the caller, waited for here):
+        // the audit pipe has ended.
+        self.children.kill_all();
+        let audit = match self.gateway.as_mut() {
+            Some(g) => {
+                if let Some(r) = g.audit_reader.take() {
+                    let _ = r.join();
+                }
+                g.audit.lock().map(|a| a.clone()).unwrap_or_default()
+            }
+            None => Vec::new(),
+        };
+        drop(self.run_dir.take());
         let (code, status, error) = match &outcome {
             Ok(s) => (s.shell_code(), "exited", None),
             Err(Stop::Timeout) => (
@@ -653,18 +774,32 @@ impl Session {
                 for l in tail.iter().rev() {
                     eprintln!("  {l}");
                 }
+                let qemu = log_tail(&self.qemu_log);
+                if !qemu.is_empty() {
+                    eprintln!("sluice: QEMU said{qemu}");
+                }
             }
         }
         if args.json {
             let t = &self.timings;
-            let audit = self.audit.lock().map(|a| a.clone()).unwrap_or_default();
-            // Audit lines are counted by "event:outcome" (e.g. "dns:forwarded",
-            // "tcp:denied"), whatever the gateway's record carries.
-            let mut by_outcome: BTreeMap<String, u64> = BTreeMap::new();
+            // Schema-1 audit records (docs/audit.md) counted by "kind:reason"
+            // (e.g. "dns:dns_answered", "connection:ip_not_resolved_for_name");
+            // `denied` counts decision deny, summaries adding what they suppressed.
+            let mut by_reason: BTreeMap<String, u64> = BTreeMap::new();
+            let mut denied: u64 = 0;
             for rec in &audit {
                 let field = |k: &str| rec.get(k).and_then(|v| v.as_str()).unwrap_or("-");
-                let key = format!("{}:{}", field("event"), field("outcome"));
-                *by_outcome.entry(key).or_default() += 1;
+                let key = format!("{}:{}", field("kind"), field("reason"));
+                *by_reason.entry(key).or_default() += 1;
+                if field("decision") == "deny" {
+                    denied += 1;
+                }
+                if let Some(list) = rec.get("suppressed").and_then(|v| v.as_array()) {
+                    denied += list
+                        .iter()
+                        .filter_map(|s| s.get("count").and_then(|c| c.as_u64()))
+                        .sum::<u64>();
+                }
             }
             let signal = match outcome {
                 Ok(ExitStatus::Signal(s)) => Some(s),
@@ -686,12 +821,13 @@ impl Session {
                 },
                 "accelerator": self.accel.name,
                 "image_built": self.image_built,
-                "network": if self.has_gateway { "sluice-gateway" } else { "none" },
+                "network": if self.gateway.is_some() { "sluice-gateway" } else { "none" },
                 "audit": {
                     "records": audit.len(),
-                    "by_outcome": by_outcome,
+                    "denied": denied,
+                    "by_reason": by_reason,
                 },
-                "isolation": crate::doctor::layers_summary(),
+                "isolation": self.isolation,
             });
             let _ = writeln!(io::stdout(), "{result}");
         }
@@ -747,102 +883,302 @@ fn find_gateway(explicit: Option<&Path>) -> Option<PathBuf> {
     p.is_file().then_some(p)
 }
 
-/// Spawns `sluice-gateway --fd 3` on the host end of the network
-/// socketpair. The policy is `--policy FILE`, or an inline policy in a memfd
-/// handed over as `/dev/fd/4`. Audit lines go to `--audit PATH` when given,
-/// else to the gateway's stdout, which is read here for the summary.
+/// The isolation actually applied, for `--json`: every jail layer of QEMU
+/// and of the gateway (on/off and why), QEMU's own `-sandbox`, and the
+/// gateway's self-restriction. `jail_active` is true when every process the
+/// launcher started runs jailed.
+fn isolation_summary(children: &Children) -> serde_json::Value {
+    let layers = |s: Option<&Sidecar>| -> serde_json::Value {
+        s.map_or(serde_json::Value::Null, |s| {
+            s.layers()
+                .iter()
+                .map(|l| {
+                    (
+                        l.name.clone(),
+                        serde_json::json!({"on": l.available, "reason": l.reason}),
+                    )
+                })
+                .collect::<serde_json::Map<_, _>>()
+                .into()
+        })
+    };
+    serde_json::json!({
+        "jail_active": children.qemu.is_some(),
+        "qemu_pid": children.qemu.as_ref().map(Sidecar::pid),
+        "gateway_pid": children.gateway.as_ref().map(Sidecar::pid),
+        "qemu": layers(children.qemu.as_ref()),
+        "gateway": layers(children.gateway.as_ref()),
+        "qemu_sandbox": "on: -sandbox on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
+        "gateway_self_restrict": if children.gateway.is_some() {
+            "on: seccomp (no exec, no new processes) and Landlock (no writes, reads only the policy), before its threads start"
+        } else {
+            "off: no gateway (--no-network)"
+        },
+    })
+}
+
+fn parse_layer(name: &str) -> Result<Layer, String> {
+    Layer::ALL
+        .into_iter()
+        .find(|l| l.name() == name)
+        .ok_or_else(|| {
+            let names: Vec<&str> = Layer::ALL.iter().map(|l| l.name()).collect();
+            format!("unknown layer {name:?}; one of {}", names.join(", "))
+        })
+}
+
+/// The largest CA PEM handed to the guest.
+const MAX_CA_PEM: usize = 64 * 1024;
+/// How much of QEMU's and the gateway's stderr is kept for error messages.
+const LOG_KEEP: usize = 16 * 1024;
+
+/// The last lines of a kept log, as `":\n  line\n  line"`, or "".
+fn log_tail(log: &Mutex<Vec<u8>>) -> String {
+    let log = log.lock().map(|l| l.clone()).unwrap_or_default();
+    let text = String::from_utf8_lossy(&log);
+    let lines: Vec<&str> = text.lines().rev().take(15).collect();
+    if lines.is_empty() {
+        return String::new();
+    }
+    let mut out = String::from(":");
+    for l in lines.iter().rev() {
+        out.push_str("\n  ");
+        out.push_str(l);
+    }
+    out
+}
+
+/// Reads a child's stderr: keeps the tail, echoes it under `--debug`, and
+/// signals `ready` once a line contains `ready_line` (the sender is dropped
+/// when the stream ends).
+fn spawn_log_reader(
+    stream: io::PipeReader,
+    keep: Arc<Mutex<Vec<u8>>>,
+    debug: bool,
+    who: &'static str,
+    ready: Option<(&'static str, mpsc::Sender<()>)>,
+) {
+    thread::spawn(move || {
+        let mut lines = io::BufReader::new(stream);
+        let mut line = Vec::new();
+        let mut ready = ready;
+        while matches!(io::BufRead::read_until(&mut lines, b'\n', &mut line), Ok(n) if n > 0) {
+            if debug {
+                eprint!("sluice: {who}: {}", String::from_utf8_lossy(&line));
+            }
+            if let Some((needle, tx)) = &ready
+                && line.windows(needle.len()).any(|w| w == needle.as_bytes())
+            {
+                let _ = tx.send(());
+                // Keep the sender: dropping it would read as "exited".
+                std::mem::forget(ready.take());
+            }
+            if let Ok(mut k) = keep.lock() {
+                k.extend_from_slice(&line);
+                if k.len() > LOG_KEEP {
+                    let cut = k.len() - LOG_KEEP;
+                    k.drain(..cut);
+                }
+            }
+            line.clear();
+        }
+    });
+}
+
+/// Creates the run dir `<tmp>/<sandbox_id>.run`, owned by the jails'
+/// unprivileged uid (the gateway writes the CA there), mode 0700.
+fn make_run_dir(sandbox_id: &str) -> anyhow::Result<RunDir> {
+    let path = std::env::temp_dir().join(format!("{sandbox_id}.run"));
+    // A previous launcher with this pid died before its helper started.
+    if path.exists() {
+        fs::remove_dir_all(&path).with_context(|| format!("removing stale {}", path.display()))?;
+    }
+    fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&path)
+        .with_context(|| format!("creating {}", path.display()))?;
+    let dir = RunDir(path);
+    std::os::unix::fs::chown(&dir.0, Some(JAIL_UID), Some(JAIL_UID))
+        .with_context(|| format!("chown {}", dir.0.display()))?;
+    Ok(dir)
+}
+
+/// The uid/gid both jails drop to (nobody/nogroup).
+const JAIL_UID: u32 = 65534;
+
+/// Whether this gateway binary has `--ca-out` (engineer "mitm"'s option;
+/// older gateways lack it and would refuse to start with it).
+fn gateway_supports_ca_out(gateway: &Path) -> bool {
+    Command::new(gateway)
+        .arg("--help")
+        .env_clear()
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("--ca-out"))
+}
+
+/// Spawns `sluice-gateway --fd 3` in its jail on the host end of the
+/// network socketpair. The policy is `--policy FILE` (bound read-only into
+/// the jail at its own path) or an inline policy written into the run dir.
+/// Audit lines come on the gateway's stdout: they are summarised here and,
+/// with `--audit PATH`, appended to that file by the launcher (the gateway
+/// itself writes no file but the CA).
 fn spawn_gateway(
     gateway: &Path,
     args: &RunArgs,
+    run_dir: &Path,
+    sandbox_id: &str,
     net: OwnedFd,
-    audit: Arc<Mutex<Vec<serde_json::Value>>>,
-) -> anyhow::Result<(Child, thread::JoinHandle<()>)> {
-    let mut cmd = Command::new(gateway);
-    cmd.args(["--fd", &NET_FD.to_string()]);
-    cmd.args(["--sandbox-id", &format!("sluice-{}", std::process::id())]);
-    let policy_fd = match &args.policy {
+    iso: &Isolation,
+) -> anyhow::Result<(Sidecar, GatewayHandles)> {
+    let gateway =
+        fs::canonicalize(gateway).with_context(|| format!("resolving {}", gateway.display()))?;
+    let mut gw_args: Vec<String> = vec![
+        "--fd".into(),
+        NET_FD.to_string(),
+        "--sandbox-id".into(),
+        sandbox_id.to_owned(),
+    ];
+    let compile = sluice_policy::CompileOptions::default();
+    let (policy_path, compiled) = match &args.policy {
         Some(p) => {
-            cmd.arg("--policy").arg(p);
-            None
+            let p = fs::canonicalize(p).with_context(|| format!("--policy {}", p.display()))?;
+            let compiled = sluice_policy::load_file(&p, &compile)
+                .map_err(|e| anyhow!("invalid policy {}:\n{e}", p.display()))?;
+            (p, compiled)
         }
         None => {
-            let yaml = if args.allow_domain.is_empty() {
-                sluice_policy::DEFAULT_POLICY_YAML.to_owned()
+            let (yaml, compiled) = if args.allow_domain.is_empty() {
+                let compiled = sluice_policy::default_policy(&compile)
+                    .map_err(|e| anyhow!("the default policy: {e}"))?;
+                (sluice_policy::DEFAULT_POLICY_YAML.to_owned(), compiled)
             } else {
                 // Refuse bad names here, with the policy crate's message,
                 // rather than as a gateway start failure.
                 let names: Vec<&str> = args.allow_domain.iter().map(String::as_str).collect();
-                sluice_policy::from_domains(&names, &sluice_policy::CompileOptions::default())
+                let compiled = sluice_policy::from_domains(&names, &compile)
                     .map_err(|e| anyhow!("--allow-domain: {e}"))?;
-                inline_policy(&args.allow_domain)
+                (sluice_policy::allow_domains_yaml(&names), compiled)
             };
-            let fd = rustix::fs::memfd_create("sluice-policy", rustix::fs::MemfdFlags::CLOEXEC)
-                .context("memfd_create")?;
-            let mut f = fs::File::from(fd);
-            f.write_all(yaml.as_bytes())
-                .context("writing the inline policy")?;
-            cmd.args(["--policy", "/dev/fd/4"]);
-            Some(OwnedFd::from(f))
+            let p = run_dir.join("policy.yaml");
+            fs::write(&p, yaml).with_context(|| format!("writing {}", p.display()))?;
+            (p, compiled)
         }
     };
-    match &args.audit {
-        Some(p) => {
-            cmd.arg("--audit").arg(p);
-        }
-        None => {
-            cmd.args(["--audit", "-"]);
+    gw_args.push("--policy".into());
+    gw_args.push(policy_path.to_string_lossy().into_owned());
+    // The policy's resolvers, handed to the gateway explicitly.
+    if let sluice_policy::Upstream::Servers(servers) = compiled.upstream_resolvers() {
+        for s in servers {
+            gw_args.push("--dns-upstream".into());
+            gw_args.push(s.to_string());
         }
     }
+    let ca_out = gateway_supports_ca_out(&gateway).then(|| run_dir.join("ca.pem"));
+    if let Some(ca) = &ca_out {
+        gw_args.push("--ca-out".into());
+        gw_args.push(ca.to_string_lossy().into_owned());
+    }
+    gw_args.extend(["--audit".into(), "-".into()]);
     for p in &args.publish {
-        cmd.args(["--publish", p]);
+        gw_args.push("--publish".into());
+        gw_args.push(p.clone());
     }
-    cmd.args(["--log-format", "human"]);
-    cmd.stdin(Stdio::null()).stdout(Stdio::piped());
-    if args.debug {
-        cmd.stderr(Stdio::inherit());
-    } else {
-        cmd.stderr(Stdio::null());
+    if iso.allow_missing.contains(&Layer::Landlock) {
+        gw_args.push("--allow-missing-landlock".into());
     }
-    let mut inherit = vec![Inherit {
-        fd: &net,
-        at: NET_FD,
-    }];
-    if let Some(fd) = &policy_fd {
-        inherit.push(Inherit { fd, at: 4 });
-    }
-    let mut child = spawn_child(&mut cmd, &inherit)
-        .with_context(|| format!("starting {}", gateway.display()))?;
-    let stdout = child.stdout.take();
+    gw_args.extend(["--log-format".into(), "human".into()]);
+
+    let (audit_read, audit_write) = io::pipe().context("pipe")?;
+    let (log_read, log_write) = io::pipe().context("pipe")?;
+    let spec = gateway_spec(
+        &GatewayJail {
+            name: format!("{sandbox_id}-gateway"),
+            gateway: &gateway,
+            args: gw_args,
+            read: vec![policy_path],
+            run_dir,
+            tcp_bind: args
+                .publish
+                .iter()
+                .filter_map(|p| publish_tcp_host_port(p))
+                .collect(),
+            fds: vec![
+                FdMap {
+                    parent: audit_write.as_raw_fd(),
+                    child: 1,
+                },
+                FdMap {
+                    parent: log_write.as_raw_fd(),
+                    child: 2,
+                },
+                FdMap {
+                    parent: net.as_raw_fd(),
+                    child: NET_FD,
+                },
+            ],
+            sandbox_id: sandbox_id.to_owned(),
+        },
+        iso,
+    )
+    .context("the gateway's jail")?;
+    let sidecar = Sidecar::spawn("the gateway", &spec)
+        .with_context(|| format!("starting {} in its jail", gateway.display()))?;
+    drop((audit_write, log_write, net));
+
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let (ready_tx, ready) = mpsc::channel();
+    spawn_log_reader(
+        log_read,
+        Arc::clone(&log),
+        args.debug,
+        "gateway",
+        Some(("sluice-gateway starting", ready_tx)),
+    );
+    let audit = Arc::new(Mutex::new(Vec::new()));
+    let mut audit_file = match &args.audit {
+        Some(p) => Some(
+            fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(p)
+                .with_context(|| format!("--audit {}", p.display()))?,
+        ),
+        None => None,
+    };
     let debug = args.debug;
-    let reader = thread::spawn(move || {
-        let Some(out) = stdout else { return };
-        let mut lines = io::BufReader::new(out);
+    let keep = Arc::clone(&audit);
+    let audit_reader = thread::spawn(move || {
+        let mut lines = io::BufReader::new(audit_read);
         let mut line = String::new();
         while matches!(io::BufRead::read_line(&mut lines, &mut line), Ok(n) if n > 0) {
             if debug {
-                eprint!("sluice-gateway audit: {line}");
+                eprint!("sluice: gateway audit: {line}");
+            }
+            if let Some(f) = audit_file.as_mut()
+                && let Err(e) = f.write_all(line.as_bytes())
+            {
+                eprintln!("sluice: --audit: {e}; no more lines written there");
+                audit_file = None;
             }
             if let (Ok(v), Ok(mut a)) = (
                 serde_json::from_str::<serde_json::Value>(&line),
-                audit.lock(),
+                keep.lock(),
             ) {
                 a.push(v);
             }
             line.clear();
         }
     });
-    Ok((child, reader))
-}
-
-/// A policy allowing exactly these domains (HTTPS), the same document
-/// `sluice_policy::from_domains` compiles.
-fn inline_policy(domains: &[String]) -> String {
-    let mut y = String::from("version: 1\nid: allow-domain\nlabel: \"--allow-domain\"\nallow:\n");
-    for d in domains {
-        y.push_str(&format!(
-            "  - domain: {}\n",
-            serde_json::Value::String(d.clone())
-        ));
-    }
-    y
+    Ok((
+        sidecar,
+        GatewayHandles {
+            audit,
+            audit_reader: Some(audit_reader),
+            log,
+            ready,
+            ca_out,
+        },
+    ))
 }

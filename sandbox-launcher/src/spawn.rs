@@ -1,82 +1,404 @@
-//! Spawning the sidecar processes (QEMU, the gateway) so that they never
-//! outlive the launcher: each child gets its own process group, is killed by
-//! the kernel when the launcher dies (`PR_SET_PDEATHSIG`), and inherits
-//! exactly the descriptors it is given, at fixed numbers.
+//! The one place where `sluice run` starts processes: QEMU and the gateway,
+//! each in its own jail ([`crate::jail::spawn`]).
 //!
-//! This is the one place that switches to the jail (`crate::jail`) once it
-//! is wired in: [`spawn_child`] is what `run` calls for QEMU and the gateway.
+//! * QEMU: new mount, PID, IPC, UTS and an **empty** network namespace,
+//!   `pivot_root` into a tmpfs holding only its binary, libraries, firmware
+//!   and module dirs, the kernel, the initramfs and `/dev/null`,
+//!   `/dev/urandom` (and `/dev/kvm` under KVM), read-only; uid 65534, no
+//!   capabilities, `no_new_privs`, rlimits, our seccomp filter (QEMU
+//!   profile) plus QEMU's own `-sandbox`, Landlock (no TCP at all), cgroup
+//!   memory/pids/cpu limits, only its socketpairs as fds.
+//! * The gateway: the same jail but in the **host's** network namespace (it
+//!   must reach the internet), Landlock without a TCP connect restriction,
+//!   and a filesystem view of its binary, libraries, the policy, the
+//!   resolver configuration, its own `/proc/net` (host addresses for the
+//!   platform deny set) and the run dir (the only writable path, for the
+//!   CA). Once started, it restricts itself further
+//!   (`sluice_confine::gateway_self_restrict`: no exec, no new processes, no
+//!   writes).
+//!
+//! Each child runs under a supervising helper that kills it and removes its
+//! cgroups, jail dir and run dir when the child exits, when the
+//! [`Sidecar`] is dropped or killed, or when the launcher dies (even by
+//! SIGKILL: the helper's lifeline pipe closes).
 
-#![allow(unsafe_code)]
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::thread;
+use std::time::Duration;
 
-use std::io;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::os::unix::process::CommandExt;
-use std::process::{Child, Command};
+use crate::jail::{
+    self, CgroupLimits, FdMap, JailError, JailExit, JailSpec, KillHandle, LandlockRules, Layer,
+    LayerStatus, Namespaces, NetNamespace, Rlimits, SeccompProfile,
+};
 
-/// A descriptor handed to a child at a fixed number.
-pub(crate) struct Inherit<'a> {
-    /// The parent's descriptor (close-on-exec in the parent).
-    pub(crate) fd: &'a OwnedFd,
-    /// The number it gets in the child (3 and up).
-    pub(crate) at: RawFd,
+/// A jailed child of the launcher. Dropping it kills the child and blocks
+/// until its helper has removed everything it made.
+#[derive(Debug)]
+pub(crate) struct Sidecar {
+    /// What it is, for messages ("QEMU", "the gateway").
+    what: &'static str,
+    /// The child's pid in the launcher's PID namespace.
+    pid: u32,
+    /// Every jail layer: applied or not, and why.
+    layers: Vec<LayerStatus>,
+    kill: Option<KillHandle>,
+    exit_rx: Receiver<Result<JailExit, JailError>>,
+    exit: Option<JailExit>,
+    /// Set by the waiter thread once the helper reported the exit.
+    ended: Arc<AtomicBool>,
+    waiter: Option<thread::JoinHandle<()>>,
 }
 
-/// Spawns `cmd` in its own process group with a parent-death SIGKILL and the
-/// given descriptors placed at their numbers (every other descriptor of the
-/// launcher is close-on-exec, as std and our socketpairs create them).
-pub(crate) fn spawn_child(cmd: &mut Command, inherit: &[Inherit<'_>]) -> io::Result<Child> {
-    let parent = std::process::id();
-    let fds: Vec<(RawFd, RawFd)> = inherit.iter().map(|i| (i.fd.as_raw_fd(), i.at)).collect();
-    if fds.len() > 16 {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "too many inherited fds",
-        ));
-    }
-    cmd.process_group(0);
-    // SAFETY: the closure runs in the forked child before exec and calls only
-    // async-signal-safe functions (prctl, getppid, fcntl, dup2, _exit) on
-    // plain integers; it allocates nothing (`fds` was built before the fork).
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            // The launcher may have died before prctl: then nobody kills us.
-            if u32::try_from(libc::getppid()).ok() != Some(parent) {
-                libc::_exit(125);
-            }
-            // First move every source above the target range so that a
-            // source numbered like another target is not overwritten.
-            let mut moved = [0 as RawFd; 16];
-            for (slot, (src, _)) in moved.iter_mut().zip(&fds) {
-                let high = libc::fcntl(*src, libc::F_DUPFD_CLOEXEC, 64);
-                if high < 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                *slot = high;
-            }
-            for (high, (_, at)) in moved.iter().zip(&fds) {
-                // dup2 clears close-on-exec on the new descriptor.
-                if libc::dup2(*high, *at) < 0 {
-                    return Err(io::Error::last_os_error());
-                }
-            }
-            Ok(())
+impl Sidecar {
+    /// Starts `spec` in its jail.
+    pub(crate) fn spawn(what: &'static str, spec: &JailSpec) -> Result<Self, JailError> {
+        let mut jailed = jail::spawn(spec)?;
+        let kill = jailed.kill_handle();
+        let (tx, exit_rx) = mpsc::channel();
+        let pid = jailed.pid;
+        let layers = jailed.layers.clone();
+        let ended = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&ended);
+        let waiter = thread::spawn(move || {
+            let r = jailed.wait();
+            flag.store(true, Ordering::Release);
+            let _ = tx.send(r);
         });
+        Ok(Self {
+            what,
+            pid,
+            layers,
+            kill,
+            exit_rx,
+            exit: None,
+            ended,
+            waiter: Some(waiter),
+        })
     }
-    cmd.spawn()
+
+    /// The child's pid.
+    pub(crate) fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// The jail layers, as the helper applied them.
+    pub(crate) fn layers(&self) -> &[LayerStatus] {
+        &self.layers
+    }
+
+    /// Waits up to `grace` for the child to end by itself; `None` if it
+    /// still runs.
+    pub(crate) fn wait_timeout(&mut self, grace: Duration) -> Option<JailExit> {
+        if self.exit.is_none() {
+            match self.exit_rx.recv_timeout(grace) {
+                Ok(r) => self.record(r),
+                Err(RecvTimeoutError::Timeout) => return None,
+                Err(RecvTimeoutError::Disconnected) => self.record(Err(JailError::Channel(
+                    "the waiter thread ended".to_owned(),
+                ))),
+            }
+        }
+        self.exit
+    }
+
+    /// Whether the child has ended (without waiting).
+    pub(crate) fn has_exited(&self) -> bool {
+        self.exit.is_some() || self.ended.load(Ordering::Acquire)
+    }
+
+    fn record(&mut self, r: Result<JailExit, JailError>) {
+        self.exit = Some(match r {
+            Ok(exit) => exit,
+            Err(e) => {
+                eprintln!("sluice: {}: {e}", self.what);
+                JailExit::Signal(libc::SIGKILL)
+            }
+        });
+        if let Some(w) = self.waiter.take() {
+            let _ = w.join();
+        }
+    }
+
+    /// Kills the child (SIGKILL to its PID namespace) and waits until its
+    /// helper has cleaned up.
+    pub(crate) fn kill(&mut self) {
+        if let Some(k) = self.kill.take() {
+            k.kill();
+        }
+        if self.exit.is_none() {
+            let r = self
+                .exit_rx
+                .recv()
+                .unwrap_or_else(|_| Err(JailError::Channel("the waiter thread ended".to_owned())));
+            self.record(r);
+        }
+    }
 }
 
-/// Sends `signal` to the process group led by `pid` (our children lead
-/// their own groups), ignoring groups that are already gone.
-pub(crate) fn kill_group(pid: u32, signal: i32) {
-    let Ok(pid) = libc::pid_t::try_from(pid) else {
-        return;
+impl Drop for Sidecar {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Host limits and isolation choices shared by both jails.
+#[derive(Debug, Clone)]
+pub(crate) struct Isolation {
+    /// Layers the user allowed to be missing (`--allow-missing-isolation`).
+    pub(crate) allow_missing: BTreeSet<Layer>,
+    /// The helper binary: `None` = this executable (`sluice`).
+    pub(crate) helper: Option<PathBuf>,
+}
+
+/// What goes into QEMU's jail.
+#[derive(Debug)]
+pub(crate) struct QemuJail<'a> {
+    /// The jail's name (cgroups, jail dir).
+    pub(crate) name: String,
+    /// The QEMU binary (absolute).
+    pub(crate) qemu: &'a Path,
+    /// QEMU's arguments.
+    pub(crate) args: Vec<String>,
+    /// Files QEMU opens by path: the kernel, the initramfs.
+    pub(crate) files: Vec<PathBuf>,
+    /// `kvm` or `tcg`.
+    pub(crate) accel: &'static str,
+    /// Guest memory in MiB (the memory limit adds QEMU's own overhead).
+    pub(crate) memory_mib: u32,
+    /// Guest vCPUs (the CPU quota is one CPU per vCPU plus one for I/O).
+    pub(crate) cpus: u32,
+    /// Descriptors: (launcher fd, number in QEMU).
+    pub(crate) fds: Vec<FdMap>,
+    /// Shown in QEMU's environment, to find it with `ps e`.
+    pub(crate) sandbox_id: String,
+}
+
+/// QEMU's own memory beyond the guest's: device state, libraries, and
+/// under TCG the translation cache (bounded by `tb-size` in `qemu.rs`).
+const QEMU_OVERHEAD_MIB: u64 = 256;
+
+/// Directories QEMU reads firmware and loadable modules from (the TCG
+/// accelerator is a module it `dlopen`s).
+const QEMU_DATA_DIRS: [&str; 3] = [
+    "/usr/share/qemu",
+    "/usr/share/seabios",
+    "/usr/lib/x86_64-linux-gnu/qemu",
+];
+
+/// The jail spec for QEMU.
+pub(crate) fn qemu_spec(q: &QemuJail<'_>, iso: &Isolation) -> Result<JailSpec, JailError> {
+    let mut spec = JailSpec::new(q.name.clone(), q.qemu);
+    spec.args.clone_from(&q.args);
+    spec.env = vec![("SLUICE_SANDBOX_ID".to_owned(), q.sandbox_id.clone())];
+    spec.ro_paths = jail::library_deps(q.qemu)?;
+    spec.ro_paths.extend(
+        QEMU_DATA_DIRS
+            .iter()
+            .map(PathBuf::from)
+            .filter(|p| p.exists()),
+    );
+    spec.ro_paths
+        .extend(["/dev/null", "/dev/urandom"].map(PathBuf::from));
+    if q.accel == "kvm" {
+        spec.ro_paths.push(PathBuf::from("/dev/kvm"));
+    }
+    spec.ro_paths.extend(q.files.iter().cloned());
+    let tcg_cache = if q.accel == "tcg" {
+        crate::qemu::TCG_TB_MIB
+    } else {
+        0
     };
-    // SAFETY: kill has no memory effects; a negative pid names the group we
-    // created with process_group(0) for this child.
-    unsafe {
-        libc::kill(-pid, signal);
+    spec.cgroup = CgroupLimits {
+        memory_bytes: Some(
+            (u64::from(q.memory_mib) + QEMU_OVERHEAD_MIB + tcg_cache).saturating_mul(1 << 20),
+        ),
+        // Main loop, RCU, vCPUs, and QEMU's worker pool (up to 64).
+        pids: Some(96 + u64::from(q.cpus)),
+        cpu_millis: Some((u64::from(q.cpus) + 1).saturating_mul(1000)),
+    };
+    spec.rlimits = Rlimits::default();
+    spec.seccomp = SeccompProfile::Qemu;
+    spec.landlock = Some(LandlockRules {
+        tcp_connect: Some(Vec::new()),
+        ..LandlockRules::default()
+    });
+    spec.fds.clone_from(&q.fds);
+    spec.allow_missing.clone_from(&iso.allow_missing);
+    spec.helper.clone_from(&iso.helper);
+    Ok(spec)
+}
+
+/// What goes into the gateway's jail.
+#[derive(Debug)]
+pub(crate) struct GatewayJail<'a> {
+    /// The jail's name.
+    pub(crate) name: String,
+    /// The gateway binary (absolute).
+    pub(crate) gateway: &'a Path,
+    /// Its arguments.
+    pub(crate) args: Vec<String>,
+    /// Files it reads by path (the policy file).
+    pub(crate) read: Vec<PathBuf>,
+    /// The run dir: writable (the CA), removed when the gateway ends.
+    pub(crate) run_dir: &'a Path,
+    /// TCP ports it binds on the host (`--publish`).
+    pub(crate) tcp_bind: Vec<u16>,
+    /// Descriptors: (launcher fd, number in the gateway).
+    pub(crate) fds: Vec<FdMap>,
+    /// Shown in its environment.
+    pub(crate) sandbox_id: String,
+}
+
+/// Resolver configuration the gateway reads when the policy names no
+/// upstream (`config::host_resolvers`).
+const RESOLV_CONF: [&str; 2] = ["/etc/resolv.conf", "/run/systemd/resolve/resolv.conf"];
+
+/// The jail spec for the gateway.
+pub(crate) fn gateway_spec(g: &GatewayJail<'_>, iso: &Isolation) -> Result<JailSpec, JailError> {
+    let mut spec = JailSpec::new(g.name.clone(), g.gateway);
+    spec.args.clone_from(&g.args);
+    spec.env = vec![
+        ("SLUICE_SANDBOX_ID".to_owned(), g.sandbox_id.clone()),
+        ("RUST_LOG".to_owned(), "info".to_owned()),
+        // Its log goes through a pipe to the launcher: plain text.
+        ("NO_COLOR".to_owned(), "1".to_owned()),
+    ];
+    spec.namespaces = Namespaces {
+        net: NetNamespace::Inherit,
+        ..Namespaces::default()
+    };
+    spec.ro_paths = jail::library_deps(g.gateway)?;
+    spec.ro_paths
+        .extend(["/dev/null", "/dev/urandom"].map(PathBuf::from));
+    spec.ro_paths
+        .extend(RESOLV_CONF.iter().map(PathBuf::from).filter(|p| p.exists()));
+    // The host's addresses (platform deny set) come from /proc/net/*; the
+    // bind resolves /proc/net -> /proc/self/net in the jail's child, which
+    // becomes the gateway (same process after exec).
+    spec.ro_paths.push(PathBuf::from("/proc/net"));
+    spec.ro_paths.extend(g.read.iter().cloned());
+    spec.rw_paths = vec![g.run_dir.to_path_buf()];
+    spec.remove_after = vec![g.run_dir.to_path_buf()];
+    spec.cgroup = CgroupLimits {
+        // Bounded flow table (4096 flows) with smoltcp buffers: ~300 MB
+        // measured at 1000 flows; 1 GiB leaves room.
+        memory_bytes: Some(1 << 30),
+        pids: Some(32),
+        cpu_millis: Some(1000),
+    };
+    spec.rlimits = Rlimits {
+        // Two sockets per flow, up to 4096 flows, plus listeners.
+        nofile: Some(16_384),
+        ..Rlimits::default()
+    };
+    // The jail's filter must let it exec the gateway; the gateway installs
+    // the stricter Gateway profile itself.
+    spec.seccomp = SeccompProfile::Qemu;
+    spec.landlock = Some(LandlockRules {
+        tcp_bind: g.tcp_bind.clone(),
+        tcp_connect: None,
+        ..LandlockRules::default()
+    });
+    spec.fds.clone_from(&g.fds);
+    spec.allow_missing.clone_from(&iso.allow_missing);
+    spec.helper.clone_from(&iso.helper);
+    Ok(spec)
+}
+
+/// The host TCP port of a `--publish` spec
+/// (`[HOST_ADDR:]HOST_PORT:GUEST_PORT[/tcp|/udp]`); `None` for UDP or a spec
+/// the gateway will refuse anyway.
+pub(crate) fn publish_tcp_host_port(spec: &str) -> Option<u16> {
+    let (ports, proto) = match spec.rsplit_once('/') {
+        Some((p, proto)) => (p, proto),
+        None => (spec, "tcp"),
+    };
+    if proto != "tcp" {
+        return None;
+    }
+    let mut parts = ports.rsplitn(3, ':');
+    let _guest = parts.next()?;
+    parts.next()?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn publish_host_ports() {
+        assert_eq!(publish_tcp_host_port("8080:80"), Some(8080));
+        assert_eq!(publish_tcp_host_port("127.0.0.1:8080:80/tcp"), Some(8080));
+        assert_eq!(publish_tcp_host_port("[::1]:9000:80"), Some(9000));
+        assert_eq!(publish_tcp_host_port("5353:53/udp"), None);
+        assert_eq!(publish_tcp_host_port("80"), None);
+        assert_eq!(publish_tcp_host_port("x:80"), None);
+    }
+
+    fn iso() -> Isolation {
+        Isolation {
+            allow_missing: BTreeSet::new(),
+            helper: None,
+        }
+    }
+
+    #[test]
+    fn qemu_jail_has_an_empty_netns_and_limits_sized_from_the_vm() {
+        let q = QemuJail {
+            name: "la-q".to_owned(),
+            qemu: Path::new("/bin/sh"),
+            args: vec!["-M".to_owned(), "microvm".to_owned()],
+            files: vec![PathBuf::from("/etc/hostname")],
+            accel: "tcg",
+            memory_mib: 256,
+            cpus: 2,
+            fds: vec![FdMap {
+                parent: 7,
+                child: 3,
+            }],
+            sandbox_id: "sluice-1".to_owned(),
+        };
+        let spec = qemu_spec(&q, &iso()).unwrap();
+        assert_eq!(spec.namespaces.net, NetNamespace::NewEmpty);
+        assert!(spec.ro_paths.contains(&PathBuf::from("/etc/hostname")));
+        assert!(spec.ro_paths.contains(&PathBuf::from("/dev/urandom")));
+        assert!(!spec.ro_paths.contains(&PathBuf::from("/dev/kvm")));
+        assert!(spec.rw_paths.is_empty());
+        let mib = spec.cgroup.memory_bytes.unwrap() >> 20;
+        assert_eq!(mib, 256 + QEMU_OVERHEAD_MIB + crate::qemu::TCG_TB_MIB);
+        assert_eq!(spec.cgroup.cpu_millis, Some(3000));
+        assert_eq!(spec.uid, 65534);
+        assert_eq!(spec.seccomp, SeccompProfile::Qemu);
+        assert_eq!(
+            spec.landlock.as_ref().unwrap().tcp_connect,
+            Some(Vec::new())
+        );
+    }
+
+    #[test]
+    fn gateway_jail_keeps_the_host_network_and_only_the_run_dir_writable() {
+        let g = GatewayJail {
+            name: "la-g".to_owned(),
+            gateway: Path::new("/bin/sh"),
+            args: Vec::new(),
+            read: vec![PathBuf::from("/etc/hostname")],
+            run_dir: Path::new("/tmp/la-run"),
+            tcp_bind: vec![8080],
+            fds: Vec::new(),
+            sandbox_id: "sluice-1".to_owned(),
+        };
+        let spec = gateway_spec(&g, &iso()).unwrap();
+        assert_eq!(spec.namespaces.net, NetNamespace::Inherit);
+        assert!(spec.namespaces.mount && spec.namespaces.pid);
+        assert_eq!(spec.rw_paths, vec![PathBuf::from("/tmp/la-run")]);
+        assert_eq!(spec.remove_after, vec![PathBuf::from("/tmp/la-run")]);
+        let ll = spec.landlock.as_ref().unwrap();
+        assert_eq!(ll.tcp_connect, None);
+        assert_eq!(ll.tcp_bind, vec![8080]);
+        assert!(spec.ro_paths.contains(&PathBuf::from("/proc/net")));
     }
 }

@@ -300,7 +300,7 @@ fn the_guest_network_is_a_sluice_gateway() {
         "no default route: {stdout}"
     );
     assert_eq!(v["network"], "sluice-gateway");
-    let dns = v["audit"]["by_outcome"]
+    let dns = v["audit"]["by_reason"]
         .as_object()
         .unwrap()
         .iter()

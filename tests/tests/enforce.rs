@@ -18,13 +18,17 @@ allow:
 internal:
   - "198.51.100.0/24"
   - "203.0.113.0/24"
+dns:
+  ttl_min: 600
+  ttl_max: 3600
 "#;
 
-/// The audit log's JSON lines.
+/// The audit log's JSON lines (each must be a schema-1 record).
 fn audit_lines(w: &World) -> Vec<serde_json::Value> {
     std::fs::read_to_string(w.audit_path())
         .unwrap_or_default()
         .lines()
+        .filter(|l| sluice_policy::audit::AuditRecord::from_json(l).is_ok())
         .filter_map(|l| serde_json::from_str(l).ok())
         .collect()
 }
@@ -86,25 +90,25 @@ fn policy_allows_by_name_and_denies_the_rest() -> Result<()> {
 
     // The audit log names the reasons.
     let audit = audit_lines(&w);
-    let has = |event: &str, reason: &str| {
+    let has = |kind: &str, reason: &str| {
         audit
             .iter()
-            .any(|l| l["event"] == event && l["reason"] == reason)
+            .any(|l| l["kind"] == kind && l["reason"] == reason && l["decision"] == "deny")
     };
     ensure!(
-        audit.iter().any(|l| l["event"] == "dns"
+        audit.iter().any(|l| l["kind"] == "dns"
             && l["qname"] == ORIGIN2_NAME
-            && l["outcome"] == "denied"
+            && l["rcode"] == "REFUSED"
             && l["reason"] == "not_allowlisted"),
         "no DNS denial in the audit: {audit:?}\n{}",
         w.sidecar_log()
     );
     ensure!(
-        has("flow_deny", "ip_not_resolved_for_name"),
+        has("connection", "ip_not_resolved_for_name"),
         "no IP-literal denial in the audit: {audit:?}"
     );
     ensure!(
-        has("flow_deny", "sni_absent"),
+        has("connection", "sni_absent"),
         "no SNI denial in the audit: {audit:?}"
     );
     Ok(())

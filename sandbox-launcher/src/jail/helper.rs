@@ -88,6 +88,8 @@ fn close_stray_fds(spec: &JailSpec) {
 struct Cleanup {
     cgroups: Vec<PathBuf>,
     jail_dir: Option<PathBuf>,
+    /// The caller's [`JailSpec::remove_after`] dirs.
+    remove_after: Vec<PathBuf>,
 }
 
 impl Cleanup {
@@ -95,6 +97,9 @@ impl Cleanup {
         cgroup::remove(&std::mem::take(&mut self.cgroups));
         if let Some(dir) = self.jail_dir.take() {
             let _ = fs::remove_dir(dir);
+        }
+        for dir in std::mem::take(&mut self.remove_after) {
+            let _ = fs::remove_dir_all(dir);
         }
     }
 
@@ -139,6 +144,7 @@ fn supervise(req: &HelperRequest) -> Result<(), String> {
     let mut cleanup = Cleanup {
         cgroups: Vec::new(),
         jail_dir: None,
+        remove_after: spec.remove_after.clone(),
     };
     cleanup.cgroups = cgroup::create(&spec.name, &limits).map_err(|e| format!("cgroups: {e}"))?;
 

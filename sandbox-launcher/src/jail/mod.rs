@@ -224,6 +224,12 @@ pub struct JailSpec {
     pub rw_paths: Vec<PathBuf>,
     /// Where the jail's (empty, host-side) mount point dir is created.
     pub runtime_dir: PathBuf,
+    /// Directories the helper removes, with everything in them, after the
+    /// program has ended (also when the launcher died): per-run files of the
+    /// caller, e.g. a run dir holding the policy and the CA. Absolute, no
+    /// `..`, never `/`.
+    #[serde(default)]
+    pub remove_after: Vec<PathBuf>,
     /// The uid to drop to; must not be 0. Default 65534 (nobody): with the
     /// PID namespace and Landlock's signal scope, jails sharing a uid still
     /// cannot see or signal each other.
@@ -265,6 +271,7 @@ impl JailSpec {
             ro_paths: Vec::new(),
             rw_paths: Vec::new(),
             runtime_dir: std::env::temp_dir(),
+            remove_after: Vec::new(),
             uid: 65534,
             gid: 65534,
             namespaces: Namespaces::default(),
@@ -326,6 +333,17 @@ impl JailSpec {
             if !p.is_absolute() || p.components().any(|c| c == std::path::Component::ParentDir) {
                 return bad(format!(
                     "{} is not an absolute path without ..",
+                    p.display()
+                ));
+            }
+        }
+        for p in &self.remove_after {
+            if !p.is_absolute()
+                || p.parent().is_none()
+                || p.components().any(|c| c == std::path::Component::ParentDir)
+            {
+                return bad(format!(
+                    "remove_after {} is not an absolute path below / without ..",
                     p.display()
                 ));
             }
@@ -540,7 +558,9 @@ pub fn spawn(spec: &JailSpec) -> Result<Jailed, JailError> {
         })?,
     };
     let mut cmd = Command::new(&helper_path);
+    // The jail's name is only there for `ps`: the helper reads its spec.
     cmd.arg(HELPER_ARG)
+        .arg(&spec.name)
         .env_clear()
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -854,6 +874,14 @@ mod tests {
             },
             JailSpec {
                 uid: 0,
+                ..ok.clone()
+            },
+            JailSpec {
+                remove_after: vec![PathBuf::from("/")],
+                ..ok.clone()
+            },
+            JailSpec {
+                remove_after: vec![PathBuf::from("/tmp/../etc")],
                 ..ok.clone()
             },
             JailSpec {

@@ -1,0 +1,139 @@
+//! Applying a policy reload on the datapath task: swap, TTL bounds, DNS
+//! table purge, and the re-check of every open TCP flow (see
+//! `crate::reload` for the whole sequence and what is logged).
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use smoltcp::socket::tcp;
+
+use super::{Datapath, FlowState};
+use crate::audit::AuditEvent;
+use crate::decide::DenyReason;
+use crate::enforce::MAX_NAMES_PER_IP;
+use crate::reload::PolicyReload;
+
+impl Datapath {
+    /// Applies one reload attempt (see `crate::reload`).
+    pub(super) fn on_reload(&mut self, reload: PolicyReload) {
+        let trigger = reload.trigger.as_str();
+        let policy = match reload.outcome {
+            Ok(policy) => policy,
+            Err(errors) => {
+                // The old policy stays; nothing else changes.
+                self.audit.record(&AuditEvent::Reload {
+                    applied: false,
+                    trigger,
+                    detail: &errors,
+                });
+                return;
+            }
+        };
+        let previous = reload.decider.swap(Arc::clone(&policy));
+        self.audit.set_policy(Some(Arc::clone(&policy)));
+        let bounds = policy.ttl_bounds();
+        self.dns.set_ttl_bounds(bounds.min, bounds.max);
+        let purged = self
+            .dns
+            .retain_names(|name| policy.check_name(name).is_allowed());
+
+        // Decide every flow under the new policy before touching any.
+        let now = Instant::now();
+        let gateway = IpAddr::V4(self.cfg.gateway_ip);
+        let mut revoked: Vec<(u64, DenyReason)> = Vec::new();
+        for (&id, flow) in &self.flows {
+            if flow.key.src.ip() == gateway {
+                continue; // published (inbound)
+            }
+            let table_names: Vec<&str>;
+            let names: Vec<&str> = match &flow.state {
+                FlowState::Open { .. } => flow.names.iter().map(|n| &**n).collect(),
+                FlowState::InspectConnecting { .. } => {
+                    flow.wire.iter().map(|w| w.as_str()).collect()
+                }
+                FlowState::Connecting { .. } => {
+                    table_names = self
+                        .dns
+                        .names_for(flow.key.dst.ip(), now)
+                        .take(MAX_NAMES_PER_IP)
+                        .collect();
+                    table_names
+                }
+                // Inspection re-decides under the new policy by itself; DNS
+                // to the gateway is not a flow the policy governs.
+                FlowState::Inspecting { .. } | FlowState::DnsTcp { .. } => continue,
+            };
+            if let Err(reason) = reload.decider.recheck_tcp(&flow.key, &names) {
+                revoked.push((id, reason));
+            }
+        }
+
+        let detail = format!(
+            "previous: {}; flows revoked: {}; names purged: {}",
+            previous.version_hash(),
+            revoked.len(),
+            purged
+        );
+        self.audit.record(&AuditEvent::Reload {
+            applied: true,
+            trigger,
+            detail: &detail,
+        });
+
+        // Reset: abort the guest sides, emit the RSTs, then audit and drop.
+        let mut held_syns = Vec::new();
+        for (id, _) in &revoked {
+            let Some(flow) = self.flows.get(id) else {
+                continue;
+            };
+            match &flow.state {
+                FlowState::Open { handle, host, .. } => {
+                    // RST the upstream too rather than a graceful FIN.
+                    let _ = socket2::SockRef::from(host).set_linger(Some(Duration::ZERO));
+                    self.sockets.get_mut::<tcp::Socket<'_>>(*handle).abort();
+                }
+                FlowState::InspectConnecting { handle } => {
+                    self.sockets.get_mut::<tcp::Socket<'_>>(*handle).abort();
+                }
+                FlowState::Connecting { syn } => {
+                    if let (SocketAddr::V4(src), SocketAddr::V4(dst)) = (flow.key.src, flow.key.dst)
+                    {
+                        held_syns.push((syn.clone(), src, dst));
+                    }
+                }
+                FlowState::Inspecting { .. } | FlowState::DnsTcp { .. } => {}
+            }
+        }
+        for (syn, src, dst) in held_syns {
+            let seq = super::syn_seq(&syn);
+            self.rst_syn(&syn, src, dst, seq);
+        }
+        self.egress();
+        for (id, reason) in revoked {
+            if let Some(f) = self.flows.get(&id) {
+                let duration_ms = u64::try_from(f.opened.elapsed().as_millis()).unwrap_or(u64::MAX);
+                self.audit.record(&AuditEvent::Revoked {
+                    flow: id,
+                    proto: "tcp",
+                    src: f.key.src,
+                    dst: f.key.dst,
+                    bytes_up: f.up,
+                    bytes_down: f.down,
+                    duration_ms,
+                    why: reason.as_str(),
+                    wire: f.wire.as_ref(),
+                });
+                self.counters.flows_closed += 1;
+            }
+            // A pending connect's result finds no flow and is dropped.
+            self.remove_flow(id);
+        }
+        tracing::info!(
+            version = policy.version_hash(),
+            previous = previous.version_hash(),
+            purged,
+            "policy swapped"
+        );
+    }
+}

@@ -1,0 +1,425 @@
+//! End-to-end policy reload (issue 4): the gateway started with `--policy`,
+//! the policy file rewritten (in place, by rename, invalid) or SIGHUP sent,
+//! real curl downloads in the namespace guest, the schema-1 audit log
+//! checked for `reload_applied`, `reload_rejected` and `reload_revoked`.
+//! Needs root: run via `scripts/test` (or
+//! `cargo test --release -p sluice-e2e --test reload -- --include-ignored`).
+//!
+//! No timed assertions: every wait polls the audit log (or the guest's
+//! result) under a generous deadline.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail, ensure};
+use sluice_e2e::{ORIGIN_ADDR, ORIGIN_NAME, ORIGIN2_NAME, World, pattern, sha256_hex, wait_until};
+use sluice_policy::audit::AuditRecord;
+
+/// Allows `origin.test` on 80 and 443 (the fake internet's documentation
+/// ranges are opened with `internal:`).
+const POLICY_A: &str = r#"
+version: 1
+id: e2e-reload
+label: "policy A"
+allow:
+  - domain: "origin.test"
+    ports: [80, 443]
+internal:
+  - "198.51.100.0/24"
+  - "203.0.113.0/24"
+"#;
+
+/// Allows only `other.test`: `origin.test` flows are revoked.
+const POLICY_B: &str = r#"
+version: 1
+id: e2e-reload
+label: "policy B"
+allow:
+  - domain: "other.test"
+    ports: [80]
+internal:
+  - "198.51.100.0/24"
+  - "203.0.113.0/24"
+"#;
+
+/// Not a valid policy: an unknown key and a port out of range.
+const POLICY_INVALID: &str = r#"
+version: 1
+id: e2e-reload
+allow:
+  - domain: "origin.test"
+    ports: [70000]
+colour: blue
+"#;
+
+/// Generous bound on every wait (the machine is shared and slow).
+const DEADLINE: Duration = Duration::from_secs(90);
+
+/// The audit log's lines; every one must be a schema-1 record.
+fn audit(w: &World) -> Result<Vec<serde_json::Value>> {
+    let text = std::fs::read_to_string(w.audit_path()).unwrap_or_default();
+    let mut out = Vec::new();
+    // A line being written may be incomplete: only complete lines count.
+    let complete = match text.rfind('\n') {
+        Some(i) => &text[..=i],
+        None => "",
+    };
+    for line in complete.lines() {
+        AuditRecord::from_json(line)
+            .with_context(|| format!("audit line is not a schema-1 record: {line}"))?;
+        out.push(serde_json::from_str(line)?);
+    }
+    Ok(out)
+}
+
+fn count(w: &World, pred: impl Fn(&serde_json::Value) -> bool) -> usize {
+    audit(w)
+        .map(|a| a.iter().filter(|l| pred(l)).count())
+        .unwrap_or(0)
+}
+
+fn reloads(w: &World, reason: &str) -> usize {
+    count(w, |l| l["kind"] == "policy_reload" && l["reason"] == reason)
+}
+
+fn policy_path(w: &World) -> PathBuf {
+    w.dir().join("policy.yaml")
+}
+
+/// Replaces the policy file the way editors do: write a temporary file in
+/// the same directory, then rename it over the original.
+fn replace_by_rename(path: &Path, yaml: &str) -> Result<()> {
+    let tmp = path.with_extension("yaml.tmp");
+    std::fs::write(&tmp, yaml)?;
+    std::fs::rename(&tmp, path)?;
+    Ok(())
+}
+
+/// The gateway's pid.
+fn gateway_pid(w: &mut World) -> Result<i32> {
+    let pid = w.sidecar().and_then(|p| p.pid()).context("no sidecar")?;
+    Ok(i32::try_from(pid)?)
+}
+
+fn sighup(pid: i32) -> Result<()> {
+    // SAFETY: kill has no memory effects; pid is our own unreaped child.
+    #[allow(unsafe_code)]
+    let rc = unsafe { libc::kill(pid, libc::SIGHUP) };
+    ensure!(rc == 0, "kill(SIGHUP) failed");
+    Ok(())
+}
+
+/// Whether the process lives (not gone, not a zombie).
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| !rest.starts_with('Z')))
+        .unwrap_or(false)
+}
+
+/// Waits until the audit shows an allowed connection to the origin on `port`.
+fn wait_open(w: &World, port: u16) -> Result<()> {
+    wait_until("the download's connection line", DEADLINE, || {
+        count(w, |l| {
+            l["kind"] == "connection"
+                && l["decision"] == "allow"
+                && l["dst"]["ip"] == ORIGIN_ADDR.to_string()
+                && l["dst"]["port"] == port
+        }) > 0
+    })
+    .with_context(|| w.sidecar_log())
+}
+
+#[test]
+#[ignore = "needs root: run via scripts/test"]
+fn rename_replace_revokes_an_open_download_and_purges_names() -> Result<()> {
+    let mut w = World::builder().policy(POLICY_A).start()?;
+    let start_reloads = reloads(&w, "reload_applied");
+    std::thread::scope(|s| -> Result<()> {
+        // A long download, slowed by the guest's reader (1 GB at 200 kB/s).
+        let download = s.spawn(|| {
+            w.guest_sh(
+                &format!(
+                    "curl -sS --limit-rate 200K -o /dev/null \
+                     http://{ORIGIN_NAME}/bytes/1000000000"
+                ),
+                120,
+            )
+        });
+        wait_open(&w, 80)?;
+        replace_by_rename(&policy_path(&w), POLICY_B)?;
+        wait_until("reload_applied", DEADLINE, || {
+            reloads(&w, "reload_applied") > start_reloads
+        })
+        .with_context(|| w.sidecar_log())?;
+        wait_until("reload_revoked", DEADLINE, || {
+            count(&w, |l| {
+                l["kind"] == "flow_close"
+                    && l["reason"] == "reload_revoked"
+                    && l["dst"]["port"] == 80
+            }) > 0
+        })?;
+        let out = download
+            .join()
+            .map_err(|_| anyhow::anyhow!("download thread panicked"))??;
+        ensure!(
+            !out.status.success(),
+            "the revoked download completed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // curl's "timed out" would mean the flow was merely stalled.
+        ensure!(
+            out.status.code() != Some(124),
+            "the revoked download hung until the deadline"
+        );
+        Ok(())
+    })?;
+    w.check_alive()?;
+    let a = audit(&w)?;
+    let applied = a
+        .iter()
+        .rfind(|l| l["reason"] == "reload_applied")
+        .context("no reload_applied")?;
+    ensure!(
+        applied["policy"]["label"] == "policy B"
+            && applied["detail"]
+                .as_str()
+                .is_some_and(|d| d.contains("trigger: file_changed")),
+        "reload line: {applied}"
+    );
+    let revoked = a
+        .iter()
+        .find(|l| l["reason"] == "reload_revoked")
+        .context("no reload_revoked")?;
+    ensure!(
+        revoked["decision"] == "deny"
+            && revoked["detail"].is_string()
+            && revoked["bytes_down"].as_u64().is_some_and(|b| b > 0),
+        "revoked line: {revoked}"
+    );
+
+    // The name is no longer resolved for the guest ...
+    let out = w.guest_sh(&format!("dig +time=5 +tries=1 {ORIGIN_NAME} A"), 30)?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    ensure!(text.contains("status: REFUSED"), "denied name: {text}");
+    // ... and its address was purged from the table: a connection to it is
+    // no longer tied to any name.
+    let lit = w.guest_sh(
+        &format!("curl -sS --connect-timeout 20 http://{ORIGIN_ADDR}/echo/after"),
+        40,
+    )?;
+    ensure!(!lit.status.success(), "fetch after revocation succeeded");
+    wait_until("the purged address denied", DEADLINE, || {
+        count(&w, |l| {
+            l["kind"] == "connection"
+                && l["reason"] == "ip_not_resolved_for_name"
+                && l["dst"]["ip"] == ORIGIN_ADDR.to_string()
+        }) > 0
+    })?;
+    // The new policy is in force for new names.
+    let out = w.guest_sh(&format!("dig +time=5 +tries=1 {ORIGIN2_NAME} A"), 30)?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    ensure!(text.contains("status: NOERROR"), "allowed name: {text}");
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs root: run via scripts/test"]
+fn an_invalid_file_is_rejected_and_open_flows_complete() -> Result<()> {
+    const SIZE: u64 = 8 << 20;
+    let w = World::builder().policy(POLICY_A).start()?;
+    let want = sha256_hex(&pattern(SIZE));
+    std::thread::scope(|s| -> Result<()> {
+        // About 8 s at 1 MB/s: the reload happens while it runs.
+        let download = s.spawn(|| {
+            w.guest_ok(
+                &format!(
+                    "curl -sS --max-time 110 --limit-rate 1M \
+                     http://{ORIGIN_NAME}/bytes/{SIZE} | sha256sum"
+                ),
+                120,
+            )
+        });
+        wait_open(&w, 80)?;
+        // In place this time (not by rename).
+        std::fs::write(policy_path(&w), POLICY_INVALID)?;
+        wait_until("reload_rejected", DEADLINE, || {
+            reloads(&w, "reload_rejected") > 0
+        })
+        .with_context(|| w.sidecar_log())?;
+        let out = download
+            .join()
+            .map_err(|_| anyhow::anyhow!("download thread panicked"))??;
+        ensure!(
+            out.split_whitespace().next() == Some(want.as_str()),
+            "download sha256 {out} want {want}"
+        );
+        Ok(())
+    })?;
+    let a = audit(&w)?;
+    let rejected = a
+        .iter()
+        .find(|l| l["reason"] == "reload_rejected")
+        .context("no reload_rejected")?;
+    let detail = rejected["detail"].as_str().unwrap_or_default();
+    ensure!(
+        rejected["decision"] == "deny"
+            && rejected["policy"]["label"] == "policy A"
+            && detail.contains("policy.yaml:")
+            && detail.contains("colour"),
+        "rejected line: {rejected}"
+    );
+    ensure!(
+        !a.iter().any(|l| l["reason"] == "reload_revoked"),
+        "a flow was revoked by a rejected reload"
+    );
+    // New flows still follow the old policy: origin.test allowed, other.test
+    // refused.
+    let ok = w.guest_ok(
+        &format!("curl -sS --max-time 30 http://{ORIGIN_NAME}/echo/still-allowed"),
+        40,
+    )?;
+    ensure!(ok.contains("/echo/still-allowed"), "fetch: {ok}");
+    let out = w.guest_sh(&format!("dig +time=5 +tries=1 {ORIGIN2_NAME} A"), 30)?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    ensure!(text.contains("status: REFUSED"), "denied name: {text}");
+    // Every line written after the rejection names policy A.
+    let after: Vec<_> = a
+        .iter()
+        .skip_while(|l| l["reason"] != "reload_rejected")
+        .collect();
+    ensure!(
+        after.iter().all(|l| l["policy"]["label"] == "policy A"),
+        "lines after the rejection: {after:?}"
+    );
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs root: run via scripts/test"]
+fn sighup_reloads_the_policy() -> Result<()> {
+    let mut w = World::builder().policy(POLICY_A).start()?;
+    let pid = gateway_pid(&mut w)?;
+    // The file is unchanged: only the signal can cause this reload.
+    sighup(pid)?;
+    wait_until("reload_applied after SIGHUP", DEADLINE, || {
+        count(&w, |l| {
+            l["reason"] == "reload_applied"
+                && l["detail"]
+                    .as_str()
+                    .is_some_and(|d| d.contains("trigger: sighup"))
+        }) > 0
+    })
+    .with_context(|| w.sidecar_log())?;
+    // A changed file then SIGHUP: the new policy is in force at once.
+    std::fs::write(policy_path(&w), POLICY_B)?;
+    sighup(pid)?;
+    wait_until("policy B applied", DEADLINE, || {
+        count(&w, |l| {
+            l["reason"] == "reload_applied" && l["policy"]["label"] == "policy B"
+        }) > 0
+    })?;
+    let out = w.guest_sh(&format!("dig +time=5 +tries=1 {ORIGIN_NAME} A"), 30)?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    ensure!(text.contains("status: REFUSED"), "denied name: {text}");
+    w.check_alive()
+}
+
+#[test]
+#[ignore = "needs root: run via scripts/test"]
+fn reload_under_load_loses_nothing_silently() -> Result<()> {
+    const CURLS: usize = 16;
+    const RELOADS: usize = 20;
+    const SIZE: u64 = 2 << 20;
+    let mut w = World::builder().policy(POLICY_A).start()?;
+    let pid = gateway_pid(&mut w)?;
+    let path = policy_path(&w);
+    let results = std::thread::scope(|s| -> Result<Vec<String>> {
+        // Parallel downloads, each in a loop, while the policy flips between
+        // A (allowed) and B (origin.test denied and revoked).
+        let load = s.spawn(|| {
+            w.guest_sh(
+                &format!(
+                    "for i in $(seq {CURLS}); do \
+                       (for j in 1 2 3; do \
+                          curl -s -o /dev/null --max-time 60 --limit-rate 2M \
+                            -w '%{{http_code}} %{{size_download}} %{{exitcode}}\\n' \
+                            http://{ORIGIN_NAME}/bytes/{SIZE}; \
+                        done) & \
+                     done; wait"
+                ),
+                600,
+            )
+        });
+        wait_open(&w, 80)?;
+        for i in 0..RELOADS {
+            let yaml = if i % 2 == 0 { POLICY_B } else { POLICY_A };
+            replace_by_rename(&path, yaml)?;
+            sighup(pid)?;
+            wait_until("reload applied", DEADLINE, || {
+                reloads(&w, "reload_applied") > i
+            })
+            .with_context(|| w.sidecar_log())?;
+            ensure!(alive(pid), "the gateway died: {}", w.sidecar_log());
+        }
+        let out = load
+            .join()
+            .map_err(|_| anyhow::anyhow!("load thread panicked"))??;
+        Ok(String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_owned)
+            .collect())
+    })?;
+    w.check_alive()?;
+    ensure!(
+        results.len() == CURLS * 3,
+        "{} curl results: {results:?}",
+        results.len()
+    );
+    let mut failed = 0;
+    for r in &results {
+        let f: Vec<&str> = r.split_whitespace().collect();
+        match f.as_slice() {
+            ["200", size, "0"] if *size == SIZE.to_string() => {}
+            [_, _, code] if *code != "0" => failed += 1,
+            _ => bail!("curl result neither complete nor failed: {r}"),
+        }
+    }
+    // Every failure has an audit reason: a denied name, a denied or revoked
+    // connection (counted directly or in a rate-limit summary).
+    let a = audit(&w)?;
+    let denials: u64 = a
+        .iter()
+        .map(|l| {
+            if l["kind"] == "summary" {
+                l["suppressed"]
+                    .as_array()
+                    .map_or(0, |s| s.iter().filter_map(|c| c["count"].as_u64()).sum())
+            } else {
+                u64::from(
+                    l["decision"] == "deny"
+                        && matches!(
+                            l["kind"].as_str(),
+                            Some("dns" | "connection" | "flow_close")
+                        ),
+                )
+            }
+        })
+        .sum();
+    ensure!(
+        denials >= failed,
+        "{failed} failed curls but {denials} denials in the audit"
+    );
+    ensure!(
+        reloads(&w, "reload_applied") >= RELOADS,
+        "reloads applied: {}",
+        reloads(&w, "reload_applied")
+    );
+    // The last policy (A) serves again.
+    let ok = w.guest_ok(
+        &format!("curl -sS --max-time 30 http://{ORIGIN_NAME}/echo/final"),
+        40,
+    )?;
+    ensure!(ok.contains("/echo/final"), "fetch: {ok}");
+    Ok(())
+}
