@@ -345,15 +345,6 @@ fn audit_lines(w: &World) -> Vec<serde_json::Value> {
         .collect()
 }
 
-/// A record's destination as `ip:port`.
-fn dst_of(l: &serde_json::Value) -> String {
-    format!(
-        "{}:{}",
-        l["dst"]["ip"].as_str().unwrap_or("-"),
-        l["dst"]["port"]
-    )
-}
-
 // Policy-allowed guest UDP goes out through a host socket and the answers come
 // back; UDP the policy does not allow never reaches the fake internet and the
 // audit says why; the idle flow's close is audited.
