@@ -32,7 +32,8 @@
 //!   re-checks every TCP flow that is open or connecting with
 //!   [`PolicyDecider::recheck_tcp`] against the names it was admitted under
 //!   (the SNI/Host for inspected flows, the table's names at open for raw
-//!   TCP); flows now denied are reset (RST to the guest, the host socket
+//!   TCP; an uninspected flow on a TLS/HTTP port needs a CIDR rule:
+//!   [`PolicyDecider::recheck_tcp_uninspected`]); flows now denied are reset (RST to the guest, the host socket
 //!   closed with RST) and audited `flow_close` / `reload_revoked` with the new
 //!   verdict's reason in `detail`. Flows still being inspected are decided
 //!   by the new policy when their first bytes are complete. Forwarded UDP
