@@ -65,7 +65,15 @@ impl Datapath {
                 // to the gateway is not a flow the policy governs.
                 FlowState::Inspecting { .. } | FlowState::DnsTcp { .. } => continue,
             };
-            if let Err(reason) = reload.decider.recheck_tcp(&flow.key, &names) {
+            // A flow whose SNI / Host was read keeps its admission by that
+            // name; any other (CIDR-admitted, raw TCP) needs a CIDR rule on
+            // a port the new policy inspects.
+            let verdict = if flow.wire.is_some() {
+                reload.decider.recheck_tcp(&flow.key, &names)
+            } else {
+                reload.decider.recheck_tcp_uninspected(&flow.key, &names)
+            };
+            if let Err(reason) = verdict {
                 revoked.push((id, reason));
             }
         }
