@@ -162,6 +162,42 @@ impl PolicyDecider {
         verdict_decision(&policy.check_destination(ip, port, names))
     }
 
+    /// [`PolicyDecider::recheck_tcp`] for a flow whose SNI / Host was never
+    /// read (admitted by a CIDR rule, or on a port that was raw TCP under the
+    /// old policy): on a port the new policy inspects (TLS or HTTP), only a
+    /// CIDR rule can keep it; the table's names for its address cannot, since
+    /// nothing ties the connection to any of them. The deny reason is the one
+    /// a name-less flow to that address gets (`ip_not_resolved_for_name`
+    /// unless the address gate says otherwise).
+    pub fn recheck_tcp_uninspected(
+        &self,
+        flow: &FlowKey,
+        names: &[&str],
+    ) -> Result<(), DenyReason> {
+        self.recheck_tcp(flow, names)?;
+        let policy = self.policy.load();
+        let port = flow.dst.port();
+        if policy.port_protocol(port) == PortProtocol::Tcp {
+            return Ok(());
+        }
+        verdict_decision(&policy.check_destination(flow.dst.ip(), port, &[]))
+    }
+
+    /// [`PolicyDecider::recheck_tcp`] for an open UDP flow: platform, DNS
+    /// ports, then [`CompiledPolicy::check_udp`] with the names that admitted
+    /// it (the table's names for its destination at open).
+    pub fn recheck_udp(&self, flow: &FlowKey, names: &[&str]) -> Result<(), DenyReason> {
+        let policy = self.policy.load();
+        let ip = flow.dst.ip();
+        if self.platform_denied(&policy, ip) {
+            return Err(DenyReason::PlatformDenied);
+        }
+        if DNS_PORTS.contains(&flow.dst.port()) {
+            return Err(deny(Reason::DnsResolverDenied));
+        }
+        verdict_decision(&policy.check_udp(ip, flow.dst.port(), names))
+    }
+
     /// [`dns_filter`] under the policy in force now.
     pub fn dns_action(&self, qname: &str) -> DnsAction {
         dns_filter(&self.policy.load(), qname)
@@ -286,6 +322,13 @@ fn method_plausible(bytes: &[u8]) -> bool {
 }
 
 impl Decider for PolicyDecider {
+    /// A flow on a TLS port whose SNI has a secret bound to it or matches an
+    /// `inspect:` pattern, under the policy in force now.
+    fn intercepts(&self, flow: &FlowKey, sni: &str) -> bool {
+        let policy = self.policy.load();
+        policy.port_protocol(flow.dst.port()) == PortProtocol::Tls && policy.inspect_host(sni)
+    }
+
     fn dns_query(&self, qname: &str) -> Option<(ResponseCode, &'static str)> {
         match self.dns_action(qname) {
             DnsAction::Forward => None,
@@ -1155,6 +1198,79 @@ internal:
         );
         assert_eq!(
             d.recheck_tcp(&tcp("127.0.0.1:443"), &["www.example.com"]),
+            Err(DenyReason::PlatformDenied)
+        );
+    }
+
+    #[test]
+    fn recheck_of_an_uninspected_tls_flow_needs_a_cidr_rule() {
+        let with_cidr = from_yaml_str(
+            "version: 1\nid: wide\nallow:\n  - domain: www.example.com\n  - cidr: 93.184.216.0/24\n    ports: [443, 80]\n",
+            "wide.yaml",
+            &CompileOptions::default(),
+        )
+        .unwrap();
+        let d = PolicyDecider::new(Arc::new(with_cidr), platform());
+        // Admitted by the CIDR rule, never SNI-checked.
+        let flow = tcp("93.184.216.34:443");
+        let plain = tcp("93.184.216.34:80");
+        let names = ["www.example.com"];
+        assert_eq!(d.recheck_tcp_uninspected(&flow, &names), Ok(()));
+        let narrow = from_yaml_str(
+            "version: 1\nid: narrow\nallow:\n  - domain: www.example.com\n    ports: [443, 80]\n",
+            "narrow.yaml",
+            &CompileOptions::default(),
+        )
+        .unwrap();
+        d.swap(Arc::new(narrow));
+        // An allowed table name for the address no longer keeps it ...
+        assert_eq!(
+            d.recheck_tcp_uninspected(&flow, &names),
+            Err(DenyReason::Policy("ip_not_resolved_for_name"))
+        );
+        assert_eq!(
+            d.recheck_tcp_uninspected(&plain, &names),
+            Err(DenyReason::Policy("ip_not_resolved_for_name"))
+        );
+        // ... while a flow whose SNI was that name stays.
+        assert_eq!(d.recheck_tcp(&flow, &names), Ok(()));
+        // Raw TCP ports keep the table-name rule.
+        let raw = from_yaml_str(
+            "version: 1\nid: raw\nallow:\n  - domain: www.example.com\n    ports: [8022]\n",
+            "raw.yaml",
+            &CompileOptions::default(),
+        )
+        .unwrap();
+        d.swap(Arc::new(raw));
+        assert_eq!(
+            d.recheck_tcp_uninspected(&tcp("93.184.216.34:8022"), &names),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn udp_recheck_after_swap_revokes_what_the_new_policy_denies() {
+        let d = decider();
+        // quic.example.net allows UDP 443 in POLICY.
+        let quic = udp("151.101.3.3:443");
+        assert_eq!(d.recheck_udp(&quic, &["quic.example.net"]), Ok(()));
+        assert_eq!(
+            d.recheck_udp(&udp("151.101.3.3:53"), &["quic.example.net"]),
+            Err(DenyReason::Policy("dns_resolver_denied"))
+        );
+        let narrow = from_yaml_str(
+            "version: 1\nid: narrow\nallow:\n  - domain: quic.example.net\n",
+            "narrow.yaml",
+            &CompileOptions::default(),
+        )
+        .unwrap();
+        d.swap(Arc::new(narrow));
+        assert_eq!(
+            d.recheck_udp(&quic, &["quic.example.net"]),
+            Err(DenyReason::Policy("quic_blocked"))
+        );
+        assert_eq!(
+            d.recheck_udp(&udp("127.0.0.1:443"), &["quic.example.net"]),
             Err(DenyReason::PlatformDenied)
         );
     }

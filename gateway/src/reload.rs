@@ -3,11 +3,17 @@
 //!
 //! # Triggers
 //! - `SIGHUP`: reload now.
-//! - A change of the policy file, found by polling the path's metadata
-//!   (device, inode, size, mtime, ctime; symlinks followed) every
-//!   [`POLL_INTERVAL`]. A change is acted on once the metadata has stayed
-//!   the same for one further interval, so an editor still writing the file
-//!   is not caught half way (a reload follows within about two intervals).
+//! - A change of the policy file, found by polling the path every
+//!   [`POLL_INTERVAL`]: its metadata (device, inode, size, mtime, ctime;
+//!   symlinks followed) and a hash of its content. A change is acted on only
+//!   once metadata and content hash have stayed the same over two
+//!   consecutive polls *and* the content ends with a newline, so a writer
+//!   still filling the file in place is not caught half way (a truncated
+//!   file could be more permissive than the whole one). A reload follows
+//!   within about two intervals. Limits: an in-place writer that stalls for
+//!   a whole interval right after a line end can still be read early, and
+//!   a file without a final newline is only loaded by SIGHUP; writers should
+//!   replace the file by rename (atomic), which this always handles.
 //!   Polling the *path* rather than watching the file's inode is what makes
 //!   rename-replace (how editors, `mv`, and Kubernetes ConfigMap symlink
 //!   swaps update files) work: the path then names a new inode, which the
@@ -32,14 +38,19 @@
 //!   re-checks every TCP flow that is open or connecting with
 //!   [`PolicyDecider::recheck_tcp`] against the names it was admitted under
 //!   (the SNI/Host for inspected flows, the table's names at open for raw
-//!   TCP); flows now denied are reset (RST to the guest, the host socket
+//!   TCP; an uninspected flow on a TLS/HTTP port needs a CIDR rule:
+//!   [`PolicyDecider::recheck_tcp_uninspected`]); flows now denied are reset (RST to the guest, the host socket
 //!   closed with RST) and audited `flow_close` / `reload_revoked` with the new
 //!   verdict's reason in `detail`. Flows still being inspected are decided
-//!   by the new policy when their first bytes are complete.
+//!   by the new policy when their first bytes are complete. Forwarded UDP
+//!   flows are re-checked the same way ([`PolicyDecider::recheck_udp`],
+//!   against the table's names for their destination at open); those now
+//!   denied lose their host socket and are audited `flow_close` /
+//!   `reload_revoked`.
 //! - With no guest connected the swap and the audit line happen at once.
 //!
 //! Limits: published (inbound) flows are not re-checked (the policy governs
-//! egress); UDP flows are not re-checked.
+//! egress).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -51,7 +62,6 @@ use tokio::sync::mpsc;
 
 use crate::audit::{AuditEvent, AuditSink};
 use crate::datapath::Event;
-use crate::decide::host_addresses;
 use crate::enforce::PolicyDecider;
 
 /// How often the policy file's metadata is polled.
@@ -94,7 +104,10 @@ pub struct ReloadSource {
     pub path: PathBuf,
     /// The decider built from it.
     pub decider: Arc<PolicyDecider>,
-    /// Compile options; the host addresses are re-read on each reload.
+    /// Compile options, as at start. Their host addresses are those read at
+    /// start (procfs may be closed to the gateway by then, see
+    /// `gateway_self_restrict`); the current set is enforced anyway by the
+    /// decider's `PlatformDenySet`, which is checked first and kept fresh.
     pub options: CompileOptions,
     /// The metadata poll interval ([`POLL_INTERVAL`] by default).
     pub poll: Duration,
@@ -114,30 +127,76 @@ impl ReloadSource {
 
     /// Reads and compiles the file (blocking).
     pub fn load(&self) -> Result<Arc<CompiledPolicy>, String> {
-        let mut options = self.options.clone();
-        options.host_addresses = host_addresses();
-        sluice_policy::load_file(&self.path, &options)
+        sluice_policy::load_file(&self.path, &self.options)
             .map(Arc::new)
             .map_err(|e| e.to_string())
     }
 }
 
-/// The file's identity and version as seen by `stat` (following symlinks);
-/// `None` when it cannot be read.
-type Signature = Option<(u64, u64, u64, i64, i64, i64, i64)>;
+/// The file's identity and version as seen by `stat` (following symlinks)
+/// plus its content; `None` when it cannot be read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct FileState {
+    stat: (u64, u64, u64, i64, i64, i64, i64),
+    /// Hash of the whole content (change detection, not security: the
+    /// writer is the operator).
+    content: u64,
+    /// Whether the content ends with a newline (a complete YAML file does;
+    /// an in-place write cut mid-line does not).
+    complete: bool,
+}
+
+/// What a poll sees at the path.
+type Signature = Option<FileState>;
 
 fn signature(path: &std::path::Path) -> Signature {
+    use std::hash::{Hash, Hasher};
     use std::os::unix::fs::MetadataExt;
     let m = std::fs::metadata(path).ok()?;
-    Some((
-        m.dev(),
-        m.ino(),
-        m.size(),
-        m.mtime(),
-        m.mtime_nsec(),
-        m.ctime(),
-        m.ctime_nsec(),
-    ))
+    let bytes = std::fs::read(path).ok()?;
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    bytes.hash(&mut hasher);
+    Some(FileState {
+        stat: (
+            m.dev(),
+            m.ino(),
+            m.size(),
+            m.mtime(),
+            m.mtime_nsec(),
+            m.ctime(),
+            m.ctime_nsec(),
+        ),
+        content: hasher.finish(),
+        complete: bytes.last() == Some(&b'\n'),
+    })
+}
+
+/// The poll's debounce: a change fires once the same [`Signature`] is seen
+/// on two consecutive polls and the file is complete (or gone: the load then
+/// fails and is audited `reload_rejected`).
+#[derive(Debug)]
+struct Debounce {
+    /// What was loaded last.
+    seen: Signature,
+    /// A changed signature seen on the previous poll.
+    candidate: Option<Signature>,
+}
+
+impl Debounce {
+    /// Feeds one poll's observation; `true` when a reload must fire.
+    fn observe(&mut self, now: Signature) -> bool {
+        if now == self.seen {
+            self.candidate = None;
+            return false;
+        }
+        let complete = now.as_ref().is_none_or(|s| s.complete);
+        if complete && self.candidate.as_ref() == Some(&now) {
+            self.candidate = None;
+            return true;
+        }
+        self.candidate = Some(now);
+        false
+    }
 }
 
 /// Starts the reload task: SIGHUP and the file poll (see the module docs).
@@ -149,32 +208,27 @@ pub fn spawn(source: ReloadSource, events: mpsc::UnboundedSender<Event>) -> std:
     let mut hup = signal(SignalKind::hangup())?;
     // Taken now, not when the task first runs: a change made in between
     // must not go unseen.
-    let mut seen = signature(&source.path);
+    let mut debounce = Debounce {
+        seen: signature(&source.path),
+        candidate: None,
+    };
     tokio::spawn(async move {
         let source = Arc::new(source);
-        let mut candidate: Option<Signature> = None;
         let mut ticker = tokio::time::interval(source.poll);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let trigger = tokio::select! {
                 _ = hup.recv() => Some(Trigger::Sighup),
                 _ = ticker.tick() => {
-                    let now = signature(&source.path);
-                    if now == seen {
-                        candidate = None;
-                        None
-                    } else if candidate == Some(now) {
-                        candidate = None;
-                        Some(Trigger::FileChanged)
-                    } else {
-                        candidate = Some(now);
-                        None
-                    }
+                    debounce
+                        .observe(signature(&source.path))
+                        .then_some(Trigger::FileChanged)
                 }
             };
             let Some(trigger) = trigger else { continue };
             // What is loaded now is what the next poll compares against.
-            seen = signature(&source.path);
+            debounce.seen = signature(&source.path);
+            debounce.candidate = None;
             let loader = Arc::clone(&source);
             let outcome = match tokio::task::spawn_blocking(move || loader.load()).await {
                 Ok(outcome) => outcome,
@@ -244,6 +298,42 @@ mod tests {
             Event::Reload(r) => *r,
             other => panic!("unexpected event {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_file_still_being_written_in_place_is_not_loaded() {
+        let dir = std::env::temp_dir().join(format!("fx-reload-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("policy.yaml");
+        std::fs::write(&path, A).unwrap();
+        let mut d = Debounce {
+            seen: signature(&path),
+            candidate: None,
+        };
+        assert!(!d.observe(signature(&path)));
+        // A slow writer has written part of B (cut mid-line) and paused:
+        // metadata and content are stable over two polls, but incomplete.
+        let cut = &B[..B.len() - 5];
+        std::fs::write(&path, cut).unwrap();
+        assert!(!d.observe(signature(&path)));
+        assert!(!d.observe(signature(&path)));
+        assert!(!d.observe(signature(&path)));
+        // The whole file: fires on the second identical poll only.
+        std::fs::write(&path, B).unwrap();
+        assert!(!d.observe(signature(&path)));
+        assert!(d.observe(signature(&path)));
+        // Same metadata shape but other content is a different signature.
+        let a = signature(&path);
+        std::fs::write(&path, B.replace('b', "c")).unwrap();
+        let c = signature(&path);
+        assert_ne!(a.map(|s| s.content), c.map(|s| s.content));
+        // A removed file fires (the load then fails and is audited).
+        d.seen = signature(&path);
+        d.candidate = None;
+        std::fs::remove_file(&path).unwrap();
+        assert!(!d.observe(signature(&path)));
+        assert!(d.observe(signature(&path)));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[tokio::test]

@@ -12,8 +12,10 @@
 //! - requires exactly one `host_name` entry in a single server_name
 //!   extension, validated and normalised by [`crate::name::normalize_host`];
 //! - rejects any ClientHello that carries an `encrypted_client_hello`
-//!   extension (0xfe0d): the outer SNI of an ECH hello is only a public
-//!   name, so the real destination cannot be checked.
+//!   extension (0xfe0d, or a draft codepoint 0xfe08..=0xfe0c) or the legacy
+//!   `encrypted_server_name` extension (0xffce): the outer SNI of such a
+//!   hello is only a public name (or absent), so the real destination cannot
+//!   be checked (see [`is_encrypted_hello_extension`]).
 //!
 //! The parser follows smoltcp's shape: every read goes through a bounds-checked
 //! cursor (`Cursor`) that returns `None` past the end, so no length field in
@@ -48,6 +50,14 @@ const EXT_SERVER_NAME: u16 = 0;
 const EXT_ALPN: u16 = 16;
 /// Extension type: encrypted_client_hello (RFC 9849 / draft-ietf-tls-esni).
 pub const EXT_ENCRYPTED_CLIENT_HELLO: u16 = 0xfe0d;
+/// Extension type: encrypted_server_name, the pre-ECH "ESNI" design
+/// (draft-ietf-tls-esni-01 to -06; never assigned by IANA, but deployed by
+/// Firefox and Cloudflare in 2018-2020).
+pub const EXT_ENCRYPTED_SERVER_NAME: u16 = 0xffce;
+/// Draft codepoints of encrypted_client_hello used by interop builds before
+/// the final 0xfe0d (draft-ietf-tls-esni-08 used 0xfe08, drafts -09 to -12
+/// 0xfe09..=0xfe0c; draft -13 onward and RFC 9849 use 0xfe0d).
+pub const EXT_ECH_DRAFTS: std::ops::RangeInclusive<u16> = 0xfe08..=0xfe0c;
 /// server_name entry type host_name.
 const NAME_TYPE_HOST_NAME: u8 = 0;
 
@@ -406,7 +416,7 @@ fn parse_client_hello(body: &[u8], allow_ech_outer: bool) -> Result<Hello, Rejec
         match kind {
             EXT_SERVER_NAME => sni = Some(data),
             EXT_ALPN => alpn = parse_alpn(data)?,
-            EXT_ENCRYPTED_CLIENT_HELLO => ech = true,
+            kind if is_encrypted_hello_extension(kind) => ech = true,
             _ => {}
         }
     }
@@ -420,6 +430,17 @@ fn parse_client_hello(body: &[u8], allow_ech_outer: bool) -> Result<Hello, Rejec
         alpn,
         ech,
     })
+}
+
+/// Whether an extension type hides the real server name: the final
+/// `encrypted_client_hello` (0xfe0d), its draft codepoints
+/// ([`EXT_ECH_DRAFTS`]) or the legacy ESNI extension
+/// ([`EXT_ENCRYPTED_SERVER_NAME`]). Any of them makes the hello
+/// [`Reject::EchPresent`] unless ECH outers are allowed.
+pub fn is_encrypted_hello_extension(kind: u16) -> bool {
+    kind == EXT_ENCRYPTED_CLIENT_HELLO
+        || kind == EXT_ENCRYPTED_SERVER_NAME
+        || EXT_ECH_DRAFTS.contains(&kind)
 }
 
 /// Parses the server_name extension data: exactly one host_name entry.

@@ -335,10 +335,12 @@ allow:
 "#;
 
 /// The audit log's JSON lines.
+/// The audit log's schema-1 records, as JSON values.
 fn audit_lines(w: &World) -> Vec<serde_json::Value> {
     std::fs::read_to_string(w.audit_path())
         .unwrap_or_default()
         .lines()
+        .filter(|l| sluice_policy::audit::AuditRecord::from_json(l).is_ok())
         .filter_map(|l| serde_json::from_str(l).ok())
         .collect()
 }
@@ -425,43 +427,42 @@ fn udp_forwarding(s: Sidecar) -> Result<()> {
         "denied datagram reached the fake internet: {received:?}"
     );
 
-    // Audit: opens for 7777, denies with the policy's reason, and (after the
-    // 2 s idle expiry) closes with byte counts.
+    // Audit (schema 1): an allowed UDP connection to 7777, denies with the
+    // policy's reason, and (after the 2 s idle expiry) a close with byte counts.
     let mut lines = Vec::new();
+    let is_udp = |l: &serde_json::Value| l["transport"] == "udp";
     let closed = sluice_e2e::wait_until("UDP flow close lines", Duration::from_secs(30), || {
         lines = audit_lines(&w);
-        lines
-            .iter()
-            .any(|l| l["event"] == "flow_close" && l["proto"] == "udp")
+        lines.iter().any(|l| l["kind"] == "flow_close" && is_udp(l))
     });
-    let udp: Vec<&serde_json::Value> = lines.iter().filter(|l| l["proto"] == "udp").collect();
+    let udp: Vec<&serde_json::Value> = lines.iter().filter(|l| is_udp(l)).collect();
     closed.with_context(|| format!("audit: {udp:?}"))?;
+    let to = |l: &serde_json::Value, ip: Ipv4Addr, port: u16| {
+        l["dst"]["ip"] == ip.to_string() && l["dst"]["port"] == port
+    };
     ensure!(
-        udp.iter()
-            .any(|l| l["event"] == "flow_open" && l["dst"] == format!("{ORIGIN_ADDR}:7777")),
-        "no UDP open line: {udp:?}"
+        udp.iter().any(|l| l["kind"] == "connection"
+            && l["decision"] == "allow"
+            && to(l, ORIGIN_ADDR, 7777)),
+        "no allowed UDP connection record: {udp:?}"
     );
-    let deny_reasons: Vec<(String, String)> = udp
-        .iter()
-        .filter(|l| l["event"] == "flow_deny")
-        .map(|l| (l["dst"].to_string(), l["reason"].to_string()))
-        .collect();
     // Another port of the allowed address: no rule opens it. Another address
     // (a documentation range nothing opens): a non-public destination.
-    for (dst, reason) in [
-        (format!("{ORIGIN_ADDR}:7778"), "udp_blocked"),
-        (format!("{ORIGIN2_ADDR}:7777"), "private_destination"),
+    for (ip, port, reason) in [
+        (ORIGIN_ADDR, 7778, "udp_blocked"),
+        (ORIGIN2_ADDR, 7777, "private_destination"),
     ] {
         ensure!(
-            deny_reasons
-                .iter()
-                .any(|(d, r)| d.contains(&dst) && r.contains(reason)),
-            "no {reason} deny for {dst}: {deny_reasons:?}"
+            udp.iter().any(|l| l["kind"] == "connection"
+                && l["decision"] == "deny"
+                && l["reason"] == reason
+                && to(l, ip, port)),
+            "no {reason} deny for {ip}:{port}: {udp:?}"
         );
     }
     ensure!(
-        udp.iter().any(|l| l["event"] == "flow_close"
-            && l["end"] == "idle_timeout"
+        udp.iter().any(|l| l["kind"] == "flow_close"
+            && l["reason"] == "idle_timeout"
             && l["bytes_up"].as_u64().unwrap_or(0) > 0
             && l["bytes_down"] == l["bytes_up"]),
         "no idle close with matching byte counts: {udp:?}"

@@ -368,6 +368,29 @@ fn ech_is_rejected() {
 }
 
 #[test]
+fn esni_and_ech_draft_codepoints_are_rejected() {
+    for kind in [0xffce_u16, 0xfe08, 0xfe09, 0xfe0a, 0xfe0b, 0xfe0c] {
+        let bytes = hello(&[host("public.example.com"), ext(kind, &[0; 40])]);
+        assert_eq!(
+            rejected(read_whole(&bytes)),
+            Reject::EchPresent,
+            "{kind:#x}"
+        );
+        let info = done(
+            ClientHelloReader::default()
+                .allow_ech_outer(true)
+                .push(&bytes),
+        );
+        assert!(info.ech, "{kind:#x}");
+    }
+    // Neighbours of the ranges are ordinary unknown extensions.
+    for kind in [0xfe07_u16, 0xfe0e, 0xffcd, 0xffcf] {
+        let bytes = hello(&[host("public.example.com"), ext(kind, &[0; 40])]);
+        assert!(!done(read_whole(&bytes)).ech, "{kind:#x}");
+    }
+}
+
+#[test]
 fn malformed_extensions_are_unreadable() {
     // An extension whose length runs past the block.
     let mut broken = host("a.example");
