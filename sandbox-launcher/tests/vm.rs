@@ -115,8 +115,7 @@ fn marked(mark: &str, launcher: u32) -> Vec<u32> {
         let cmdline = fs::read(e.path().join("cmdline")).unwrap_or_default();
         if contains(&env, env_mark.as_bytes())
             || (launcher != 0
-                && (contains(&env, sandbox.as_bytes())
-                    || contains(&cmdline, helper.as_bytes())))
+                && (contains(&env, sandbox.as_bytes()) || contains(&cmdline, helper.as_bytes())))
         {
             pids.push(pid);
         }
@@ -511,17 +510,17 @@ fn qemu_and_the_gateway_run_jailed() {
     .trim()
     .parse()
     .unwrap();
-    assert!(
-        limit > 256 << 20 && limit < 2 << 30,
-        "memory limit {limit}"
-    );
+    assert!(limit > 256 << 20 && limit < 2 << 30, "memory limit {limit}");
     let pids_max = fs::read_to_string(format!("/sys/fs/cgroup/pids/{name}/pids.max")).unwrap();
     assert_ne!(pids_max.trim(), "max");
 
     // QEMU's mounts: its data dirs and the image, nothing of the host's /etc.
     let points: Vec<String> = mounts(qemu).into_iter().map(|(p, _)| p).collect();
     assert!(points.iter().any(|p| p == "/usr/share/qemu"), "{points:?}");
-    assert!(points.iter().any(|p| p.ends_with("/initramfs.cpio")), "{points:?}");
+    assert!(
+        points.iter().any(|p| p.ends_with("/initramfs.cpio")),
+        "{points:?}"
+    );
     assert!(!points.iter().any(|p| p.starts_with("/etc")), "{points:?}");
 
     // fds: 0/1 /dev/null, 2 a pipe to the launcher, 3-5 the socketpairs;
@@ -549,7 +548,10 @@ fn qemu_and_the_gateway_run_jailed() {
     child.kill().unwrap();
     child.wait().unwrap();
     assert_no_leftovers(&m, launcher);
-    assert!(!Path::new(&format!("/proc/{qemu}")).exists() || is_zombie(Path::new(&format!("/proc/{qemu}"))));
+    assert!(
+        !Path::new(&format!("/proc/{qemu}")).exists()
+            || is_zombie(Path::new(&format!("/proc/{qemu}")))
+    );
 }
 
 /// `--rootfs DIR`: the guest boots the user's tree (here a small one made
@@ -601,9 +603,7 @@ fn https_from_the_guest_allowed_and_denied_through_the_gateway() {
     let policy = dir.join("la-policy.yaml");
     fs::write(
         &policy,
-        format!(
-            "version: 1\nallow:\n  - domain: {ORIGIN_NAME}\ndns:\n  upstream: [{DNS_ADDR}]\n"
-        ),
+        format!("version: 1\nallow:\n  - domain: {ORIGIN_NAME}\ndns:\n  upstream: [{DNS_ADDR}]\n"),
     )
     .unwrap();
     let audit = dir.join("la-audit.jsonl");
@@ -636,13 +636,23 @@ fn https_from_the_guest_allowed_and_denied_through_the_gateway() {
     let out = child.wait_with_output().unwrap();
     let stdout = text(&out.stdout);
     let stderr = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "stdout: {stdout}\nstderr: {stderr}");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stdout: {stdout}\nstderr: {stderr}"
+    );
     assert!(
         stdout.contains("hello from sluice-test-origin\nallowed=0\n"),
         "the allowed fetch failed: {stdout}\nstderr: {stderr}"
     );
-    assert!(!stdout.contains("name=0"), "the denied name was fetched: {stdout}");
-    assert!(!stdout.contains("ip=0"), "the IP literal was fetched: {stdout}");
+    assert!(
+        !stdout.contains("name=0"),
+        "the denied name was fetched: {stdout}"
+    );
+    assert!(
+        !stdout.contains("ip=0"),
+        "the IP literal was fetched: {stdout}"
+    );
 
     let lines: Vec<serde_json::Value> = fs::read_to_string(&audit)
         .unwrap()
@@ -650,24 +660,30 @@ fn https_from_the_guest_allowed_and_denied_through_the_gateway() {
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     let has = |pred: &dyn Fn(&serde_json::Value) -> bool| lines.iter().any(pred);
+    // Schema-1 records (docs/audit.md).
     assert!(
-        has(&|l| l["event"] == "flow_open"
-            && l["dst"].as_str().is_some_and(|d| d.ends_with(":443"))
-            && l["names"].as_array().is_some_and(|n| n.iter().any(|n| n == ORIGIN_NAME))),
-        "no allowed HTTPS flow to {ORIGIN_NAME} in the audit: {lines:#?}"
+        has(&|l| l["kind"] == "connection"
+            && l["decision"] == "allow"
+            && l["dst"]["port"] == 443
+            && (l["sni"] == ORIGIN_NAME || l["rule"]["name"] == ORIGIN_NAME)),
+        "no allowed HTTPS connection to {ORIGIN_NAME} in the audit: {lines:#?}"
     );
     assert!(
-        has(&|l| l["event"] == "dns"
-            && l["qname"].as_str().is_some_and(|q| q.trim_end_matches('.') == ORIGIN2_NAME)
-            && l["outcome"] == "denied"
+        has(&|l| l["kind"] == "dns"
+            && l["qname"]
+                .as_str()
+                .is_some_and(|q| q.trim_end_matches('.') == ORIGIN2_NAME)
+            && l["decision"] == "deny"
             && l["reason"].is_string()),
         "no denied DNS query for {ORIGIN2_NAME} with a reason: {lines:#?}"
     );
     assert!(
-        has(&|l| l["event"] == "flow_deny"
-            && l["dst"] == format!("{ORIGIN2_ADDR}:443")
+        has(&|l| l["kind"] == "connection"
+            && l["decision"] == "deny"
+            && l["dst"]["ip"] == ORIGIN2_ADDR.to_string()
+            && l["dst"]["port"] == 443
             && l["reason"].is_string()),
-        "no denied flow to {ORIGIN2_ADDR} with a reason: {lines:#?}"
+        "no denied connection to {ORIGIN2_ADDR} with a reason: {lines:#?}"
     );
     // nsenter execs the launcher: same pid.
     assert_no_leftovers(&m, nsenter);

@@ -242,7 +242,11 @@ mod tests {
     #[test]
     fn v2_root_with_controllers_is_located_as_v2() {
         let root = fake_root("locate");
-        fs::write(root.join("cgroup.controllers"), "cpuset cpu io memory pids\n").unwrap();
+        fs::write(
+            root.join("cgroup.controllers"),
+            "cpuset cpu io memory pids\n",
+        )
+        .unwrap();
         for c in [Controller::Memory, Controller::Pids, Controller::Cpu] {
             assert_eq!(locate_in(&root, c), Some(Hierarchy::V2), "{c:?}");
         }
@@ -295,10 +299,16 @@ mod tests {
         fs::create_dir_all(&dir).unwrap();
         fs::write(dir.join("memory.swap.max"), "max").unwrap();
         write_limit(&dir, &Hierarchy::V2, Controller::Memory, 1 << 30).unwrap();
-        assert_eq!(fs::read_to_string(dir.join("memory.swap.max")).unwrap(), "0");
+        assert_eq!(
+            fs::read_to_string(dir.join("memory.swap.max")).unwrap(),
+            "0"
+        );
         // A tiny CPU share is raised to the 1 ms minimum quota.
         write_limit(&dir, &Hierarchy::V2, Controller::Cpu, 1).unwrap();
-        assert_eq!(fs::read_to_string(dir.join("cpu.max")).unwrap(), "1000 100000");
+        assert_eq!(
+            fs::read_to_string(dir.join("cpu.max")).unwrap(),
+            "1000 100000"
+        );
         fs::remove_dir_all(&root).unwrap();
     }
 }
