@@ -23,6 +23,7 @@
 //! SIGKILL: the helper's lifeline pipe closes).
 
 use std::collections::BTreeSet;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -204,7 +205,15 @@ pub(crate) fn qemu_spec(q: &QemuJail<'_>, iso: &Isolation) -> Result<JailSpec, J
     spec.ro_paths
         .extend(["/dev/null", "/dev/urandom"].map(PathBuf::from));
     if q.accel == "kvm" {
-        spec.ro_paths.push(PathBuf::from("/dev/kvm"));
+        // QEMU opens /dev/kvm through its group (crw-rw---- root:kvm): run
+        // with that gid, still uid 65534 and no supplementary groups.
+        let kvm = Path::new("/dev/kvm");
+        if let Ok(meta) = std::fs::metadata(kvm)
+            && meta.gid() != 0
+        {
+            spec.gid = meta.gid();
+        }
+        spec.ro_paths.push(kvm.to_path_buf());
     }
     spec.ro_paths.extend(q.files.iter().cloned());
     let tcg_cache = if q.accel == "tcg" {

@@ -660,6 +660,7 @@ fn https_from_the_guest_allowed_and_denied_through_the_gateway() {
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     let has = |pred: &dyn Fn(&serde_json::Value) -> bool| lines.iter().any(pred);
+    // Schema-1 records (docs/audit.md).
     assert!(
         has(&|l| l["kind"] == "connection"
             && l["decision"] == "allow"
@@ -682,7 +683,7 @@ fn https_from_the_guest_allowed_and_denied_through_the_gateway() {
             && l["dst"]["ip"] == ORIGIN2_ADDR.to_string()
             && l["dst"]["port"] == 443
             && l["reason"].is_string()),
-        "no denied flow to {ORIGIN2_ADDR} with a reason: {lines:#?}"
+        "no denied connection to {ORIGIN2_ADDR} with a reason: {lines:#?}"
     );
     // nsenter execs the launcher: same pid.
     assert_no_leftovers(&m, nsenter);
