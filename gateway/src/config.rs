@@ -165,6 +165,9 @@ pub struct Config {
     pub connect_timeout: Duration,
     /// Sandbox id written in audit lines.
     pub sandbox_id: String,
+    /// The TLS-terminating proxy for inspected hosts (secret injection);
+    /// `None` when the policy inspects nothing: every flow is spliced.
+    pub intercept: Option<std::sync::Arc<sluice_intercept::Interceptor>>,
     /// Size of each of a TCP flow's two smoltcp buffers (receive window
     /// towards the guest, unacknowledged data to the guest).
     pub flow_buffer: usize,
@@ -197,6 +200,7 @@ impl Config {
             max_flows: DEFAULT_MAX_FLOWS,
             connect_timeout: Duration::from_secs(10),
             sandbox_id: String::from("sandbox"),
+            intercept: None,
             flow_buffer: DEFAULT_FLOW_BUFFER,
             udp: crate::udp::UdpLimits::default(),
         })

@@ -50,7 +50,10 @@ use crate::frames::{FrameError, FrameReader, TxBatch};
 use crate::packet::{self, Addresses, Class, DropReason};
 use crate::udp::{ClosedUdpFlow, SendOutcome, UdpFlows, UdpOpenError};
 
+mod intercept;
 mod revoke;
+
+use intercept::HostStream;
 
 /// Bytes read from the guest per syscall.
 const GUEST_READ_CHUNK: usize = 256 * 1024;
@@ -122,6 +125,9 @@ pub enum Event {
     /// A policy reload was attempted (SIGHUP or a change of the policy
     /// file): swap it in and revoke what it denies, or audit the rejection.
     Reload(Box<crate::reload::PolicyReload>),
+    /// An event of the interception proxy (an `http` request line, or an
+    /// intercepted connection's failure), written to the audit sink.
+    Intercept(Box<sluice_intercept::HttpEvent>),
     /// Close flows and stop (SIGTERM/SIGINT).
     Shutdown,
 }
@@ -257,7 +263,7 @@ enum FlowState {
     /// Both sides connected: bytes flow.
     Open {
         handle: SocketHandle,
-        host: TcpStream,
+        host: HostStream,
         host_eof: bool,
         host_write_shut: bool,
     },
@@ -944,6 +950,7 @@ impl Datapath {
         self.next_id += 1;
         self.counters.udp_flows_opened += 1;
         let names: Vec<&str> = self.dns.names_for(key.dst.ip(), now).take(8).collect();
+        self.udp.set_names(&key, &names);
         self.audit.record(&AuditEvent::FlowOpen {
             flow: id,
             proto: "udp",
@@ -1199,6 +1206,7 @@ impl Datapath {
             Event::Shutdown => return true,
             Event::DumpCounters => self.counters.log(self.flows.len()),
             Event::Reload(reload) => self.on_reload(*reload),
+            Event::Intercept(event) => self.on_intercept_event(&event),
             Event::Connected { id, result } => self.on_connected(id, result),
             Event::DnsUdpReply {
                 guest,
@@ -1318,13 +1326,13 @@ impl Datapath {
         }
     }
 
-    fn open_flow(&mut self, id: u64, handle: SocketHandle, host: TcpStream) {
+    fn open_flow(&mut self, id: u64, handle: SocketHandle, host: impl Into<HostStream>) {
         let Some(flow) = self.flows.get_mut(&id) else {
             return;
         };
         flow.state = FlowState::Open {
             handle,
-            host,
+            host: host.into(),
             host_eof: false,
             host_write_shut: false,
         };
@@ -1629,7 +1637,9 @@ impl Datapath {
                     f.state = FlowState::InspectConnecting { handle };
                     f.wire = wire;
                 }
-                self.spawn_connect(id, key.dst);
+                if !self.try_intercept(id, handle, &key) {
+                    self.spawn_connect(id, key.dst);
+                }
             }
             InspectVerdict::Deny(reason) => {
                 sock.abort();

@@ -127,6 +127,15 @@ pub trait Decider: Send + Sync {
         InspectVerdict::Allow
     }
 
+    /// Whether an allowed TLS flow whose ClientHello named `sni` is to be
+    /// intercepted (TLS terminated by the proxy) rather than spliced. Asked
+    /// only after [`Decider::inspect`] allowed the flow. The default (no
+    /// policy) intercepts nothing.
+    fn intercepts(&self, flow: &FlowKey, sni: &str) -> bool {
+        let _ = (flow, sni);
+        false
+    }
+
     /// Decides a guest DNS query on its normalised name before anything is
     /// forwarded: `None` forwards it upstream; `Some((rcode, reason))`
     /// answers `rcode` locally and audits `reason`. The default (no policy)

@@ -162,6 +162,21 @@ impl PolicyDecider {
         verdict_decision(&policy.check_destination(ip, port, names))
     }
 
+    /// [`PolicyDecider::recheck_tcp`] for an open UDP flow: platform, DNS
+    /// ports, then [`CompiledPolicy::check_udp`] with the names that admitted
+    /// it (the table's names for its destination at open).
+    pub fn recheck_udp(&self, flow: &FlowKey, names: &[&str]) -> Result<(), DenyReason> {
+        let policy = self.policy.load();
+        let ip = flow.dst.ip();
+        if self.platform_denied(&policy, ip) {
+            return Err(DenyReason::PlatformDenied);
+        }
+        if DNS_PORTS.contains(&flow.dst.port()) {
+            return Err(deny(Reason::DnsResolverDenied));
+        }
+        verdict_decision(&policy.check_udp(ip, flow.dst.port(), names))
+    }
+
     /// [`dns_filter`] under the policy in force now.
     pub fn dns_action(&self, qname: &str) -> DnsAction {
         dns_filter(&self.policy.load(), qname)
@@ -286,6 +301,13 @@ fn method_plausible(bytes: &[u8]) -> bool {
 }
 
 impl Decider for PolicyDecider {
+    /// A flow on a TLS port whose SNI has a secret bound to it or matches an
+    /// `inspect:` pattern, under the policy in force now.
+    fn intercepts(&self, flow: &FlowKey, sni: &str) -> bool {
+        let policy = self.policy.load();
+        policy.port_protocol(flow.dst.port()) == PortProtocol::Tls && policy.inspect_host(sni)
+    }
+
     fn dns_query(&self, qname: &str) -> Option<(ResponseCode, &'static str)> {
         match self.dns_action(qname) {
             DnsAction::Forward => None,
@@ -1155,6 +1177,33 @@ internal:
         );
         assert_eq!(
             d.recheck_tcp(&tcp("127.0.0.1:443"), &["www.example.com"]),
+            Err(DenyReason::PlatformDenied)
+        );
+    }
+
+    #[test]
+    fn udp_recheck_after_swap_revokes_what_the_new_policy_denies() {
+        let d = decider();
+        // quic.example.net allows UDP 443 in POLICY.
+        let quic = udp("151.101.3.3:443");
+        assert_eq!(d.recheck_udp(&quic, &["quic.example.net"]), Ok(()));
+        assert_eq!(
+            d.recheck_udp(&udp("151.101.3.3:53"), &["quic.example.net"]),
+            Err(DenyReason::Policy("dns_resolver_denied"))
+        );
+        let narrow = from_yaml_str(
+            "version: 1\nid: narrow\nallow:\n  - domain: quic.example.net\n",
+            "narrow.yaml",
+            &CompileOptions::default(),
+        )
+        .unwrap();
+        d.swap(Arc::new(narrow));
+        assert_eq!(
+            d.recheck_udp(&quic, &["quic.example.net"]),
+            Err(DenyReason::Policy("quic_blocked"))
+        );
+        assert_eq!(
+            d.recheck_udp(&udp("127.0.0.1:443"), &["quic.example.net"]),
             Err(DenyReason::PlatformDenied)
         );
     }

@@ -13,7 +13,9 @@ use sluice_gateway::enforce::PolicyDecider;
 use sluice_gateway::hostaddrs::HostAddresses;
 use sluice_gateway::reload::ReloadSource;
 use sluice_gateway::{GuestSource, serve_with_reload};
-use sluice_policy::CompileOptions;
+use sluice_intercept::{Interceptor, InterceptorConfig};
+use sluice_policy::{CompileOptions, CompiledPolicy};
+use sluice_secrets::SecretStore;
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum LogFormat {
@@ -67,6 +69,15 @@ struct Args {
     /// resolvers from /etc/resolv.conf or /run/systemd/resolve/resolv.conf.
     #[arg(long)]
     dns_upstream: Vec<String>,
+    /// Write the sandbox CA certificate (PEM, mode 0644) to this path, for the guest's trust
+    /// store. The CA is generated at start only when the policy inspects some host (a secret
+    /// bound to it, or `inspect:`); otherwise no file is written.
+    #[arg(long)]
+    ca_out: Option<PathBuf>,
+    /// Extra CA certificates (PEM file, may hold several) trusted for the upstreams of
+    /// intercepted connections besides the compiled-in webpki roots. Repeatable.
+    #[arg(long)]
+    upstream_ca: Vec<PathBuf>,
     /// Maximum concurrent flows; new connections beyond it are refused with RST.
     #[arg(long, default_value_t = config::DEFAULT_MAX_FLOWS)]
     max_flows: usize,
@@ -127,10 +138,10 @@ fn main() -> anyhow::Result<()> {
     if cfg.dns_upstreams.iter().any(|u| u.ip().is_loopback()) {
         bail!("a loopback DNS upstream would expose the host's resolver to the guest");
     }
+    let mut options = CompileOptions::default();
+    options.host_addresses = host_addresses();
     let policy = match &args.policy {
         Some(p) => {
-            let mut options = CompileOptions::default();
-            options.host_addresses = host_addresses();
             let compiled = sluice_policy::load_file(p, &options)
                 .map_err(|e| anyhow::anyhow!("invalid policy {}:\n{e}", p.display()))?;
             Some(Arc::new(compiled))
@@ -149,6 +160,16 @@ fn main() -> anyhow::Result<()> {
                 .with_context(|| format!("opening audit file {}", args.audit))?,
         )
     };
+    // Secret files are re-read on reload: their directories stay readable.
+    let mut secret_dirs = Vec::new();
+    if let Some(policy) = &policy {
+        cfg.intercept = interceptor(policy, args.ca_out.as_deref(), &args.upstream_ca)?;
+        for s in policy.secrets() {
+            if let sluice_policy::SecretSource::File(path) = &s.source {
+                secret_dirs.push(policy_dir(path));
+            }
+        }
+    }
     let mut audit = AuditSink::new(out, &cfg.sandbox_id);
     audit.set_policy(policy.clone());
     let broadcast = cfg.subnet.broadcast();
@@ -163,7 +184,7 @@ fn main() -> anyhow::Result<()> {
             reload = Some(ReloadSource::new(
                 path.clone(),
                 Arc::clone(&decider),
-                CompileOptions::default(),
+                options,
             ));
             decider
         }
@@ -173,7 +194,7 @@ fn main() -> anyhow::Result<()> {
         }
     };
 
-    self_restrict(&args)?;
+    self_restrict(&args, secret_dirs)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -191,6 +212,92 @@ fn main() -> anyhow::Result<()> {
         serve_with_reload(cfg, decider, audit, source, reload).await?;
         Ok(())
     })
+}
+
+/// The interception proxy when `policy` inspects any host: its CA is written
+/// to `ca_out`, and secret values are read now (a missing one stops the start).
+fn interceptor(
+    policy: &CompiledPolicy,
+    ca_out: Option<&std::path::Path>,
+    upstream_ca: &[PathBuf],
+) -> anyhow::Result<Option<Arc<Interceptor>>> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject as _;
+    if policy.inspected_patterns().is_empty() {
+        return Ok(None);
+    }
+    let mut extra_roots = Vec::new();
+    for path in upstream_ca {
+        for cert in CertificateDer::pem_file_iter(path)
+            .with_context(|| format!("--upstream-ca {}", path.display()))?
+        {
+            extra_roots.push(cert.with_context(|| format!("--upstream-ca {}", path.display()))?);
+        }
+    }
+    let secrets = SecretStore::load(policy).context("loading the policy's secret values")?;
+    let config = InterceptorConfig {
+        extra_roots,
+        ..InterceptorConfig::default()
+    };
+    let proxy = Interceptor::new(policy.inspected_patterns(), Arc::new(secrets), config)
+        .context("starting the interception proxy")?;
+    if let Some(path) = ca_out {
+        proxy.ca().write_pem(path)?;
+    }
+    tracing::info!(
+        constraints = ?proxy.ca().subtrees(),
+        "TLS interception on for the inspected hosts (sandbox CA generated)"
+    );
+    Ok(Some(Arc::new(proxy)))
+}
+
+/// The gateway's own jail (docs/isolation.md), applied once everything it
+/// reads at start is read and before the runtime starts any thread: no
+/// exec, no new processes, no file writes but the audit log, reads only of
+/// the policy file's directory (reload re-reads it) and of the directories of
+/// the policy's secret files (reload re-reads them: rotation); TCP bind only on `--publish` ports. With `--socket`,
+/// the socket's directory stays writable (the listener is bound later).
+fn self_restrict(args: &Args, secret_dirs: Vec<PathBuf>) -> anyhow::Result<()> {
+    use sluice_confine::{GatewayConfinement, gateway_self_restrict};
+    let mut conf = GatewayConfinement {
+        audit_path: (args.audit != "-").then(|| PathBuf::from(&args.audit)),
+        // The policy's directory, not the file: reload follows editors and
+        // tools that replace the file by rename, and Landlock binds a file
+        // rule to the inode that existed when the rule was made.
+        read_paths: args
+            .policy
+            .iter()
+            .map(|p| policy_dir(p))
+            .chain(secret_dirs)
+            .collect(),
+        tcp_bind: args
+            .publish
+            .iter()
+            .filter(|p| p.proto == config::Proto::Tcp)
+            .map(|p| p.host.port())
+            .collect(),
+        allow_missing_landlock: args.allow_missing_landlock,
+        ..GatewayConfinement::default()
+    };
+    if let Some(dir) = args.socket.as_ref().and_then(|s| s.parent()) {
+        let dir = if dir.as_os_str().is_empty() {
+            PathBuf::from(".")
+        } else {
+            dir.to_path_buf()
+        };
+        conf.socket_dirs.push(dir);
+    }
+    let applied = gateway_self_restrict(&conf).context("restricting the gateway")?;
+    tracing::info!(landlock = ?applied.landlock, seccomp = ?applied.seccomp, "self-restricted");
+    Ok(())
+}
+
+/// The directory holding the policy file (`.` for a bare file name).
+fn policy_dir(path: &std::path::Path) -> PathBuf {
+    match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
 }
 
 /// Serves every allocation of [`MMAP_THRESHOLD`] or more (each TCP flow's two
@@ -221,49 +328,6 @@ fn pin_mmap_threshold() {
 
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 fn pin_mmap_threshold() {}
-
-/// The gateway's own jail (docs/isolation.md), applied once everything it
-/// reads at start is read and before the runtime starts any thread: no
-/// exec, no new processes, no file writes but the audit log, reads only of
-/// the policy file's directory (reload re-reads it); TCP bind only on `--publish` ports. With `--socket`,
-/// the socket's directory stays writable (the listener is bound later).
-fn self_restrict(args: &Args) -> anyhow::Result<()> {
-    use sluice_confine::{GatewayConfinement, gateway_self_restrict};
-    let mut conf = GatewayConfinement {
-        audit_path: (args.audit != "-").then(|| PathBuf::from(&args.audit)),
-        // The policy's directory, not the file: reload follows editors and
-        // tools that replace the file by rename, and Landlock binds a file
-        // rule to the inode that existed when the rule was made.
-        read_paths: args.policy.iter().map(|p| policy_dir(p)).collect(),
-        tcp_bind: args
-            .publish
-            .iter()
-            .filter(|p| p.proto == config::Proto::Tcp)
-            .map(|p| p.host.port())
-            .collect(),
-        allow_missing_landlock: args.allow_missing_landlock,
-        ..GatewayConfinement::default()
-    };
-    if let Some(dir) = args.socket.as_ref().and_then(|s| s.parent()) {
-        let dir = if dir.as_os_str().is_empty() {
-            PathBuf::from(".")
-        } else {
-            dir.to_path_buf()
-        };
-        conf.socket_dirs.push(dir);
-    }
-    let applied = gateway_self_restrict(&conf).context("restricting the gateway")?;
-    tracing::info!(landlock = ?applied.landlock, seccomp = ?applied.seccomp, "self-restricted");
-    Ok(())
-}
-
-/// The directory holding the policy file (`.` for a bare file name).
-fn policy_dir(path: &std::path::Path) -> PathBuf {
-    match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    }
-}
 
 /// Adopts the inherited stream socket `fd`.
 #[allow(unsafe_code)]

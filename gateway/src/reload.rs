@@ -35,11 +35,15 @@
 //!   TCP); flows now denied are reset (RST to the guest, the host socket
 //!   closed with RST) and audited `flow_close` / `reload_revoked` with the new
 //!   verdict's reason in `detail`. Flows still being inspected are decided
-//!   by the new policy when their first bytes are complete.
+//!   by the new policy when their first bytes are complete. Forwarded UDP
+//!   flows are re-checked the same way ([`PolicyDecider::recheck_udp`],
+//!   against the table's names for their destination at open); those now
+//!   denied lose their host socket and are audited `flow_close` /
+//!   `reload_revoked`.
 //! - With no guest connected the swap and the audit line happen at once.
 //!
 //! Limits: published (inbound) flows are not re-checked (the policy governs
-//! egress); UDP flows are not re-checked.
+//! egress).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -51,7 +55,6 @@ use tokio::sync::mpsc;
 
 use crate::audit::{AuditEvent, AuditSink};
 use crate::datapath::Event;
-use crate::decide::host_addresses;
 use crate::enforce::PolicyDecider;
 
 /// How often the policy file's metadata is polled.
@@ -94,7 +97,10 @@ pub struct ReloadSource {
     pub path: PathBuf,
     /// The decider built from it.
     pub decider: Arc<PolicyDecider>,
-    /// Compile options; the host addresses are re-read on each reload.
+    /// Compile options, as at start. Their host addresses are those read at
+    /// start (procfs may be closed to the gateway by then, see
+    /// `gateway_self_restrict`); the current set is enforced anyway by the
+    /// decider's `PlatformDenySet`, which is checked first and kept fresh.
     pub options: CompileOptions,
     /// The metadata poll interval ([`POLL_INTERVAL`] by default).
     pub poll: Duration,
@@ -114,9 +120,7 @@ impl ReloadSource {
 
     /// Reads and compiles the file (blocking).
     pub fn load(&self) -> Result<Arc<CompiledPolicy>, String> {
-        let mut options = self.options.clone();
-        options.host_addresses = host_addresses();
-        sluice_policy::load_file(&self.path, &options)
+        sluice_policy::load_file(&self.path, &self.options)
             .map(Arc::new)
             .map_err(|e| e.to_string())
     }

@@ -153,6 +153,8 @@ struct UdpFlow {
     up: u64,
     down: u64,
     answered: bool,
+    /// The names that admitted the flow (rechecked on reload).
+    names: Vec<Box<str>>,
 }
 
 impl UdpFlow {
@@ -246,9 +248,40 @@ impl UdpFlows {
                 up: 0,
                 down: 0,
                 answered: false,
+                names: Vec::new(),
             },
         );
         Ok(())
+    }
+
+    /// Remembers the names that admitted the open flow for `key` (the DNS
+    /// table's names for its destination at open), for [`UdpFlows::revoke`].
+    pub fn set_names(&mut self, key: &FlowKey, names: &[&str]) {
+        if let Some(flow) = self.flows.get_mut(key) {
+            flow.names = names.iter().map(|n| Box::from(*n)).collect();
+        }
+    }
+
+    /// Removes and returns the flows `deny` refuses (given each flow's key
+    /// and admitting names), with the reason it gave: a policy reload
+    /// revoking what the new policy denies. The host sockets are closed.
+    pub fn revoke<R>(
+        &mut self,
+        now: Instant,
+        mut deny: impl FnMut(&FlowKey, &[&str]) -> Option<R>,
+    ) -> Vec<(ClosedUdpFlow, R)> {
+        let mut out = Vec::new();
+        self.flows.retain(|key, flow| {
+            let names: Vec<&str> = flow.names.iter().map(|n| &**n).collect();
+            match deny(key, &names) {
+                Some(why) => {
+                    out.push((flow.closed(*key, UdpEnd::Closed, now), why));
+                    false
+                }
+                None => true,
+            }
+        });
+        out
     }
 
     /// Writes a guest datagram to the flow's host socket (never blocks).
@@ -447,6 +480,7 @@ mod tests {
                 up: 0,
                 down: 0,
                 answered: false,
+                names: Vec::new(),
             },
         );
         assert_eq!(flows.send(&key(dst), b"ping", now), SendOutcome::Sent);
@@ -538,5 +572,56 @@ mod tests {
             matches!(r, Err(UdpOpenError::HostAddress(a)) if a == ip),
             "{r:?}"
         );
+    }
+
+    #[tokio::test]
+    async fn revoke_removes_only_the_flows_refused_on_their_names() {
+        let mut flows = UdpFlows::new(UdpLimits::default());
+        let now = Instant::now();
+        let server = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let dst = server.local_addr().unwrap();
+        let keys = [
+            FlowKey {
+                src: "10.0.2.15:1".parse().unwrap(),
+                ..key(dst)
+            },
+            FlowKey {
+                src: "10.0.2.15:2".parse().unwrap(),
+                ..key(dst)
+            },
+        ];
+        for (i, k) in keys.iter().enumerate() {
+            // By hand, as above: loopback fails the host-address check.
+            let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+            sock.connect(dst).unwrap();
+            sock.set_nonblocking(true).unwrap();
+            flows.flows.insert(
+                *k,
+                UdpFlow {
+                    id: u64::try_from(i).unwrap(),
+                    socket: UdpSocket::from_std(sock).unwrap(),
+                    opened: now,
+                    last: now,
+                    up: 0,
+                    down: 0,
+                    answered: false,
+                    names: Vec::new(),
+                },
+            );
+        }
+        flows.set_names(&keys[0], &["kept.example"]);
+        flows.set_names(&keys[1], &["gone.example", "other.example"]);
+        assert_eq!(flows.send(&keys[1], b"data", now), SendOutcome::Sent);
+        let revoked = flows.revoke(now, |_, names| {
+            (!names.contains(&"kept.example")).then_some("not_allowlisted")
+        });
+        assert_eq!(revoked.len(), 1);
+        let (closed, why) = &revoked[0];
+        assert_eq!(
+            (closed.key, closed.up, *why),
+            (keys[1], 4, "not_allowlisted")
+        );
+        assert!(flows.contains(&keys[0]) && !flows.contains(&keys[1]));
+        assert_eq!(flows.send(&keys[1], b"more", now), SendOutcome::NoFlow);
     }
 }

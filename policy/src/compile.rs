@@ -9,8 +9,6 @@
 //! number of labels, not the number of rules.
 
 use std::collections::HashMap;
-use std::fmt::Write as _;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -20,6 +18,7 @@ use serde::Serialize;
 use serde_saphyr::{Location, Spanned};
 
 use crate::error::{PolicyError, PolicyErrors};
+use crate::fx::FxMap;
 use crate::model::{RawAllow, RawPolicy, RawSecret, RawUpstream};
 use crate::name::{DomainPattern, PatternKind, PatternUse, normalize_name, parse_pattern};
 use crate::name_table::{NameMatch, NameTable, NameTableBuilder, RuleRef};
@@ -140,58 +139,6 @@ pub struct SecretSpec {
     /// Where it may be substituted.
     pub locations: SecretLocations,
 }
-
-/// A small, fast, non-cryptographic hasher (the Fx hash used by rustc) for
-/// the name tables. Keys come from the policy; lookups from the guest cannot
-/// change the table, so flooding is not a concern.
-#[derive(Default, Clone, Copy)]
-struct FxHasher {
-    hash: u64,
-}
-
-const FX_SEED: u64 = 0x51_7c_c1_b7_27_22_0a_95;
-
-impl FxHasher {
-    #[inline]
-    fn add(&mut self, word: u64) {
-        self.hash = (self.hash.rotate_left(5) ^ word).wrapping_mul(FX_SEED);
-    }
-}
-
-impl Hasher for FxHasher {
-    #[inline]
-    fn write(&mut self, bytes: &[u8]) {
-        let mut chunks = bytes.chunks_exact(8);
-        for c in &mut chunks {
-            let mut w = [0u8; 8];
-            w.copy_from_slice(c);
-            self.add(u64::from_le_bytes(w));
-        }
-        let rest = chunks.remainder();
-        if !rest.is_empty() {
-            let mut w = [0u8; 8];
-            w[..rest.len()].copy_from_slice(rest);
-            self.add(u64::from_le_bytes(w));
-        }
-    }
-    #[inline]
-    fn write_u8(&mut self, i: u8) {
-        self.add(u64::from(i));
-    }
-    #[inline]
-    fn finish(&self) -> u64 {
-        // The multiply leaves the low bits (which pick the bucket) poorly
-        // mixed; finish with murmur3's fmix64 avalanche.
-        let mut h = self.hash;
-        h ^= h >> 33;
-        h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
-        h ^= h >> 33;
-        h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
-        h ^ (h >> 33)
-    }
-}
-
-type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
 
 /// An immutable compiled policy snapshot.
 ///
@@ -934,7 +881,12 @@ impl<'o> Compiler<'o> {
                     }
                 };
                 pattern_text.clear();
-                let _ = write!(pattern_text, "{pat}");
+                pattern_text.push_str(match pat.kind {
+                    PatternKind::Exact => "",
+                    PatternKind::Subdomains => "*.",
+                    PatternKind::ApexAndSubdomains => "**.",
+                });
+                pattern_text.push_str(&pat.base);
                 let Some(rid) = rules.push(&rule_id, &pattern_text, port_set) else {
                     self.err(d.referenced, "too many rules");
                     continue;

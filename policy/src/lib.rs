@@ -23,6 +23,7 @@
 pub mod audit;
 mod compile;
 mod error;
+mod fx;
 mod model;
 pub mod name;
 mod name_table;

@@ -23,8 +23,7 @@
 //! suffix; within a node, the rule written first). A name that fails
 //! normalisation matches nothing.
 
-use std::collections::HashMap;
-
+use crate::fx::FxMap;
 use crate::name::{MAX_LABEL_LEN, MAX_NAME_LEN};
 
 /// "No rule" in a record's deny fields.
@@ -115,7 +114,7 @@ pub(crate) struct NodeRules {
 /// Collects the nodes while a policy compiles.
 #[derive(Debug, Default)]
 pub(crate) struct NameTableBuilder {
-    nodes: HashMap<Box<str>, NodeRules>,
+    nodes: FxMap<Box<str>, NodeRules>,
 }
 
 /// Record layout: five little-endian u32 (key length, deny exact, deny
@@ -146,10 +145,8 @@ impl NameTableBuilder {
             filter_shift: 64 - filter_words.trailing_zeros(),
         };
         let mut records: Vec<u8> = Vec::with_capacity(count * 48);
-        // Deterministic layout: key order.
-        let mut nodes: Vec<(Box<str>, NodeRules)> = self.nodes.into_iter().collect();
-        nodes.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        for (key, node) in nodes {
+        // The Fx map has no random seed: the layout is the same every time.
+        for (key, node) in self.nodes {
             let offset = u32::try_from(records.len()).ok()?;
             let header = [
                 u32::try_from(key.len()).ok()?,
@@ -252,15 +249,20 @@ impl NameTable {
         )
     }
 
-    fn u32_at(&self, offset: usize) -> Option<u32> {
-        let b = self.records.get(offset..offset + 4)?;
-        Some(u32::from_le_bytes(b.try_into().ok()?))
+    /// The header of the record at `offset`: key length, deny exact, deny
+    /// sub, number of exact allows, number of subdomain allows.
+    #[inline(always)]
+    fn header(&self, offset: usize) -> Option<[u32; 5]> {
+        let b: &[u8; HEADER] = self.records.get(offset..offset + HEADER)?.try_into().ok()?;
+        let word = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        Some([word(0), word(4), word(8), word(12), word(16)])
     }
 
-    /// The offset of the record whose key equals `suffix` ignoring ASCII
-    /// case (`suffix` holds only bytes that passed the fold table).
+    /// The offset and header of the record whose key equals `suffix`
+    /// ignoring ASCII case (`suffix` holds only bytes that passed the fold
+    /// table).
     #[inline]
-    fn find(&self, hash: u64, suffix: &[u8]) -> Option<usize> {
+    fn find(&self, hash: u64, suffix: &[u8]) -> Option<(usize, [u32; 5])> {
         let (word, bits) = self.filter_pos(hash);
         if self.filter.get(word).is_none_or(|&w| w & bits != bits) {
             return None;
@@ -274,41 +276,30 @@ impl NameTable {
             }
             if slot & TAG_MASK == tag {
                 let offset = usize::try_from((slot & !TAG_MASK) - 1).ok()?;
-                let key_len = usize::try_from(self.u32_at(offset)?).ok()?;
+                let header = self.header(offset)?;
+                let key_len = header[0] as usize;
                 let key = self
                     .records
                     .get(offset + HEADER..offset + HEADER + key_len)?;
                 if same_name(key, suffix) {
-                    return Some(offset);
+                    return Some((offset, header));
                 }
             }
             at = (at + 1) & self.mask;
         }
     }
 
-    /// A record's deny rule (exact or subdomain) and its allow list.
-    #[inline]
-    fn rules_of(&self, offset: usize, exact: bool) -> (u32, impl Iterator<Item = RuleRef> + '_) {
-        let field = |i: usize| self.u32_at(offset + 4 * i);
-        let key_len = field(0).unwrap_or(0) as usize;
-        let deny = field(if exact { 1 } else { 2 }).unwrap_or(NONE);
-        let n_exact = field(3).unwrap_or(0) as usize;
-        let n_sub = field(4).unwrap_or(0) as usize;
+    /// A record's allow list (exact or subdomain), given its header.
+    #[inline(always)]
+    fn allows_of(&self, offset: usize, header: [u32; 5], exact: bool) -> &[u8] {
+        let [key_len, _, _, n_exact, n_sub] = header.map(|v| v as usize);
         let (skip, n) = if exact {
             (0, n_exact)
         } else {
             (n_exact, n_sub)
         };
         let start = offset + HEADER + key_len + 8 * skip;
-        let items = self.records.get(start..start + 8 * n).unwrap_or_default();
-        let refs = items.chunks_exact(8).map(|c| {
-            let (id, ports) = c.split_at(4);
-            RuleRef {
-                id: id.try_into().map_or(NONE, u32::from_le_bytes),
-                ports: ports.try_into().map_or(NONE, u32::from_le_bytes),
-            }
-        });
-        (deny, refs)
+        self.records.get(start..start + 8 * n).unwrap_or_default()
     }
 
     /// Match `name` as seen on the wire (any ASCII case, one optional
@@ -331,19 +322,31 @@ impl NameTable {
         let mut denied = NONE;
         let mut allowed = NONE;
         let mut filtered = NONE;
-        let mut visit = |offset: usize, exact: bool| {
-            let (deny, mut refs) = self.rules_of(offset, exact);
+        let mut visit = |(offset, header): (usize, [u32; 5]), exact: bool| {
+            let deny = if exact { header[1] } else { header[2] };
             if deny != NONE {
                 denied = deny;
             }
-            if let Some(first) = refs.next() {
-                if accept(first) {
-                    allowed = first.id;
-                } else if let Some(r) = refs.find(|&r| accept(r)) {
+            let items = self.allows_of(offset, header, exact);
+            let mut first = NONE;
+            for item in items.chunks_exact(8) {
+                let &[a, b, c, d, e, f, g, h] = item else {
+                    continue;
+                };
+                let r = RuleRef {
+                    id: u32::from_le_bytes([a, b, c, d]),
+                    ports: u32::from_le_bytes([e, f, g, h]),
+                };
+                if accept(r) {
                     allowed = r.id;
-                } else {
-                    filtered = first.id;
+                    return;
                 }
+                if first == NONE {
+                    first = r.id;
+                }
+            }
+            if first != NONE {
+                filtered = first;
             }
         };
         let mut hash = HASH_SEED;
@@ -363,8 +366,8 @@ impl NameTable {
                 label_end = i;
                 if wanted & 1 != 0 {
                     let suffix = bytes.get(i + 1..).unwrap_or_default();
-                    if let Some(offset) = self.find(finish(hash), suffix) {
-                        visit(offset, false);
+                    if let Some(found) = self.find(finish(hash), suffix) {
+                        visit(found, false);
                     }
                 }
                 wanted >>= 1;
@@ -375,9 +378,9 @@ impl NameTable {
             return NameMatch::None;
         }
         if wanted & 1 != 0
-            && let Some(offset) = self.find(finish(hash), bytes)
+            && let Some(found) = self.find(finish(hash), bytes)
         {
-            visit(offset, true);
+            visit(found, true);
         }
         if denied != NONE {
             NameMatch::Denied(denied)
@@ -421,4 +424,90 @@ fn same_name(key: &[u8], input: &[u8]) -> bool {
         .iter()
         .zip(n.remainder())
         .all(|(a, b)| a | 0x20 == b | 0x20)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(keys: &[(&str, bool, bool)]) -> NameTable {
+        // (key, exact allow, subdomain allow); rule id = position.
+        let mut b = NameTableBuilder::default();
+        for (i, &(key, exact, sub)) in keys.iter().enumerate() {
+            let r = RuleRef {
+                id: u32::try_from(i).unwrap(),
+                ports: 0,
+            };
+            let node = b.node(key.to_owned());
+            if exact {
+                node.exact.push(r);
+            }
+            if sub {
+                node.sub.push(r);
+            }
+        }
+        b.build().unwrap()
+    }
+
+    #[test]
+    fn case_folded_compare_is_exact_on_allowed_bytes() {
+        assert!(same_name(b"a_b-c.example", b"A_B-C.EXAMPLE"));
+        assert!(same_name(b"abcdefgh.ijklmnop", b"ABCDEFGH.IJKLMNOP"));
+        assert!(!same_name(b"a_b", b"a-b"));
+        assert!(!same_name(b"a.b", b"a-b"));
+        assert!(!same_name(b"abcdefgh.ijk", b"abcdefgh.ijl"));
+        assert!(!same_name(b"abc", b"abcd"));
+        // Every pair of distinct allowed lower-case bytes stays distinct.
+        let allowed: Vec<u8> = (0..=255u8)
+            .filter(|&b| FOLD[usize::from(b)] == b || b == b'.')
+            .collect();
+        for &x in &allowed {
+            for &y in &allowed {
+                assert_eq!(same_name(&[x], &[y]), x == y, "{x} {y}");
+            }
+        }
+    }
+
+    #[test]
+    fn deep_names_and_deep_keys() {
+        // A key of 100 labels: beyond 64, where the depth mask needs u128.
+        let deep = vec!["a"; 100].join(".") + ".test";
+        let t = table(&[(&deep, true, true), ("test", false, true)]);
+        assert_eq!(t.match_name(&deep, |_| true), NameMatch::Allowed(0));
+        assert_eq!(
+            t.match_name(&format!("B.{deep}"), |_| true),
+            NameMatch::Allowed(0)
+        );
+        // 99 labels: only the `test` subdomain rule.
+        let shallower = vec!["a"; 99].join(".") + ".test";
+        assert_eq!(t.match_name(&shallower, |_| true), NameMatch::Allowed(1));
+        assert_eq!(t.match_name("test", |_| true), NameMatch::None);
+        // Over 253 bytes: invalid, whatever it ends in.
+        let long = vec!["a"; 127].join(".") + ".test";
+        assert!(long.len() > MAX_NAME_LEN);
+        assert_eq!(t.match_name(&long, |_| true), NameMatch::None);
+    }
+
+    #[test]
+    fn an_empty_table_matches_nothing() {
+        let t = table(&[]);
+        assert_eq!(t.match_name("example.com", |_| true), NameMatch::None);
+        let t = NameTable::default();
+        assert_eq!(t.match_name("example.com", |_| true), NameMatch::None);
+    }
+
+    #[test]
+    fn many_keys_sharing_a_suffix_all_resolve() {
+        let keys: Vec<String> = (0..5000).map(|i| format!("h{i}.example.com")).collect();
+        let entries: Vec<(&str, bool, bool)> =
+            keys.iter().map(|k| (k.as_str(), true, false)).collect();
+        let t = table(&entries);
+        for (i, k) in keys.iter().enumerate() {
+            let want = NameMatch::Allowed(u32::try_from(i).unwrap());
+            assert_eq!(t.match_name(&k.to_uppercase(), |_| true), want);
+            assert_eq!(t.match_name(&format!("{k}."), |_| true), want);
+        }
+        assert_eq!(t.match_name("h5000.example.com", |_| true), NameMatch::None);
+        assert_eq!(t.match_name("x.h1.example.com", |_| true), NameMatch::None);
+    }
 }

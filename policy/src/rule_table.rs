@@ -4,9 +4,8 @@
 //! 100,000-rule policy is three allocations here, and a port filter reads a
 //! small, hot array instead of each rule.
 
-use std::collections::HashMap;
-
 use crate::compile::Transport;
+use crate::fx::FxMap;
 
 /// One rule: its id and pattern are `text[start..start + id_len]` and the
 /// `pattern_len` bytes after it.
@@ -32,7 +31,7 @@ pub(crate) struct RuleTable {
     text: String,
     port_sets: Vec<PortSet>,
     /// Compile-time index of `port_sets`; emptied by [`RuleTable::freeze`].
-    port_index: HashMap<PortSet, u32>,
+    port_index: FxMap<PortSet, u32>,
 }
 
 impl RuleTable {
@@ -74,7 +73,7 @@ impl RuleTable {
 
     /// Drop compile-time state and spare capacity.
     pub(crate) fn freeze(&mut self) {
-        self.port_index = HashMap::new();
+        self.port_index = FxMap::default();
         self.rules.shrink_to_fit();
         self.text.shrink_to_fit();
         self.port_sets.shrink_to_fit();

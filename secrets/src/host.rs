@@ -14,6 +14,7 @@ use sluice_policy::audit::{SecretLocation, SecretUse};
 use zeroize::Zeroizing;
 
 use crate::matcher::{SecretBytes, Table, replace_all};
+use crate::scan::{PlaceholderScanner, Seen};
 use crate::store::Secret;
 use crate::stream::StreamReplacer;
 
@@ -147,6 +148,8 @@ struct HostInner {
     reflect_rows: Vec<(SecretBytes, SecretBytes, Arc<str>)>,
     /// Bound secrets: value (and query encoding) -> placeholder.
     reflect: Option<Arc<Table>>,
+    /// Placeholders a request body passes through unchanged, and why.
+    body_scan: Option<(Arc<Table>, Arc<[Seen]>)>,
 }
 
 impl HostSubstituter {
@@ -184,6 +187,22 @@ impl HostSubstituter {
                 }
             }
         }
+        let mut scan_rows = Vec::new();
+        let mut scan_kinds = Vec::new();
+        for (s, &b) in secrets.iter().zip(&bound) {
+            if b && s.locations.body {
+                continue;
+            }
+            let p = Arc::clone(&s.placeholder);
+            scan_rows.push((Arc::clone(&p), p, Arc::clone(&s.name)));
+            scan_kinds.push(if b {
+                Seen::NotAllowed
+            } else {
+                Seen::Mismatched
+            });
+        }
+        let body_scan = (!scan_rows.is_empty())
+            .then(|| (Arc::new(Table::new(scan_rows)), Arc::from(scan_kinds)));
         let body = (!body_rows.is_empty()).then(|| Arc::new(Table::new(body_rows)));
         let reflect =
             (!reflect_rows.is_empty()).then(|| Arc::new(Table::new(reflect_rows.clone())));
@@ -196,6 +215,7 @@ impl HostSubstituter {
                 body,
                 reflect_rows,
                 reflect,
+                body_scan,
             }),
         }
     }
@@ -268,6 +288,19 @@ impl HostSubstituter {
             .body
             .as_ref()
             .map(|t| StreamReplacer::new(Arc::clone(t)))
+    }
+
+    /// Streaming detection, for logging, of the placeholders a request body
+    /// to this host passes through unchanged: other secrets' placeholders
+    /// ([`PlaceholderScanner::mismatched`]) and bound secrets that do not
+    /// allow `body` ([`PlaceholderScanner::not_allowed`]). Feed it the body
+    /// as the guest sent it. `None` when the store has no such placeholder.
+    #[must_use]
+    pub fn request_body_scanner(&self) -> Option<PlaceholderScanner> {
+        self.inner
+            .body_scan
+            .as_ref()
+            .map(|(t, k)| PlaceholderScanner::new(Arc::clone(t), Arc::clone(k)))
     }
 
     /// Reflection scrubbing of a response head: every real value (and

@@ -18,6 +18,8 @@
 //! - [`StreamReplacer`]: boundary-safe replacement over a body that arrives
 //!   in chunks, identical to a one-shot replace however it is split, holding
 //!   back at most `longest pattern - 1` bytes.
+//! - [`PlaceholderScanner`]: boundary-safe detection, for logging, of the
+//!   placeholders a body passes through unchanged.
 //!
 //! Matching is exact (case-sensitive bytes), leftmost-longest and
 //! non-overlapping. The policy guarantees no placeholder contains another,
@@ -51,9 +53,11 @@
 
 mod host;
 mod matcher;
+mod scan;
 mod store;
 mod stream;
 
 pub use host::{HostSubstituter, SubstituteError, Substitutions};
+pub use scan::PlaceholderScanner;
 pub use store::{MAX_SECRET_FILE_BYTES, SecretError, SecretStore};
 pub use stream::StreamReplacer;

@@ -13,6 +13,7 @@ use zeroize::Zeroizing;
 
 use crate::host::HostSubstituter;
 use crate::matcher::{SecretBytes, Table, secret_bytes};
+use crate::scan::{PlaceholderScanner, Seen};
 
 /// The largest secret file read (64 KiB): credentials are small, and a
 /// mistaken path such as `/dev/zero` must not exhaust memory.
@@ -236,6 +237,15 @@ impl SecretStore {
             .ok()
             .and_then(|n| self.hosts.get(n.as_str()));
         sub.unwrap_or(&self.unbound).clone()
+    }
+
+    /// Streaming detection of every placeholder (all reported as
+    /// [`PlaceholderScanner::mismatched`]): for bodies that are never
+    /// substituted, such as plain HTTP.
+    #[must_use]
+    pub fn placeholder_scanner(&self) -> PlaceholderScanner {
+        let kinds: Arc<[Seen]> = self.secrets.iter().map(|_| Seen::Mismatched).collect();
+        PlaceholderScanner::new(Arc::clone(&self.placeholders), kinds)
     }
 
     /// The names of the secrets whose placeholder occurs in `bytes`, in

@@ -429,7 +429,7 @@ impl WorldBuilder {
         self.policy = Some(yaml.to_string());
         self
     }
-    /// Extra sidecar arguments.
+    /// Extra sidecar arguments; `{dir}` is replaced by the world's directory.
     pub fn sidecar_arg(mut self, a: &str) -> Self {
         self.extra_args.push(a.to_string());
         self
@@ -742,7 +742,15 @@ impl World {
                 }
             }
         }
-        c.args(&self.builder.extra_args);
+        // `{dir}` in an extra argument is this world's directory (e.g. the
+        // origin's CA at `{dir}/ca.pem`).
+        let dir_text = d.display().to_string();
+        c.args(
+            self.builder
+                .extra_args
+                .iter()
+                .map(|a| a.replace("{dir}", &dir_text)),
+        );
         let _ = std::fs::remove_file(&self.socket);
         let start = Instant::now();
         let mut p = Proc::spawn("sidecar", &mut c, &d.join("sidecar.log"))?;

@@ -1,5 +1,5 @@
 //! Applying a policy reload on the datapath task: swap, TTL bounds, DNS
-//! table purge, and the re-check of every open TCP flow (see
+//! table purge, and the re-check of every open TCP and forwarded UDP flow (see
 //! `crate::reload` for the whole sequence and what is logged).
 
 use std::net::{IpAddr, SocketAddr};
@@ -32,6 +32,7 @@ impl Datapath {
         };
         let previous = reload.decider.swap(Arc::clone(&policy));
         self.audit.set_policy(Some(Arc::clone(&policy)));
+        self.reload_intercept(&policy);
         let bounds = policy.ttl_bounds();
         self.dns.set_ttl_bounds(bounds.min, bounds.max);
         let purged = self
@@ -69,10 +70,15 @@ impl Datapath {
             }
         }
 
+        // Forwarded UDP flows, against the names that admitted them.
+        let udp_revoked = self.udp.revoke(now, |key, names| {
+            reload.decider.recheck_udp(key, names).err()
+        });
+
         let detail = format!(
             "previous: {}; flows revoked: {}; names purged: {}",
             previous.version_hash(),
-            revoked.len(),
+            revoked.len() + udp_revoked.len(),
             purged
         );
         self.audit.record(&AuditEvent::Reload {
@@ -128,6 +134,22 @@ impl Datapath {
             }
             // A pending connect's result finds no flow and is dropped.
             self.remove_flow(id);
+        }
+        // Their host sockets are closed already; the guest side of UDP has
+        // no connection to reset.
+        for (c, reason) in udp_revoked {
+            self.audit.record(&AuditEvent::Revoked {
+                flow: c.id,
+                proto: "udp",
+                src: c.key.src,
+                dst: c.key.dst,
+                bytes_up: c.up,
+                bytes_down: c.down,
+                duration_ms: u64::try_from(c.duration.as_millis()).unwrap_or(u64::MAX),
+                why: reason.as_str(),
+                wire: None,
+            });
+            self.counters.flows_closed += 1;
         }
         tracing::info!(
             version = policy.version_hash(),

@@ -8,6 +8,10 @@
 //!   (`<hex> <len>\n`);
 //! - `ANY /echo...`: a JSON object with the method, path, version, headers
 //!   and body (lossy UTF-8) it received;
+//! - `GET /ws` with `Connection: upgrade` (HTTP/1.1): `101 Switching
+//!   Protocols` (`Upgrade: websocket`), then every byte received is echoed
+//!   back raw (no WebSocket framing: enough to prove a proxy splices the
+//!   upgraded stream) until the client closes;
 //! - anything else: `hello from sluice-test-origin\n`.
 //!
 //! TLS uses rustls with the ring provider and a certificate chain made per run
@@ -178,13 +182,21 @@ async fn serve_http(l: TcpListener, tls: Option<TlsAcceptor>, log: Log) {
             let builder = auto::Builder::new(TokioExecutor::new());
             let res = match tls {
                 Some(acc) => match acc.accept(stream).await {
-                    Ok(s) => builder.serve_connection(TokioIo::new(s), svc).await,
+                    Ok(s) => {
+                        builder
+                            .serve_connection_with_upgrades(TokioIo::new(s), svc)
+                            .await
+                    }
                     Err(e) => {
                         eprintln!("tls accept: {e}");
                         return;
                     }
                 },
-                None => builder.serve_connection(TokioIo::new(stream), svc).await,
+                None => {
+                    builder
+                        .serve_connection_with_upgrades(TokioIo::new(stream), svc)
+                        .await
+                }
             };
             if let Err(e) = res {
                 eprintln!("connection: {e}");
@@ -200,7 +212,7 @@ fn text(s: String) -> Resp {
 }
 
 async fn handle(
-    req: Request<Incoming>,
+    mut req: Request<Incoming>,
     local: Option<SocketAddr>,
     tls: bool,
     log: Log,
@@ -219,6 +231,8 @@ async fn handle(
         })
         .collect();
     let authority = req.uri().authority().map(|a| a.to_string());
+    let upgrade_ws = path == "/ws" && req.headers().contains_key(hyper::header::UPGRADE);
+    let on_upgrade = upgrade_ws.then(|| hyper::upgrade::on(&mut req));
 
     let mut body = req.into_body();
     let mut hasher = Sha256::new();
@@ -251,7 +265,36 @@ async fn handle(
         let _ = writeln!(f, "{line}");
     }
 
-    let resp = if let Some(n) = path.strip_prefix("/bytes/") {
+    let resp = if let Some(on_upgrade) = on_upgrade {
+        tokio::spawn(async move {
+            if let Ok(upgraded) = on_upgrade.await {
+                let mut io = TokioIo::new(upgraded);
+                let mut buf = vec![0u8; 16 * 1024];
+                loop {
+                    match io.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => {
+                            if io.write_all(&buf[..n]).await.is_err() {
+                                break;
+                            }
+                        }
+                    }
+                }
+                let _ = io.shutdown().await;
+            }
+        });
+        let mut r = Response::new(Full::new(Bytes::new()).boxed());
+        *r.status_mut() = hyper::StatusCode::SWITCHING_PROTOCOLS;
+        r.headers_mut().insert(
+            hyper::header::UPGRADE,
+            hyper::header::HeaderValue::from_static("websocket"),
+        );
+        r.headers_mut().insert(
+            hyper::header::CONNECTION,
+            hyper::header::HeaderValue::from_static("upgrade"),
+        );
+        r
+    } else if let Some(n) = path.strip_prefix("/bytes/") {
         match n.parse::<u64>() {
             Ok(n) => Response::new(PatternBody { pos: 0, len: n }.boxed()),
             Err(_) => text(format!("bad length {n}\n")),

@@ -1,0 +1,975 @@
+//! The TLS-terminating proxy for one intercepted connection.
+//!
+//! Order of operations for a connection ([`Interceptor::serve`]):
+//! 1. Read the guest's ClientHello (rustls, lazily): its SNI must equal the
+//!    one enforcement verified, else the connection is dropped
+//!    (`inspect_failed`).
+//! 2. Connect to the validated destination IP and handshake TLS with the
+//!    guest's SNI, offering the ALPN protocols the guest offered among `h2`
+//!    and `http/1.1`. The chain is verified against the webpki roots plus
+//!    the operator's extra CAs. A refused chain is `upstream_tls_failed`: the
+//!    upstream connection is dropped at once and never carries a byte of
+//!    the guest's; the guest's handshake is completed so that every request
+//!    it sends is answered `502` with the reason (one `http` line each).
+//! 3. Complete the guest's handshake with a leaf for the SNI
+//!    ([`crate::SandboxCa::leaf`]) and exactly the ALPN protocol the
+//!    upstream chose, so both legs speak the same HTTP version.
+//! 4. Serve HTTP (hyper): each request is checked, substituted, forwarded and
+//!    its response scrubbed, streaming both ways (no body is buffered whole):
+//!    - its Host / `:authority` (and an absolute-form target's authority)
+//!      must name the SNI (case-insensitive, trailing dot ignored, the
+//!      destination port optional); else `421` and `host_sni_mismatch`;
+//!    - secrets bound to the SNI are substituted in the head and, where
+//!      allowed, the body ([`sluice_secrets::HostSubstituter`]); other
+//!      secrets' placeholders are passed through unchanged and reported
+//!      (`secret_host_mismatch`);
+//!    - the response head and body are scrubbed of the real values; a
+//!      content-encoded response on a host with bound secrets cannot be
+//!      scrubbed and is answered `502` instead (`upstream_error`);
+//!    - hop-by-hop headers are dropped both ways; `Content-Length` is
+//!      dropped where a body is rewritten (it is re-framed);
+//!    - an HTTP/1.1 `Upgrade` (WebSocket) is forwarded with its headers;
+//!      after `101` the two upgraded streams are spliced byte for byte (no
+//!      substitution inside WebSocket frames).
+//!
+//! Limits: HTTP/2 extended CONNECT (WebSocket over h2) is not proxied (the
+//! guest's h2 SETTINGS do not enable it); ALPN protocols other than `h2` and
+//! `http/1.1` are not offered upstream; response trailers are dropped when
+//! the body is scrubbed.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::BodyExt as _;
+use http_body_util::combinators::UnsyncBoxBody;
+use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::client::conn::{http1 as client_h1, http2 as client_h2};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::server::{Acceptor, ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+use sluice_policy::Reason;
+use sluice_policy::audit::{Kind, SecretLocation};
+use sluice_secrets::{HostSubstituter, SecretStore, StreamReplacer, Substitutions};
+use thiserror::Error;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
+use tokio_rustls::{LazyConfigAcceptor, TlsConnector};
+
+use crate::ca::{CaError, CaOptions, SandboxCa};
+use crate::event::{AuditOut, HttpEvent};
+
+/// Default bound on the upstream TCP connect.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Bound on the guest's ClientHello and the two TLS handshakes.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(15);
+
+const H2: &[u8] = b"h2";
+const H1: &[u8] = b"http/1.1";
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// The body type both legs are driven with.
+type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
+
+/// Why the interceptor could not be built.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum InterceptError {
+    /// The CA could not be made.
+    #[error(transparent)]
+    Ca(#[from] CaError),
+    /// An extra upstream CA certificate was refused.
+    #[error("extra upstream CA: {0}")]
+    ExtraRoot(String),
+    /// rustls refused the configuration.
+    #[error("TLS configuration: {0}")]
+    Tls(#[from] rustls::Error),
+}
+
+/// Configuration of an [`Interceptor`].
+#[derive(Debug, Clone, Default)]
+pub struct InterceptorConfig {
+    /// CA and leaf lifetimes.
+    pub ca: CaOptions,
+    /// CA certificates trusted for upstreams besides the webpki roots
+    /// (`--upstream-ca`).
+    pub extra_roots: Vec<CertificateDer<'static>>,
+    /// Bound on the upstream TCP connect ([`DEFAULT_CONNECT_TIMEOUT`] if zero).
+    pub connect_timeout: Duration,
+}
+
+/// An intercepted flow as the datapath hands it over.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FlowInfo {
+    /// The gateway's flow id.
+    pub id: u64,
+    /// Guest endpoint.
+    pub src: SocketAddr,
+    /// Validated destination (connect here, nowhere else).
+    pub dst: SocketAddr,
+    /// The SNI enforcement verified (normalised).
+    pub sni: String,
+}
+
+/// The proxy shared by every intercepted connection: CA, upstream TLS
+/// configuration and the secret store (swapped on reload).
+pub struct Interceptor {
+    ca: SandboxCa,
+    upstream: Arc<rustls::ClientConfig>,
+    provider: Arc<rustls::crypto::CryptoProvider>,
+    secrets: ArcSwap<SecretStore>,
+    connect_timeout: Duration,
+}
+
+impl std::fmt::Debug for Interceptor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Interceptor")
+            .field("ca", &self.ca)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Serves the one leaf minted for the connection's SNI.
+#[derive(Debug)]
+struct OneCert(Arc<CertifiedKey>);
+
+impl ResolvesServerCert for OneCert {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.0.clone())
+    }
+}
+
+impl Interceptor {
+    /// A proxy whose CA is constrained to `inspected` (normally
+    /// [`sluice_policy::CompiledPolicy::inspected_patterns`]) with the
+    /// secret values of `secrets`.
+    pub fn new(
+        inspected: &[sluice_policy::DomainPattern],
+        secrets: Arc<SecretStore>,
+        config: InterceptorConfig,
+    ) -> Result<Self, InterceptError> {
+        let ca = SandboxCa::generate(inspected, config.ca)?;
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut roots = rustls::RootCertStore {
+            roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+        };
+        for der in config.extra_roots {
+            roots
+                .add(der)
+                .map_err(|e| InterceptError::ExtraRoot(e.to_string()))?;
+        }
+        let upstream = rustls::ClientConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let connect_timeout = if config.connect_timeout.is_zero() {
+            DEFAULT_CONNECT_TIMEOUT
+        } else {
+            config.connect_timeout
+        };
+        Ok(Self {
+            ca,
+            upstream: Arc::new(upstream),
+            provider,
+            secrets: ArcSwap::new(secrets),
+            connect_timeout,
+        })
+    }
+
+    /// The sandbox CA (its certificate goes to the guest).
+    pub fn ca(&self) -> &SandboxCa {
+        &self.ca
+    }
+
+    /// The secret store in force now (for placeholder detection elsewhere,
+    /// e.g. on plain HTTP, where nothing is ever substituted).
+    pub fn secrets(&self) -> Arc<SecretStore> {
+        self.secrets.load_full()
+    }
+
+    /// Installs rotated secret values (reload). Connections already open
+    /// keep the values they started with; new connections use these.
+    pub fn set_secrets(&self, secrets: Arc<SecretStore>) {
+        self.secrets.store(secrets);
+    }
+
+    /// Proxies one intercepted connection until either side ends it.
+    /// `guest` delivers the guest's bytes starting with its ClientHello.
+    pub async fn serve<S>(self: Arc<Self>, guest: S, flow: FlowInfo, audit: Arc<dyn AuditOut>)
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let fail = |reason: Reason, detail: String| {
+            let mut e = HttpEvent::new(
+                Kind::Connection,
+                reason,
+                flow.id,
+                flow.src,
+                flow.dst,
+                &flow.sni,
+            );
+            e.detail = Some(detail);
+            audit.record(e);
+        };
+        // 1. The guest's ClientHello.
+        let start = match tokio::time::timeout(
+            HANDSHAKE_TIMEOUT,
+            LazyConfigAcceptor::new(Acceptor::default(), guest),
+        )
+        .await
+        {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => return fail(Reason::InspectFailed, format!("guest ClientHello: {e}")),
+            Err(_) => return fail(Reason::InspectFailed, "guest ClientHello timed out".into()),
+        };
+        let hello = start.client_hello();
+        let sni_ok = hello
+            .server_name()
+            .is_some_and(|n| n.trim_end_matches('.').eq_ignore_ascii_case(&flow.sni));
+        if !sni_ok {
+            return fail(
+                Reason::InspectFailed,
+                "ClientHello SNI differs from the verified one".into(),
+            );
+        }
+        let offered: Vec<Vec<u8>> = hello
+            .alpn()
+            .map(|it| {
+                it.filter(|p| *p == H2 || *p == H1)
+                    .map(<[u8]>::to_vec)
+                    .collect()
+            })
+            .unwrap_or_default();
+        let leaf = match self.ca.leaf(&flow.sni) {
+            Ok(l) => l,
+            Err(e) => return fail(Reason::InspectFailed, e.to_string()),
+        };
+
+        // 2. Upstream TCP + TLS.
+        let (upstream, alpn) = match self.connect_upstream(&flow, &offered).await {
+            Ok((tls, alpn)) => (Some(tls), alpn),
+            Err((reason, detail)) => {
+                fail(reason, detail.clone());
+                // Answer the guest's requests with 502: prefer HTTP/1.1.
+                let alpn = if offered.iter().any(|p| p == H1) {
+                    Some(H1.to_vec())
+                } else {
+                    offered.first().cloned()
+                };
+                let guest_tls = match self.accept_guest(start, leaf, alpn.clone()).await {
+                    Ok(s) => s,
+                    Err(_) => return,
+                };
+                let conn = Arc::new(Conn {
+                    flow: flow.clone(),
+                    upstream: Upstream::Failed { reason, detail },
+                    subst: self.secrets.load().for_host(&flow.sni),
+                    audit: audit.clone(),
+                });
+                serve_guest(conn, guest_tls, alpn.as_deref() == Some(H2)).await;
+                return;
+            }
+        };
+        let Some(upstream) = upstream else { return };
+
+        // 3. The guest's handshake, with the upstream's ALPN choice.
+        let guest_tls = match self.accept_guest(start, leaf, alpn.clone()).await {
+            Ok(s) => s,
+            Err(e) => return fail(Reason::InspectFailed, format!("guest handshake: {e}")),
+        };
+
+        // 4. HTTP on both legs.
+        let h2 = alpn.as_deref() == Some(H2);
+        let io = TokioIo::new(upstream);
+        let upstream = if h2 {
+            match client_h2::Builder::new(TokioExecutor::new())
+                .handshake(io)
+                .await
+            {
+                Ok((send, conn)) => {
+                    tokio::spawn(async move {
+                        if let Err(e) = conn.await {
+                            tracing::debug!(error = %e, "upstream h2 connection ended");
+                        }
+                    });
+                    Upstream::H2(send)
+                }
+                Err(e) => Upstream::Failed {
+                    reason: Reason::UpstreamError,
+                    detail: format!("upstream HTTP/2 handshake: {e}"),
+                },
+            }
+        } else {
+            match client_h1::Builder::new().handshake(io).await {
+                Ok((send, conn)) => {
+                    tokio::spawn(async move {
+                        if let Err(e) = conn.with_upgrades().await {
+                            tracing::debug!(error = %e, "upstream h1 connection ended");
+                        }
+                    });
+                    Upstream::H1(tokio::sync::Mutex::new(send))
+                }
+                Err(e) => Upstream::Failed {
+                    reason: Reason::UpstreamError,
+                    detail: format!("upstream HTTP/1.1 handshake: {e}"),
+                },
+            }
+        };
+        let conn = Arc::new(Conn {
+            subst: self.secrets.load().for_host(&flow.sni),
+            flow,
+            upstream,
+            audit,
+        });
+        serve_guest(conn, guest_tls, h2).await;
+    }
+
+    /// Connects and handshakes upstream; the ALPN protocol it chose.
+    async fn connect_upstream(
+        &self,
+        flow: &FlowInfo,
+        offered: &[Vec<u8>],
+    ) -> Result<(tokio_rustls::client::TlsStream<TcpStream>, Option<Vec<u8>>), (Reason, String)>
+    {
+        let tcp =
+            match tokio::time::timeout(self.connect_timeout, TcpStream::connect(flow.dst)).await {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => {
+                    return Err((Reason::ConnectFailed, format!("connect {}: {e}", flow.dst)));
+                }
+                Err(_) => {
+                    return Err((
+                        Reason::ConnectFailed,
+                        format!("connect {}: timed out", flow.dst),
+                    ));
+                }
+            };
+        let _ = tcp.set_nodelay(true);
+        let mut cfg = (*self.upstream).clone();
+        cfg.alpn_protocols = offered.to_vec();
+        let name = ServerName::try_from(flow.sni.clone())
+            .map_err(|e| (Reason::InspectFailed, format!("SNI {}: {e}", flow.sni)))?;
+        let connector = TlsConnector::from(Arc::new(cfg));
+        let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, connector.connect(name, tcp)).await
+        {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => {
+                let cert = e
+                    .get_ref()
+                    .and_then(|i| i.downcast_ref::<rustls::Error>())
+                    .is_some_and(|r| {
+                        matches!(
+                            r,
+                            rustls::Error::InvalidCertificate(_)
+                                | rustls::Error::NoCertificatesPresented
+                        )
+                    });
+                let reason = if cert {
+                    Reason::UpstreamTlsFailed
+                } else {
+                    Reason::UpstreamError
+                };
+                return Err((reason, format!("upstream TLS with {}: {e}", flow.sni)));
+            }
+            Err(_) => {
+                return Err((
+                    Reason::UpstreamError,
+                    format!("upstream TLS with {}: timed out", flow.sni),
+                ));
+            }
+        };
+        let alpn = tls.get_ref().1.alpn_protocol().map(<[u8]>::to_vec);
+        Ok((tls, alpn))
+    }
+
+    async fn accept_guest<S>(
+        &self,
+        start: tokio_rustls::StartHandshake<S>,
+        leaf: Arc<CertifiedKey>,
+        alpn: Option<Vec<u8>>,
+    ) -> Result<tokio_rustls::server::TlsStream<S>, std::io::Error>
+    where
+        S: AsyncRead + AsyncWrite + Unpin,
+    {
+        let mut cfg = rustls::ServerConfig::builder_with_provider(self.provider.clone())
+            .with_safe_default_protocol_versions()
+            .map_err(std::io::Error::other)?
+            .with_no_client_auth()
+            .with_cert_resolver(Arc::new(OneCert(leaf)));
+        cfg.alpn_protocols = alpn.into_iter().collect();
+        match tokio::time::timeout(HANDSHAKE_TIMEOUT, start.into_stream(Arc::new(cfg))).await {
+            Ok(r) => r,
+            Err(_) => Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "guest handshake timed out",
+            )),
+        }
+    }
+}
+
+/// The upstream leg of one connection.
+enum Upstream {
+    H1(tokio::sync::Mutex<client_h1::SendRequest<ProxyBody>>),
+    H2(client_h2::SendRequest<ProxyBody>),
+    /// Never connected (or refused): every request gets 502 with this reason.
+    Failed {
+        reason: Reason,
+        detail: String,
+    },
+}
+
+impl Upstream {
+    /// Sends one request; the error text on failure.
+    async fn send(&self, req: Request<ProxyBody>) -> Result<Response<Incoming>, String> {
+        let res = match self {
+            Self::H1(m) => {
+                let mut s = m.lock().await;
+                match s.ready().await {
+                    Ok(()) => s.send_request(req).await,
+                    Err(e) => Err(e),
+                }
+            }
+            Self::H2(s) => {
+                let mut s = s.clone();
+                match s.ready().await {
+                    Ok(()) => s.send_request(req).await,
+                    Err(e) => Err(e),
+                }
+            }
+            Self::Failed { detail, .. } => return Err(detail.clone()),
+        };
+        res.map_err(|e| e.to_string())
+    }
+}
+
+/// Per-connection state shared by its requests.
+struct Conn {
+    flow: FlowInfo,
+    upstream: Upstream,
+    subst: HostSubstituter,
+    audit: Arc<dyn AuditOut>,
+}
+
+async fn serve_guest<S>(conn: Arc<Conn>, guest: S, h2: bool)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let svc = hyper::service::service_fn(move |req| {
+        let conn = conn.clone();
+        async move { Ok::<_, Infallible>(handle(conn, req).await) }
+    });
+    let io = TokioIo::new(guest);
+    let res = if h2 {
+        hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+            .serve_connection(io, svc)
+            .await
+    } else {
+        hyper::server::conn::http1::Builder::new()
+            .serve_connection(io, svc)
+            .with_upgrades()
+            .await
+    };
+    if let Err(e) = res {
+        tracing::debug!(error = %e, "guest connection ended");
+    }
+}
+
+fn empty() -> ProxyBody {
+    http_body_util::Empty::new()
+        .map_err(|e: Infallible| -> BoxError { match e {} })
+        .boxed_unsync()
+}
+
+fn text_response(status: StatusCode, text: &str) -> Response<ProxyBody> {
+    let body = http_body_util::Full::new(Bytes::from(format!("sluice: {text}\n")))
+        .map_err(|e: Infallible| -> BoxError { match e {} })
+        .boxed_unsync();
+    let mut resp = Response::new(body);
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    resp
+}
+
+/// Lower case, no trailing dot; `:port` removed when it is `port`. `None`
+/// when the value is not a host name (or names another port).
+fn normalise_authority(value: &str, port: u16) -> Option<String> {
+    let value = value.trim();
+    if value.starts_with('[') {
+        // An IPv6 literal is never a server name.
+        return None;
+    }
+    let (host, p) = match value.rsplit_once(':') {
+        Some((h, p)) => (h, Some(p)),
+        None => (value, None),
+    };
+    if let Some(p) = p
+        && p.parse::<u16>().ok() != Some(port)
+    {
+        return None;
+    }
+    let host = host.trim_end_matches('.').to_ascii_lowercase();
+    (!host.is_empty()).then_some(host)
+}
+
+/// The request's authority if it names the SNI: every Host header and an
+/// absolute target's authority must. `Err` carries what was sent instead.
+fn check_authority(req: &Request<Incoming>, sni: &str, port: u16) -> Result<String, String> {
+    let mut seen: Vec<String> = Vec::new();
+    if let Some(a) = req.uri().authority() {
+        seen.push(a.as_str().to_owned());
+    }
+    for v in req.headers().get_all(header::HOST) {
+        seen.push(String::from_utf8_lossy(v.as_bytes()).into_owned());
+    }
+    if seen.is_empty() {
+        return Err(String::new());
+    }
+    for s in &seen {
+        if normalise_authority(s, port).as_deref() != Some(sni) {
+            return Err(s.clone());
+        }
+    }
+    Ok(seen.swap_remove(0))
+}
+
+/// Removes hop-by-hop headers (and those `Connection` names). With
+/// `upgrade`, `Connection: upgrade` and `Upgrade` are kept.
+fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect();
+    for n in named {
+        if !(upgrade && n == header::UPGRADE) {
+            headers.remove(n);
+        }
+    }
+    for n in [
+        header::CONNECTION,
+        header::TE,
+        header::TRAILER,
+        header::TRANSFER_ENCODING,
+        header::PROXY_AUTHENTICATE,
+        header::PROXY_AUTHORIZATION,
+        header::UPGRADE,
+    ] {
+        if !(upgrade && n == header::UPGRADE) {
+            headers.remove(n);
+        }
+    }
+    headers.remove("keep-alive");
+    headers.remove("proxy-connection");
+    if upgrade {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    }
+}
+
+fn wants_upgrade(headers: &HeaderMap) -> bool {
+    headers.contains_key(header::UPGRADE)
+        && headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
+}
+
+/// Emits the request's `http` event when the response body ends (or is
+/// dropped: guest gone, stream reset).
+struct Finish {
+    audit: Arc<dyn AuditOut>,
+    event: Option<HttpEvent>,
+    started: Instant,
+    up: Arc<AtomicU64>,
+    down: Arc<AtomicU64>,
+    body_secrets: Arc<Mutex<Vec<String>>>,
+}
+
+impl Drop for Finish {
+    fn drop(&mut self) {
+        if let Some(mut e) = self.event.take() {
+            e.bytes_up = Some(self.up.load(Ordering::Relaxed));
+            e.bytes_down = Some(self.down.load(Ordering::Relaxed));
+            e.duration_ms =
+                Some(u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX));
+            if let Ok(names) = self.body_secrets.lock() {
+                for n in names.iter() {
+                    if !e
+                        .secrets
+                        .iter()
+                        .any(|(s, l)| s == n && *l == SecretLocation::Body)
+                    {
+                        e.secrets.push((n.clone(), SecretLocation::Body));
+                    }
+                }
+            }
+            self.audit.record(e);
+        }
+    }
+}
+
+/// A body passed through, counted, and optionally rewritten by a
+/// [`StreamReplacer`] (boundary-safe: it holds back at most the longest
+/// pattern minus one byte).
+struct Tapped<B> {
+    inner: B,
+    replacer: Option<StreamReplacer>,
+    count: Arc<AtomicU64>,
+    /// Secret names the replacer substituted, filled when the body ends.
+    used: Option<Arc<Mutex<Vec<String>>>>,
+    /// Trailers held back while the replacer's tail is sent.
+    trailers: Option<HeaderMap>,
+    /// Drop trailers (they cannot be scrubbed here).
+    drop_trailers: bool,
+    done: bool,
+    _finish: Option<Finish>,
+}
+
+impl<B> Tapped<B> {
+    fn new(inner: B, replacer: Option<StreamReplacer>, count: Arc<AtomicU64>) -> Self {
+        Self {
+            inner,
+            replacer,
+            count,
+            used: None,
+            trailers: None,
+            drop_trailers: false,
+            done: false,
+            _finish: None,
+        }
+    }
+
+    fn finish_replacer(&mut self) -> Option<Bytes> {
+        let rep = self.replacer.as_mut()?;
+        let mut out = Vec::new();
+        rep.finish(&mut out);
+        if let Some(used) = &self.used
+            && let Ok(mut u) = used.lock()
+        {
+            u.extend(rep.used().into_iter().map(str::to_owned));
+        }
+        self.replacer = None;
+        (!out.is_empty()).then(|| Bytes::from(out))
+    }
+
+    fn data(&self, b: Bytes) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        self.count.fetch_add(b.len() as u64, Ordering::Relaxed);
+        Poll::Ready(Some(Ok(Frame::data(b))))
+    }
+}
+
+impl<B> Body for Tapped<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        loop {
+            if this.done {
+                return Poll::Ready(this.trailers.take().map(|t| Ok(Frame::trailers(t))));
+            }
+            match Pin::new(&mut this.inner).poll_frame(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e.into()))),
+                Poll::Ready(None) => {
+                    this.done = true;
+                    if let Some(tail) = this.finish_replacer() {
+                        return this.data(tail);
+                    }
+                }
+                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                    Ok(data) => match this.replacer.as_mut() {
+                        None => return this.data(data),
+                        Some(rep) => {
+                            let mut out = Vec::with_capacity(data.len() + 64);
+                            rep.feed(&data, &mut out);
+                            if !out.is_empty() {
+                                return this.data(Bytes::from(out));
+                            }
+                        }
+                    },
+                    Err(frame) => {
+                        this.done = true;
+                        if let Ok(t) = frame.into_trailers()
+                            && !this.drop_trailers
+                        {
+                            this.trailers = Some(t);
+                        }
+                        if let Some(tail) = this.finish_replacer() {
+                            return this.data(tail);
+                        }
+                    }
+                },
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done && self.trailers.is_none()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        if self.replacer.is_some() {
+            SizeHint::default()
+        } else {
+            self.inner.size_hint()
+        }
+    }
+}
+
+/// One request: check, substitute, forward, scrub.
+async fn handle(conn: Arc<Conn>, mut req: Request<Incoming>) -> Response<ProxyBody> {
+    let started = Instant::now();
+    let flow = &conn.flow;
+    let mut event = HttpEvent::new(
+        Kind::Http,
+        Reason::Allowlisted,
+        flow.id,
+        flow.src,
+        flow.dst,
+        &flow.sni,
+    );
+    event.method = Some(req.method().as_str().to_owned());
+    event.path = Some(req.uri().path().to_owned());
+    let reply_now = |mut event: HttpEvent, reason: Reason, status: StatusCode, text: &str| {
+        event.reason = reason;
+        event.status = Some(status.as_u16());
+        event.duration_ms = Some(u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX));
+        conn.audit.record(event);
+        text_response(status, text)
+    };
+
+    // Host / :authority must name the SNI.
+    match check_authority(&req, &flow.sni, flow.dst.port()) {
+        Ok(host) => event.host = Some(host),
+        Err(sent) => {
+            event.host = (!sent.is_empty()).then_some(sent);
+            return reply_now(
+                event,
+                Reason::HostSniMismatch,
+                StatusCode::MISDIRECTED_REQUEST,
+                "request authority does not match the TLS server name",
+            );
+        }
+    }
+    if let Upstream::Failed { reason, detail } = &conn.upstream {
+        event.detail = Some(detail.clone());
+        return reply_now(event, *reason, StatusCode::BAD_GATEWAY, detail);
+    }
+
+    let upgrade = req.version() < http::Version::HTTP_2 && wants_upgrade(req.headers());
+    let guest_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
+    let (mut parts, body) = req.into_parts();
+    strip_hop_by_hop(&mut parts.headers, upgrade);
+    // `Expect: 100-continue` was answered by this leg's server when the body
+    // was first read; upstream gets the body without waiting.
+    parts.headers.remove(header::EXPECT);
+
+    let subs = match conn.subst.request_head(&mut parts) {
+        Ok(s) => s,
+        Err(e) => {
+            event.detail = Some(e.to_string());
+            return reply_now(
+                event,
+                Reason::InspectFailed,
+                StatusCode::BAD_REQUEST,
+                "secret substitution would make the request invalid",
+            );
+        }
+    };
+    event.secrets = subs.used.clone();
+    report_mismatch(&conn, &event, &subs);
+
+    let up = Arc::new(AtomicU64::new(0));
+    let body_secrets = Arc::new(Mutex::new(Vec::new()));
+    let replacer = conn.subst.request_body();
+    if replacer.is_some() {
+        parts.headers.remove(header::CONTENT_LENGTH);
+    }
+    let mut req_body = Tapped::new(body, replacer, up.clone());
+    req_body.used = Some(body_secrets.clone());
+    let head_only = parts.method == Method::HEAD;
+    let upstream_req = Request::from_parts(parts, req_body.boxed_unsync());
+
+    let resp = match conn.upstream.send(upstream_req).await {
+        Ok(r) => r,
+        Err(e) => {
+            event.detail = Some(format!("upstream: {e}"));
+            return reply_now(
+                event,
+                Reason::UpstreamError,
+                StatusCode::BAD_GATEWAY,
+                "upstream request failed",
+            );
+        }
+    };
+    let (mut rparts, rbody) = resp.into_parts();
+    let status = rparts.status;
+
+    if status == StatusCode::SWITCHING_PROTOCOLS {
+        let Some(guest_upgrade) = guest_upgrade else {
+            return reply_now(
+                event,
+                Reason::UpstreamError,
+                StatusCode::BAD_GATEWAY,
+                "upstream switched protocols unasked",
+            );
+        };
+        let mut resp = Response::from_parts(rparts, rbody);
+        let upstream_upgrade = hyper::upgrade::on(&mut resp);
+        let (mut rparts, _) = resp.into_parts();
+        strip_hop_by_hop(&mut rparts.headers, true);
+        conn.subst.response_head(&subs, &mut rparts);
+        event.status = Some(status.as_u16());
+        let audit = conn.audit.clone();
+        tokio::spawn(async move {
+            let (mut up_total, mut down_total) = (0, 0);
+            match tokio::try_join!(guest_upgrade, upstream_upgrade) {
+                Ok((g, u)) => {
+                    let (mut g, mut u) = (TokioIo::new(g), TokioIo::new(u));
+                    if let Ok((a, b)) = tokio::io::copy_bidirectional(&mut g, &mut u).await {
+                        (up_total, down_total) = (a, b);
+                    }
+                }
+                Err(e) => event.detail = Some(format!("upgrade: {e}")),
+            }
+            event.bytes_up = Some(up_total);
+            event.bytes_down = Some(down_total);
+            event.duration_ms =
+                Some(u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX));
+            audit.record(event);
+        });
+        return Response::from_parts(rparts, empty());
+    }
+
+    strip_hop_by_hop(&mut rparts.headers, false);
+    conn.subst.response_head(&subs, &mut rparts);
+    let no_body = head_only
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED
+        || status.is_informational();
+    let replacer = if no_body {
+        None
+    } else {
+        conn.subst.response_body(&subs)
+    };
+    if replacer.is_some() {
+        let encoded = rparts
+            .headers
+            .get(header::CONTENT_ENCODING)
+            .is_some_and(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"));
+        if encoded {
+            // Cannot be scrubbed: never hand it to the guest.
+            drop(rbody);
+            event.detail = Some("content-encoded response from a host with bound secrets".into());
+            return reply_now(
+                event,
+                Reason::UpstreamError,
+                StatusCode::BAD_GATEWAY,
+                "upstream response is content-encoded and cannot be scrubbed of secrets",
+            );
+        }
+        rparts.headers.remove(header::CONTENT_LENGTH);
+    }
+    event.status = Some(status.as_u16());
+    let down = Arc::new(AtomicU64::new(0));
+    let scrubbing = replacer.is_some();
+    let mut body = Tapped::new(rbody, replacer, down.clone());
+    body.drop_trailers = scrubbing;
+    body._finish = Some(Finish {
+        audit: conn.audit.clone(),
+        event: Some(event),
+        started,
+        up,
+        down,
+        body_secrets,
+    });
+    Response::from_parts(rparts, body.boxed_unsync())
+}
+
+/// A separate `secret_host_mismatch` event when the request carried
+/// placeholders of secrets not bound to this host (passed through as is).
+fn report_mismatch(conn: &Conn, event: &HttpEvent, subs: &Substitutions) {
+    if subs.mismatched.is_empty() {
+        return;
+    }
+    let mut e = event.clone();
+    e.reason = Reason::SecretHostMismatch;
+    e.secrets.clear();
+    e.detail = Some(format!(
+        "placeholder of secret(s) {} sent to {}, which they are not bound to; passed through unchanged",
+        subs.mismatched.join(", "),
+        conn.flow.sni
+    ));
+    conn.audit.record(e);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn authority_normalisation() {
+        assert_eq!(
+            normalise_authority("API.Example.com.", 443).as_deref(),
+            Some("api.example.com")
+        );
+        assert_eq!(
+            normalise_authority("api.example.com:443", 443).as_deref(),
+            Some("api.example.com")
+        );
+        assert_eq!(normalise_authority("api.example.com:8443", 443), None);
+        assert_eq!(
+            normalise_authority("api.example.com:8443", 8443).as_deref(),
+            Some("api.example.com")
+        );
+        assert_eq!(normalise_authority("", 443), None);
+    }
+
+    #[test]
+    fn hop_by_hop_headers_are_removed() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, x-foo"),
+        );
+        h.insert("x-foo", HeaderValue::from_static("1"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+        h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer x"));
+        strip_hop_by_hop(&mut h, false);
+        assert_eq!(h.len(), 1, "{h:?}");
+        let mut h = HeaderMap::new();
+        h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
+        h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        assert!(wants_upgrade(&h));
+        strip_hop_by_hop(&mut h, true);
+        assert_eq!(h.get(header::UPGRADE).unwrap(), "websocket");
+        assert_eq!(h.get(header::CONNECTION).unwrap(), "upgrade");
+    }
+}

@@ -1,0 +1,408 @@
+//! End-to-end secret injection (issue 5): the gateway terminates TLS for the
+//! hosts the policy inspects, substitutes placeholders for real values on the
+//! way out and scrubs them from responses. Real curl (OpenSSL) and
+//! `sluice-tls-probe` (rustls, for multi-authority HTTP/2 and WebSocket) in
+//! the guest namespace, trusting only the sandbox CA the gateway wrote with
+//! `--ca-out`; the fake internet's origin logs what it really received and
+//! is trusted by the gateway through `--upstream-ca`.
+//!
+//! Needs root: run via `scripts/test` (or
+//! `cargo test --release -p sluice-e2e --test secrets -- --include-ignored`).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use sluice_e2e::{ORIGIN_NAME, ORIGIN2_NAME, TempDir, World, bin_path, sha256_hex, wait_until};
+
+const TOK_PLACEHOLDER: &str = "sk-sluice-placeholder-tok1";
+const TOK_VALUE: &str = "REAL-tok-value-0123456789";
+const BOD_PLACEHOLDER: &str = "sk-sluice-placeholder-body";
+const BOD_VALUE: &str = "REAL-body-value-9876543210";
+
+/// `origin.test` has two secrets (`tok`: headers only; `bod`: headers and
+/// body); `other.test` is inspected but has none. Both allowed on 80/443.
+fn policy(secret_dir: &Path) -> String {
+    let d = secret_dir.display();
+    format!(
+        r#"
+version: 1
+id: e2e-secrets
+allow:
+  - domains: ["{ORIGIN_NAME}", "{ORIGIN2_NAME}"]
+    ports: [80, 443]
+internal:
+  - "198.51.100.0/24"
+  - "203.0.113.0/24"
+inspect:
+  - "{ORIGIN2_NAME}"
+secrets:
+  - name: tok
+    placeholder: {TOK_PLACEHOLDER}
+    file: {d}/tok
+    hosts: ["{ORIGIN_NAME}"]
+  - name: bod
+    placeholder: {BOD_PLACEHOLDER}
+    file: {d}/bod
+    hosts: ["{ORIGIN_NAME}"]
+    locations: [headers, body]
+"#
+    )
+}
+
+/// A world with the secrets policy, the sandbox CA at `{dir}/sandbox-ca.pem`
+/// and (when `trust_origin`) the origin's test CA trusted upstream.
+fn world(trust_origin: bool) -> Result<(World, TempDir)> {
+    let secrets = TempDir::new(&format!("mi-{}", sluice_e2e::unique_name()))?;
+    std::fs::write(secrets.path().join("tok"), format!("{TOK_VALUE}\n"))?;
+    std::fs::write(secrets.path().join("bod"), BOD_VALUE)?;
+    let mut b = World::builder()
+        .policy(&policy(secrets.path()))
+        .sidecar_arg("--ca-out")
+        .sidecar_arg("{dir}/sandbox-ca.pem");
+    if trust_origin {
+        b = b.sidecar_arg("--upstream-ca").sidecar_arg("{dir}/ca.pem");
+    }
+    Ok((b.start()?, secrets))
+}
+
+fn sandbox_ca(w: &World) -> PathBuf {
+    w.dir().join("sandbox-ca.pem")
+}
+
+/// The audit log's schema-1 records.
+fn audit_lines(w: &World) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(w.audit_path())
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| sluice_policy::audit::AuditRecord::from_json(l).is_ok())
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// Waits (generously) for an audit record matching `pred`.
+fn wait_audit(
+    w: &World,
+    what: &str,
+    pred: impl Fn(&serde_json::Value) -> bool,
+) -> Result<serde_json::Value> {
+    let mut found = None;
+    wait_until(what, Duration::from_secs(20), || {
+        found = audit_lines(w).into_iter().find(|r| pred(r));
+        found.is_some()
+    })
+    .with_context(|| format!("audit: {:#?}", audit_lines(w)))?;
+    found.context(what.to_owned())
+}
+
+/// The origin's log entries for `path`.
+fn origin_got(w: &World, path: &str) -> Vec<serde_json::Value> {
+    w.origin_requests()
+        .into_iter()
+        .filter(|r| r["path"] == path)
+        .collect()
+}
+
+/// The value of header `name` in an origin log entry.
+fn header<'a>(entry: &'a serde_json::Value, name: &str) -> Option<&'a str> {
+    entry["headers"]
+        .as_array()?
+        .iter()
+        .find(|h| h[0] == name)
+        .and_then(|h| h[1].as_str())
+}
+
+fn curl(w: &World, args: &str) -> Result<String> {
+    let ca = sandbox_ca(w);
+    w.guest_ok(
+        &format!("curl -sS --max-time 60 --cacert {} {args}", ca.display()),
+        90,
+    )
+}
+
+#[test]
+#[ignore = "needs root: run via scripts/test"]
+fn placeholders_are_substituted_only_where_bound_and_scrubbed_from_responses() -> Result<()> {
+    let (w, _secrets) = world(true)?;
+    let auth = format!("-H 'Authorization: Bearer {TOK_PLACEHOLDER}'");
+    let ca_text = std::fs::read_to_string(sandbox_ca(&w))?;
+    ensure!(ca_text.contains("BEGIN CERTIFICATE") && !ca_text.contains("PRIVATE"));
+
+    // HTTP/1.1 and HTTP/2 to the bound host: the origin gets the real value,
+    // the guest (the echo reflects the headers) only ever sees the placeholder.
+    for (flag, path, version) in [
+        ("--http1.1", "/echo/h1", "HTTP/1.1"),
+        ("--http2", "/echo/h2", "HTTP/2.0"),
+    ] {
+        let out = curl(
+            &w,
+            &format!("{flag} {auth} 'https://{ORIGIN_NAME}{path}?q=1'"),
+        )?;
+        ensure!(
+            !out.contains(TOK_VALUE),
+            "the guest saw the real value: {out}"
+        );
+        ensure!(
+            out.contains(TOK_PLACEHOLDER),
+            "reflection not scrubbed back: {out}"
+        );
+        let got = origin_got(&w, path);
+        ensure!(got.len() == 1, "origin log for {path}: {got:?}");
+        ensure!(
+            got[0]["version"] == version,
+            "{path}: {:?}",
+            got[0]["version"]
+        );
+        ensure!(
+            header(&got[0], "authorization") == Some(format!("Bearer {TOK_VALUE}").as_str()),
+            "{path}: origin got {:?}",
+            header(&got[0], "authorization")
+        );
+        let rec = wait_audit(&w, "http record", |r| {
+            r["kind"] == "http" && r["path"] == path
+        })?;
+        ensure!(rec["status"] == 200 && rec["method"] == "GET", "{rec}");
+        ensure!(
+            rec["sni"] == ORIGIN_NAME && rec["decision"] == "allow",
+            "{rec}"
+        );
+        ensure!(
+            rec["secrets"] == serde_json::json!([{"name": "tok", "location": "header"}]),
+            "{rec}"
+        );
+    }
+
+    // Basic auth credentials: decoded, substituted, re-encoded.
+    curl(
+        &w,
+        &format!("-u 'user:{TOK_PLACEHOLDER}' https://{ORIGIN_NAME}/echo/basic"),
+    )?;
+    let got = origin_got(&w, "/echo/basic");
+    let basic = header(&got[0], "authorization")
+        .unwrap_or_default()
+        .to_owned();
+    let out = w.guest_ok(
+        &format!("echo {} | base64 -d", basic.trim_start_matches("Basic ")),
+        10,
+    )?;
+    ensure!(out == format!("user:{TOK_VALUE}"), "basic: {out}");
+
+    // Body: only `bod` allows it; `tok` in the body stays a placeholder.
+    let body = format!("a={TOK_PLACEHOLDER}&b={BOD_PLACEHOLDER}");
+    let expected = format!("a={TOK_PLACEHOLDER}&b={BOD_VALUE}");
+    let out = curl(
+        &w,
+        &format!("--data-binary '{body}' https://{ORIGIN_NAME}/upload"),
+    )?;
+    ensure!(
+        out.trim() == format!("{} {}", sha256_hex(expected.as_bytes()), expected.len()),
+        "origin received another body: {out} (want sha256 of {expected:?})"
+    );
+
+    // Plain HTTP: never substituted.
+    w.guest_ok(
+        &format!("curl -sS --max-time 30 {auth} http://{ORIGIN_NAME}/echo/plain"),
+        40,
+    )?;
+    let got = origin_got(&w, "/echo/plain");
+    ensure!(
+        header(&got[0], "authorization") == Some(format!("Bearer {TOK_PLACEHOLDER}").as_str()),
+        "plain HTTP: {got:?}"
+    );
+
+    let rec = wait_audit(&w, "plain HTTP placeholder", |r| {
+        r["reason"] == "secret_host_mismatch" && r["host"] == ORIGIN_NAME
+    })?;
+    ensure!(
+        rec["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("plain HTTP"),
+        "{rec}"
+    );
+
+    // An inspected host the secret is not bound to: passed through, logged.
+    let out = curl(&w, &format!("{auth} https://{ORIGIN2_NAME}/echo/other"))?;
+    ensure!(
+        out.contains(TOK_PLACEHOLDER) && !out.contains(TOK_VALUE),
+        "{out}"
+    );
+    let got = origin_got(&w, "/echo/other");
+    ensure!(
+        header(&got[0], "authorization") == Some(format!("Bearer {TOK_PLACEHOLDER}").as_str()),
+        "other host: {got:?}"
+    );
+    let rec = wait_audit(&w, "secret_host_mismatch", |r| {
+        r["reason"] == "secret_host_mismatch" && r["sni"] == ORIGIN2_NAME
+    })?;
+    ensure!(rec["sni"] == ORIGIN2_NAME, "{rec}");
+    ensure!(
+        rec["detail"].as_str().unwrap_or_default().contains("tok"),
+        "{rec}"
+    );
+
+    // Secret values never reach the audit trail.
+    let audit = std::fs::read_to_string(w.audit_path())?;
+    ensure!(
+        !audit.contains(TOK_VALUE) && !audit.contains(BOD_VALUE),
+        "value in the audit"
+    );
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs root: run via scripts/test"]
+fn authority_must_match_sni_and_websocket_is_spliced() -> Result<()> {
+    let (w, _secrets) = world(true)?;
+    let ca = sandbox_ca(&w);
+    let probe = bin_path("sluice-tls-probe")?;
+
+    // HTTP/1.1 domain fronting: Host names another (allowed) host.
+    let out = w.guest_ok(
+        &format!(
+            "curl -sS --max-time 30 --cacert {} -o /dev/null -w '%{{http_code}}' -H 'Host: {ORIGIN2_NAME}' https://{ORIGIN_NAME}/echo/fronted",
+            ca.display()
+        ),
+        40,
+    )?;
+    ensure!(out == "421", "fronted request got {out}");
+    ensure!(
+        origin_got(&w, "/echo/fronted").is_empty(),
+        "fronted request reached the origin"
+    );
+    let rec = wait_audit(&w, "host_sni_mismatch", |r| {
+        r["reason"] == "host_sni_mismatch"
+    })?;
+    ensure!(rec["host"] == ORIGIN2_NAME && rec["status"] == 421, "{rec}");
+
+    // HTTP/2: a second request on the SAME connection to another authority.
+    let out = w.guest_ok(
+        &format!(
+            "{} --connect {ORIGIN_NAME}:443 --cacert {} --alpn h2 --path /echo/coalesced --authority {ORIGIN_NAME} --authority {ORIGIN2_NAME} --authority {ORIGIN_NAME}:443",
+            probe.display(),
+            ca.display()
+        ),
+        60,
+    )?;
+    let statuses: Vec<&str> = out.lines().filter(|l| l.starts_with("STATUS")).collect();
+    ensure!(
+        statuses
+            == [
+                format!("STATUS 200 {ORIGIN_NAME}"),
+                format!("STATUS 421 {ORIGIN2_NAME}"),
+                format!("STATUS 200 {ORIGIN_NAME}:443"),
+            ],
+        "{out}"
+    );
+    ensure!(
+        origin_got(&w, "/echo/coalesced").len() == 2,
+        "{:?}",
+        w.origin_requests()
+    );
+
+    // WebSocket (HTTP/1.1 Upgrade): headers forwarded, then bytes spliced.
+    let out = w.guest_ok(
+        &format!(
+            "{} --connect {ORIGIN_NAME}:443 --cacert {} --alpn http/1.1 --websocket hello-through-sluice",
+            probe.display(),
+            ca.display()
+        ),
+        60,
+    )?;
+    ensure!(
+        out.contains("STATUS 101") && out.contains("WS hello-through-sluice"),
+        "{out}"
+    );
+    let got = origin_got(&w, "/ws");
+    ensure!(header(&got[0], "upgrade") == Some("websocket"), "{got:?}");
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs root: run via scripts/test"]
+fn large_streamed_transfers_are_byte_exact() -> Result<()> {
+    let (w, _secrets) = world(true)?;
+    let n: u64 = 64 * 1024 * 1024;
+    let want = sha256_hex(&sluice_e2e::pattern(n));
+    // Download (the response is scrubbed on the fly: a secret is bound).
+    let out = curl(&w, &format!("https://{ORIGIN_NAME}/bytes/{n} | sha256sum"))?;
+    ensure!(out.starts_with(&want), "download sha256 {out} want {want}");
+    // Uploads: with a length, and chunked (the body replacer is active).
+    let file = w.dir().join("upload.bin");
+    std::fs::write(&file, sluice_e2e::pattern(n))?;
+    for extra in ["", "-H 'Transfer-Encoding: chunked'"] {
+        let out = curl(
+            &w,
+            &format!(
+                "{extra} --data-binary @{} https://{ORIGIN_NAME}/upload",
+                file.display()
+            ),
+        )?;
+        ensure!(
+            out.trim() == format!("{want} {n}"),
+            "upload {extra:?}: {out}"
+        );
+    }
+    let rec = wait_audit(&w, "upload record", |r| {
+        r["kind"] == "http" && r["path"] == "/upload" && r["bytes_up"] == n
+    })?;
+    ensure!(rec["status"] == 200, "{rec}");
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs root: run via scripts/test"]
+fn untrusted_upstream_certificate_is_refused() -> Result<()> {
+    // No --upstream-ca: the origin's test CA is not trusted.
+    let (w, _secrets) = world(false)?;
+    let out = w.guest_sh(
+        &format!(
+            "curl -sS --max-time 30 --cacert {} -w '\\n%{{http_code}}' -H 'Authorization: Bearer {TOK_PLACEHOLDER}' https://{ORIGIN_NAME}/echo/untrusted",
+            sandbox_ca(&w).display()
+        ),
+        40,
+    )?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    ensure!(text.trim_end().ends_with("502"), "guest got: {text}");
+    ensure!(
+        origin_got(&w, "/echo/untrusted").is_empty(),
+        "request reached the origin"
+    );
+    let rec = wait_audit(&w, "upstream_tls_failed", |r| {
+        r["reason"] == "upstream_tls_failed" && r["kind"] == "connection"
+    })?;
+    ensure!(
+        rec["decision"] == "deny" && rec["sni"] == ORIGIN_NAME,
+        "{rec}"
+    );
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs root: run via scripts/test"]
+fn rotated_secret_is_used_after_reload() -> Result<()> {
+    let (mut w, secrets) = world(true)?;
+    let auth = format!("-H 'Authorization: Bearer {TOK_PLACEHOLDER}'");
+    curl(&w, &format!("{auth} https://{ORIGIN_NAME}/echo/before"))?;
+    let got = origin_got(&w, "/echo/before");
+    ensure!(header(&got[0], "authorization") == Some(format!("Bearer {TOK_VALUE}").as_str()));
+
+    let rotated = "REAL-tok-rotated-5555555555";
+    std::fs::write(secrets.path().join("tok"), rotated)?;
+    let pid = w.sidecar().and_then(|p| p.pid()).context("sidecar pid")?;
+    sluice_e2e::run_ok(std::process::Command::new("kill").args(["-HUP", &pid.to_string()]))?;
+    wait_audit(&w, "reload applied", |r| {
+        r["kind"] == "policy_reload" && r["decision"] == "allow"
+    })?;
+    let out = curl(&w, &format!("{auth} https://{ORIGIN_NAME}/echo/after"))?;
+    ensure!(
+        !out.contains(rotated),
+        "the guest saw the rotated value: {out}"
+    );
+    let got = origin_got(&w, "/echo/after");
+    ensure!(
+        header(&got[0], "authorization") == Some(format!("Bearer {rotated}").as_str()),
+        "after reload: {got:?}"
+    );
+    Ok(())
+}
