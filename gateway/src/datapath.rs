@@ -990,17 +990,19 @@ impl Datapath {
             tx.queued() < TX_HIGH_WATER
         });
         for c in &failed {
-            self.audit_udp_close(c);
+            self.audit_udp_close(c, c.end.as_str());
         }
         if now.saturating_duration_since(self.udp_swept) >= Duration::from_secs(1) {
             self.udp_swept = now;
             for c in self.udp.expire(now) {
-                self.audit_udp_close(&c);
+                self.audit_udp_close(&c, c.end.as_str());
             }
         }
     }
 
-    fn audit_udp_close(&mut self, c: &ClosedUdpFlow) {
+    /// Audits the close of a UDP flow; `end` is [`crate::udp::UdpEnd::as_str`]
+    /// or, at session end, why the session ended.
+    fn audit_udp_close(&mut self, c: &ClosedUdpFlow, end: &'static str) {
         self.counters.flows_closed += 1;
         self.audit.record(&AuditEvent::FlowClose {
             flow: c.id,
@@ -1010,7 +1012,7 @@ impl Datapath {
             bytes_up: c.up,
             bytes_down: c.down,
             duration_ms: u64::try_from(c.duration.as_millis()).unwrap_or(u64::MAX),
-            end: c.end.as_str(),
+            end,
         });
     }
 
@@ -1719,7 +1721,7 @@ impl Datapath {
             self.finish_flow(id, end);
         }
         for c in self.udp.close_all(Instant::now()) {
-            self.audit_udp_close(&c);
+            self.audit_udp_close(&c, end);
         }
         self.counters.log(0);
         self.audit.flush();

@@ -110,7 +110,7 @@ impl UdpEnd {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Idle => "idle_timeout",
-            Self::Error => "error",
+            Self::Error => "upstream_error",
             Self::Closed => "closed",
         }
     }
