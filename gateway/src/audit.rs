@@ -188,6 +188,15 @@ pub enum AuditEvent<'a> {
         /// the errors, one `file:line:col: message` per line.
         detail: &'a str,
     },
+    /// A guest frame dropped before any flow exists (kind `connection`,
+    /// decision deny, no endpoints): spoofed source, IPv6, ICMP not for the
+    /// gateway. Rate-limited per reason like every connection deny.
+    FrameDrop {
+        /// `spoofed_source`, `ipv6_blocked` or `icmp_blocked`.
+        reason: Reason,
+        /// The drop counter's name.
+        detail: &'a str,
+    },
     /// A gateway lifecycle event or guest-side protocol error (kind
     /// `gateway`).
     Gateway {
@@ -640,6 +649,7 @@ fn build<'a>(
             };
             new(Kind::PolicyReload, reason).detail(text)
         }
+        AuditEvent::FrameDrop { reason, detail } => new(Kind::Connection, reason).detail(detail),
         AuditEvent::Gateway { reason, detail } => {
             let r = new(Kind::Gateway, reason);
             if detail.is_empty() {

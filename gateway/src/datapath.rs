@@ -617,6 +617,12 @@ impl Datapath {
             Class::Drop(reason) => {
                 self.counters.dropped[reason.index()] += 1;
                 tracing::trace!(reason = reason.as_str(), "guest frame dropped");
+                if let Some(audit) = reason.audit_reason() {
+                    self.audit.record(&AuditEvent::FrameDrop {
+                        reason: audit,
+                        detail: reason.as_str(),
+                    });
+                }
             }
         }
     }
@@ -1914,6 +1920,43 @@ mod tests {
             audit_buf,
             task,
         )
+    }
+
+    #[tokio::test]
+    async fn spoofed_frames_are_audited() {
+        let (mut guest, audit, _task) = start(Arc::new(TestDecider));
+        let g = Ipv4Addr::new(10, 0, 2, 15);
+        let denied = SocketAddrV4::new(Ipv4Addr::new(198, 51, 100, 1), 9);
+        // A SYN from an address that is not the guest's, then a denied SYN
+        // whose RST shows the first frame was processed.
+        guest
+            .send(&[
+                tcp_frame(
+                    SocketAddrV4::new(Ipv4Addr::new(10, 0, 2, 99), 1000),
+                    denied,
+                    TcpControl::Syn,
+                    1,
+                    None,
+                ),
+                tcp_frame(
+                    SocketAddrV4::new(g, 1002),
+                    denied,
+                    TcpControl::Syn,
+                    77,
+                    None,
+                ),
+            ])
+            .await;
+        let (_, to, control, _, _) = guest.recv_tcp().await;
+        assert_eq!((to.port(), control), (1002, TcpControl::Rst));
+        let text = String::from_utf8(audit.0.lock().unwrap().clone()).unwrap();
+        let lines = crate::audit::tests::parse_all(&text);
+        assert!(
+            lines.iter().any(|l| l["kind"] == "connection"
+                && l["decision"] == "deny"
+                && l["reason"] == "spoofed_source"),
+            "{text}"
+        );
     }
 
     #[tokio::test]

@@ -62,6 +62,20 @@ impl DropReason {
         Self::Protocol,
     ];
 
+    /// The audit reason a drop is recorded under, for the drops the schema
+    /// names (`spoofed_source`, `ipv6_blocked`, `icmp_blocked`); `None` for
+    /// the others (malformed frames, other EtherTypes, foreign ARP,
+    /// fragments, other IP protocols), which only count.
+    pub fn audit_reason(self) -> Option<sluice_policy::Reason> {
+        use sluice_policy::Reason;
+        match self {
+            Self::Spoofed => Some(Reason::SpoofedSource),
+            Self::Ipv6 => Some(Reason::Ipv6Blocked),
+            Self::Icmp => Some(Reason::IcmpBlocked),
+            Self::Malformed | Self::EtherType | Self::Arp | Self::Fragment | Self::Protocol => None,
+        }
+    }
+
     /// Counter name.
     pub fn as_str(self) -> &'static str {
         match self {

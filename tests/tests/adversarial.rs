@@ -342,10 +342,33 @@ fn tls_without_sni_is_denied() -> Result<()> {
         "no-SNI hello got through: {text}"
     );
     expect_flow_deny(&w, "no SNI", &format!("{ORIGIN_ADDR}:443"), &["sni_absent"])?;
-    // The same through the crafted client (no server_name extension at all).
+    // The same through the crafted client (no server_name extension at all):
+    // it must add its own `sni_absent` line (a crashing probe would not).
+    let addr = format!("{ORIGIN_ADDR}:443");
+    let no_sni_lines = |w: &World| {
+        audit(w)
+            .iter()
+            .filter(|l| is_deny(l) && l["reason"] == "sni_absent" && dst(l) == addr)
+            .count()
+    };
+    let before = no_sni_lines(&w);
     let (ok, text) = tlsprobe(&w, &format!("craft {ORIGIN_ADDR} 443"))?;
     ensure!(!ok, "crafted no-SNI hello reached a TLS peer: {text}");
+    wait_until(
+        "a sni_absent line for the crafted hello",
+        Duration::from_secs(20),
+        || no_sni_lines(&w) > before,
+    )?;
     ensure!(!origin_saw(&w, "/echo/nosni"), "origin saw it");
+    // Control: the crafted client with the allowed name does reach the origin.
+    let (ok, text) = tlsprobe(
+        &w,
+        &format!("craft {ORIGIN_ADDR} 443 --names {ORIGIN_NAME}"),
+    )?;
+    ensure!(
+        ok,
+        "crafted one-name hello did not reach the origin: {text}"
+    );
     Ok(())
 }
 
@@ -668,9 +691,22 @@ fn rebinding_an_allowed_name_to_non_public_addresses_is_refused() -> Result<()> 
             "{name} -> {addr}: {out}"
         );
         expect_dns_deny(&w, "rebinding", name, &["private_answer"])?;
-        // The name never maps to the address: a connect to it is a literal.
-        let c = w.guest_sh(&format!("curl -sS --max-time 10 http://{name}/"), 30)?;
+        // The name never maps to the address: pin it with --resolve so the
+        // connect is a literal to that address, which the gateway must deny.
+        let c = w.guest_sh(
+            &format!("curl -sS --max-time 10 --resolve {name}:80:{addr} http://{name}/"),
+            30,
+        )?;
         ensure!(!c.status.success(), "{name} fetched");
+        // Loopback and 0.0.0.0 never leave the guest (its own stack answers).
+        if !addr.is_loopback() && !addr.is_unspecified() {
+            expect_flow_deny(
+                &w,
+                "literal connect to a rebound address",
+                &format!("{addr}:80"),
+                &["platform_denied", "private_destination"],
+            )?;
+        }
     }
     // The upstream did answer them (the gateway asked, then dropped).
     let log = w.dns_log();
