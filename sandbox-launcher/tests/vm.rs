@@ -603,7 +603,14 @@ fn https_from_the_guest_allowed_and_denied_through_the_gateway() {
     let policy = dir.join("la-policy.yaml");
     fs::write(
         &policy,
-        format!("version: 1\nallow:\n  - domain: {ORIGIN_NAME}\ndns:\n  upstream: [{DNS_ADDR}]\n"),
+        // The fake internet lives in documentation ranges: `internal:` lets
+        // DNS answers point there; the TTL floor keeps the answer valid for
+        // the connect that follows on a slow TCG guest.
+        format!(
+            "version: 1\nid: la-vm-https\nallow:\n  - domain: {ORIGIN_NAME}\n\
+             internal:\n  - \"198.51.100.0/24\"\n  - \"203.0.113.0/24\"\n\
+             dns:\n  upstream: [{DNS_ADDR}]\n  ttl_min: 600\n  ttl_max: 3600\n"
+        ),
     )
     .unwrap();
     let audit = dir.join("la-audit.jsonl");
