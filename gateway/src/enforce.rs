@@ -65,9 +65,10 @@
 //!
 //! # Limits
 //! - [`Decider::inspect`] is called with the whole accumulated buffer each
-//!   time and re-parses it from the start (the trait gives no per-flow state):
-//!   quadratic in the number of segments but bounded by
-//!   [`INSPECT_MAX_BYTES`] (16 KiB).
+//!   time new bytes have arrived (the datapath remembers how many it last
+//!   put; a loop turn without new bytes calls nothing) and re-parses it from
+//!   the start (the trait gives no per-flow state): quadratic in the number
+//!   of segments but bounded by [`INSPECT_MAX_BYTES`] (16 KiB).
 //! - Only the first request head of a plain-HTTP connection is read: later
 //!   requests on a kept-alive connection may name another Host, served by the
 //!   same (allowed, cross-validated) address. Like domain fronting through a
