@@ -118,20 +118,8 @@ pub enum AuditEvent<'a> {
     },
     /// A flow ended (kind `flow_close`).
     FlowClose {
-        /// Flow id.
-        flow: u64,
-        /// `tcp` or `udp`.
-        proto: &'static str,
-        /// Guest endpoint.
-        src: SocketAddr,
-        /// Destination.
-        dst: SocketAddr,
-        /// Bytes from the guest to the destination.
-        bytes_up: u64,
-        /// Bytes from the destination to the guest.
-        bytes_down: u64,
-        /// Flow lifetime in milliseconds.
-        duration_ms: u64,
+        /// The flow and its totals.
+        totals: FlowTotals,
         /// How it ended: `closed`, `reset`, `idle_timeout`, `shutdown`,
         /// `connect_failed`, or why the guest session ended.
         end: &'static str,
@@ -140,20 +128,8 @@ pub enum AuditEvent<'a> {
     /// `flow_close`, reason `reload_revoked`, the new verdict's reason in
     /// `detail`).
     Revoked {
-        /// Flow id.
-        flow: u64,
-        /// `tcp` or `udp`.
-        proto: &'static str,
-        /// Guest endpoint.
-        src: SocketAddr,
-        /// Destination.
-        dst: SocketAddr,
-        /// Bytes from the guest to the destination.
-        bytes_up: u64,
-        /// Bytes from the destination to the guest.
-        bytes_down: u64,
-        /// Flow lifetime in milliseconds.
-        duration_ms: u64,
+        /// The flow and its totals.
+        totals: FlowTotals,
         /// Why the new policy denies it (a reason code).
         why: &'static str,
         /// The SNI or Host that had admitted it, if inspected.
@@ -206,6 +182,33 @@ pub enum AuditEvent<'a> {
         /// Free text.
         detail: &'a str,
     },
+}
+
+/// A flow that ended, as its `flow_close` line reports it (the part
+/// [`AuditEvent::FlowClose`] and [`AuditEvent::Revoked`] share).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FlowTotals {
+    /// Flow id.
+    pub flow: u64,
+    /// `tcp` or `udp`.
+    pub proto: &'static str,
+    /// Guest endpoint.
+    pub src: SocketAddr,
+    /// Destination.
+    pub dst: SocketAddr,
+    /// Bytes from the guest to the destination.
+    pub bytes_up: u64,
+    /// Bytes from the destination to the guest.
+    pub bytes_down: u64,
+    /// Flow lifetime in milliseconds.
+    pub duration_ms: u64,
+}
+
+impl FlowTotals {
+    /// A lifetime in whole milliseconds, saturating.
+    pub fn millis(lifetime: Duration) -> u64 {
+        u64::try_from(lifetime.as_millis()).unwrap_or(u64::MAX)
+    }
 }
 
 /// Writes schema-1 audit lines (see the module docs).
@@ -448,6 +451,13 @@ impl LineWriter {
     }
 }
 
+/// `rec` with a closed flow's id, endpoints and totals.
+fn closed<'a>(rec: AuditRecord<'a>, t: &FlowTotals) -> AuditRecord<'a> {
+    rec.flow(t.flow)
+        .endpoints(transport_of(t.proto), t.src, t.dst)
+        .totals(t.bytes_up, t.bytes_down, t.duration_ms)
+}
+
 /// Maps one event to its record under `policy` (see the module docs).
 fn build<'a>(
     sandbox: &'a str,
@@ -547,16 +557,7 @@ fn build<'a>(
             set_wire(&mut r, wire);
             r
         }
-        AuditEvent::FlowClose {
-            flow,
-            proto,
-            src,
-            dst,
-            bytes_up,
-            bytes_down,
-            duration_ms,
-            end,
-        } => {
+        AuditEvent::FlowClose { ref totals, end } => {
             let (reason, detail) = match end {
                 "closed" => (Reason::Closed, None),
                 "idle_timeout" => (Reason::IdleTimeout, None),
@@ -565,29 +566,16 @@ fn build<'a>(
                 "upstream_error" => (Reason::UpstreamError, None),
                 other => (Reason::Closed, Some(other)),
             };
-            let mut r = new(Kind::FlowClose, reason)
-                .flow(flow)
-                .endpoints(transport_of(proto), src, dst)
-                .totals(bytes_up, bytes_down, duration_ms);
+            let mut r = closed(new(Kind::FlowClose, reason), totals);
             r.detail = detail.map(Cow::Borrowed);
             r
         }
         AuditEvent::Revoked {
-            flow,
-            proto,
-            src,
-            dst,
-            bytes_up,
-            bytes_down,
-            duration_ms,
+            ref totals,
             why,
             wire,
         } => {
-            let mut r = new(Kind::FlowClose, Reason::ReloadRevoked)
-                .flow(flow)
-                .endpoints(transport_of(proto), src, dst)
-                .totals(bytes_up, bytes_down, duration_ms)
-                .detail(why);
+            let mut r = closed(new(Kind::FlowClose, Reason::ReloadRevoked), totals).detail(why);
             set_wire(&mut r, wire);
             r
         }
@@ -760,23 +748,27 @@ pub(crate) mod tests {
                 wire: Some(&host),
             },
             AuditEvent::FlowClose {
-                flow: 2,
-                proto: "tcp",
-                src,
-                dst,
-                bytes_up: 10,
-                bytes_down: 20,
-                duration_ms: 30,
+                totals: FlowTotals {
+                    flow: 2,
+                    proto: "tcp",
+                    src,
+                    dst,
+                    bytes_up: 10,
+                    bytes_down: 20,
+                    duration_ms: 30,
+                },
                 end: "reset",
             },
             AuditEvent::Revoked {
-                flow: 1,
-                proto: "tcp",
-                src,
-                dst,
-                bytes_up: 1,
-                bytes_down: 2,
-                duration_ms: 3,
+                totals: FlowTotals {
+                    flow: 1,
+                    proto: "tcp",
+                    src,
+                    dst,
+                    bytes_up: 1,
+                    bytes_down: 2,
+                    duration_ms: 3,
+                },
                 why: "not_allowlisted",
                 wire: Some(&sni),
             },
@@ -860,6 +852,67 @@ pub(crate) mod tests {
         assert_eq!(lines[8]["answers"][0], "93.184.216.34");
         assert_eq!(lines[8]["rule"]["pattern"], "**.example.com");
         assert!(lines[10]["detail"].as_str().unwrap().contains("p.yaml:3:1"));
+    }
+
+    /// The `flow_close` lines byte for byte (but the timestamp), as schema 1
+    /// has written them since session 2: refactoring the events must not
+    /// change them.
+    #[test]
+    fn flow_close_lines_are_unchanged() {
+        let buf = Shared::default();
+        let mut sink = AuditSink::new(Box::new(buf.clone()), "sb1");
+        sink.set_policy(Some(policy()));
+        let totals = |flow, bytes_up, bytes_down, duration_ms| FlowTotals {
+            flow,
+            proto: "tcp",
+            src: "10.0.2.15:1000".parse().unwrap(),
+            dst: "93.184.216.34:443".parse().unwrap(),
+            bytes_up,
+            bytes_down,
+            duration_ms,
+        };
+        let sni = WireName::Sni("www.example.com".into());
+        sink.record(&AuditEvent::FlowClose {
+            totals: totals(2, 10, 20, 30),
+            end: "reset",
+        });
+        sink.record(&AuditEvent::Revoked {
+            totals: totals(1, 1, 2, 3),
+            why: "not_allowlisted",
+            wire: Some(&sni),
+        });
+        let mut udp = totals(3, 4, 5, 6);
+        udp.proto = "udp";
+        sink.record(&AuditEvent::FlowClose {
+            totals: udp,
+            end: "idle_timeout",
+        });
+        let text = buf.text();
+        let lines: Vec<String> = text
+            .lines()
+            .map(|l| {
+                let at = l.find(",\"sandbox\"").unwrap();
+                format!("{{\"schema\":1{}", &l[at..])
+            })
+            .collect();
+        let policy =
+            r#""policy":{"id":"audit-gw","version":"sha256:7216e8f26070237c","label":"tests"}"#;
+        let ends =
+            r#""src":{"ip":"10.0.2.15","port":1000},"dst":{"ip":"93.184.216.34","port":443}"#;
+        assert_eq!(
+            lines,
+            [
+                format!(
+                    r#"{{"schema":1,"sandbox":"sb1","kind":"flow_close","decision":"allow","reason":"closed",{policy},"flow":2,"transport":"tcp",{ends},"bytes_up":10,"bytes_down":20,"duration_ms":30,"detail":"reset"}}"#
+                ),
+                format!(
+                    r#"{{"schema":1,"sandbox":"sb1","kind":"flow_close","decision":"deny","reason":"reload_revoked",{policy},"flow":1,"transport":"tcp",{ends},"sni":"www.example.com","bytes_up":1,"bytes_down":2,"duration_ms":3,"detail":"not_allowlisted"}}"#
+                ),
+                format!(
+                    r#"{{"schema":1,"sandbox":"sb1","kind":"flow_close","decision":"allow","reason":"idle_timeout",{policy},"flow":3,"transport":"udp",{ends},"bytes_up":4,"bytes_down":5,"duration_ms":6}}"#
+                ),
+            ]
+        );
     }
 
     #[test]

@@ -38,7 +38,7 @@ use smoltcp::wire::{
 use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::mpsc;
 
-use crate::audit::{AuditEvent, AuditSink};
+use crate::audit::{AuditEvent, AuditSink, FlowTotals};
 use crate::config::Config;
 use crate::decide::{
     DecideContext, Decider, Decision, DenyReason, FlowKey, InspectVerdict, Transport,
@@ -291,6 +291,21 @@ struct Flow {
     /// The names that admitted the flow (rechecked on reload): the wire
     /// name, or the table's names for the destination at open.
     names: Vec<Box<str>>,
+}
+
+impl Flow {
+    /// The TCP flow `id`'s identity and totals so far, for its close line.
+    fn totals(&self, id: u64) -> FlowTotals {
+        FlowTotals {
+            flow: id,
+            proto: "tcp",
+            src: self.key.src,
+            dst: self.key.dst,
+            bytes_up: self.up,
+            bytes_down: self.down,
+            duration_ms: FlowTotals::millis(self.opened.elapsed()),
+        }
+    }
 }
 
 /// One guest session's datapath state.
@@ -1009,13 +1024,7 @@ impl Datapath {
     fn audit_udp_close(&mut self, c: &ClosedUdpFlow, end: &'static str) {
         self.counters.flows_closed += 1;
         self.audit.record(&AuditEvent::FlowClose {
-            flow: c.id,
-            proto: "udp",
-            src: c.key.src,
-            dst: c.key.dst,
-            bytes_up: c.up,
-            bytes_down: c.down,
-            duration_ms: u64::try_from(c.duration.as_millis()).unwrap_or(u64::MAX),
+            totals: c.totals(),
             end,
         });
     }
@@ -1687,15 +1696,8 @@ impl Datapath {
             && f.audited_open
         {
             self.counters.flows_closed += 1;
-            let duration_ms = u64::try_from(f.opened.elapsed().as_millis()).unwrap_or(u64::MAX);
             self.audit.record(&AuditEvent::FlowClose {
-                flow: id,
-                proto: "tcp",
-                src: f.key.src,
-                dst: f.key.dst,
-                bytes_up: f.up,
-                bytes_down: f.down,
-                duration_ms,
+                totals: f.totals(id),
                 end,
             });
         }
