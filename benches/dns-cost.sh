@@ -30,7 +30,7 @@ ir() { # MODE_RULES QUERIES -> total instructions
   local f="$out/r$1-q$2.out"
   valgrind --tool=callgrind --callgrind-out-file="$f" "$bin" --rules "$1" --queries "$2" \
     >"$out/r$1-q$2.log" 2>&1
-  callgrind_annotate "$f" | awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1 }'
+  callgrind_annotate "$f" 2>/dev/null | awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1 }'
 }
 
 for mode in 0 "$rules"; do
