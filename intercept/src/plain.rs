@@ -156,7 +156,9 @@ fn unparsable(flow: &PlainFlow, e: &hyper::Error) -> HttpEvent {
     event.status = if e.is_parse_version_h2() {
         None
     } else if e.is_parse_too_large() {
-        Some(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE.as_u16())
+        // hyper's one accessor covers both; its message tells them apart.
+        let uri = e.to_string().starts_with("URI too long");
+        Some(if uri { 414 } else { 431 })
     } else {
         Some(StatusCode::BAD_REQUEST.as_u16())
     };
@@ -913,6 +915,24 @@ mod tests {
         let events = until(&events, |e| e.len() >= 2).await;
         assert_eq!(events[1].reason, Reason::HttpUnreadable);
         assert_eq!(events[1].status, Some(400));
+    }
+
+    #[tokio::test]
+    async fn head_over_the_limits_gets_431() {
+        let (dst, seen) = upstream().await;
+        let (guest, task, events) = proxy(dst, None);
+        let many: String = (0..120).map(|i| format!("X-H{i}: v\r\n")).collect();
+        let out = exchange(
+            guest,
+            &format!("GET /big HTTP/1.1\r\nHost: origin.test\r\n{many}\r\n"),
+        )
+        .await;
+        task.await.unwrap();
+        assert_eq!(statuses(&out), [431], "{out}");
+        assert!(seen.lock().unwrap().is_empty());
+        let events = until(&events, |e| !e.is_empty()).await;
+        assert_eq!(events[0].reason, Reason::HttpUnreadable);
+        assert_eq!(events[0].status, Some(431));
     }
 
     #[tokio::test]
