@@ -69,10 +69,13 @@
 //!   put; a loop turn without new bytes calls nothing) and re-parses it from
 //!   the start (the trait gives no per-flow state): quadratic in the number
 //!   of segments but bounded by [`INSPECT_MAX_BYTES`] (16 KiB).
-//! - Only the first request head of a plain-HTTP connection is read: later
-//!   requests on a kept-alive connection may name another Host, served by the
-//!   same (allowed, cross-validated) address. Like domain fronting through a
-//!   shared CDN address, only TLS/HTTP interception closes this.
+//! - Only the first request head of a plain-HTTP connection is read here.
+//!   Later requests on a kept-alive or pipelined connection are checked by
+//!   the plain-HTTP proxy the datapath hands such flows to
+//!   ([`Decider::proxies_plain_http`], `sluice_intercept::PlainProxy`):
+//!   each must name the Host the first was admitted with, else `421`
+//!   (`host_mismatch`). On TLS ports a later request's Host is checked only
+//!   on intercepted flows (against the SNI); spliced TLS is opaque.
 //! - TTL: a flow is decided once, at its SYN / first bytes, against entries
 //!   valid at that moment; an open flow is not cut when its entry expires
 //!   (the grace for open flows is their lifetime). Reload revocation is the
@@ -328,6 +331,13 @@ impl Decider for PolicyDecider {
     fn intercepts(&self, flow: &FlowKey, sni: &str) -> bool {
         let policy = self.policy.load();
         policy.port_protocol(flow.dst.port()) == PortProtocol::Tls && policy.inspect_host(sni)
+    }
+
+    /// A flow on a plain-HTTP port (80 and `ports.http`) under the policy in
+    /// force now: every request on it must name the Host its first request
+    /// was admitted with (`sluice_intercept::PlainProxy`).
+    fn proxies_plain_http(&self, flow: &FlowKey) -> bool {
+        self.policy.load().port_protocol(flow.dst.port()) == PortProtocol::Http
     }
 
     fn dns_query(&self, qname: &str) -> Option<(ResponseCode, &'static str)> {
