@@ -58,7 +58,14 @@ use intercept::HostStream;
 /// Bytes read from the guest per syscall.
 const GUEST_READ_CHUNK: usize = 256 * 1024;
 /// Output queued for the guest beyond which the stack stops emitting and guest input pauses.
-const TX_HIGH_WATER: usize = 4 * 1024 * 1024;
+const TX_HIGH_WATER: usize = 1024 * 1024;
+/// SO_SNDBUF asked for the guest stream (the kernel caps it at
+/// `net.core.wmem_max` and doubles it).
+const GUEST_SNDBUF: usize = 4 * 1024 * 1024;
+/// Emit-and-write rounds per loop turn while the guest socket takes everything.
+const EGRESS_ROUNDS: usize = 4;
+/// Idle output time after which the output batch's storage is trimmed.
+const TX_TRIM_IDLE: Duration = Duration::from_secs(1);
 /// DNS-over-TCP connection buffers.
 const DNS_TCP_BUF: usize = 64 * 1024 + 2;
 /// DNS queries forwarded at once; beyond it the guest gets SERVFAIL.
@@ -447,6 +454,18 @@ impl Datapath {
         let mut pending_events: Vec<Event> = Vec::new();
         let mut last_counters = Instant::now();
         let mut timer = Box::pin(tokio::time::sleep(Duration::from_secs(3600)));
+        let mut last_output = Instant::now();
+        // A deep guest socket queue: the kernel holds the backlog, each write
+        // moves more and the loop wakes less often. Capped by the kernel
+        // (net.core.wmem_max); best effort.
+        let sock = socket2::SockRef::from(guest);
+        if let Err(e) = sock.set_send_buffer_size(GUEST_SNDBUF) {
+            tracing::debug!(error = %e, "guest socket: SO_SNDBUF not set");
+        }
+        tracing::debug!(
+            sndbuf = sock.send_buffer_size().unwrap_or(0),
+            "guest socket send buffer"
+        );
         loop {
             // 1. Guest input (paused while the output batch is over its bound).
             if self.tx.queued() < TX_HIGH_WATER {
@@ -497,18 +516,31 @@ impl Datapath {
             // datagrams from forwarded UDP flows.
             self.pump_flows();
             self.pump_udp();
-            // 4. Segments out.
-            self.egress();
-            // 5. Output batch to the guest.
-            while self.tx.queued() > 0 {
-                match guest.try_write(self.tx.unwritten()) {
-                    Ok(n) => self.tx.consume(n),
-                    Err(e) if would_block(&e) => break,
-                    Err(e) => {
-                        self.close_all("guest_error");
-                        return SessionEnd::GuestIo(e);
+            // 4-5. Segments out, written to the guest. smoltcp emits only
+            // into a drained batch: what the guest socket did not take waits
+            // in the batch (never grows past the high-water mark) and the
+            // loop waits for writability instead of queueing more.
+            for _ in 0..EGRESS_ROUNDS {
+                if self.tx.queued() == 0 {
+                    self.egress();
+                }
+                if self.tx.queued() == 0 {
+                    break;
+                }
+                while self.tx.queued() > 0 {
+                    match guest.try_write(self.tx.unwritten()) {
+                        Ok(n) => self.tx.consume(n),
+                        Err(e) if would_block(&e) => break,
+                        Err(e) => {
+                            self.close_all("guest_error");
+                            return SessionEnd::GuestIo(e);
+                        }
                     }
                 }
+                if self.tx.queued() > 0 {
+                    break;
+                }
+                last_output = Instant::now();
             }
             // Ends the audit rate-limit window (summary of suppressed denies).
             self.audit.tick();
@@ -526,11 +558,17 @@ impl Datapath {
             let delay = delay
                 .unwrap_or(Duration::from_secs(1))
                 .min(self.next_inspect_deadline());
-            // With the output batch full, smoltcp's "poll now" cannot make
-            // progress: wait for the guest to drain instead of spinning.
-            let tx_full = self.tx.queued() >= TX_HIGH_WATER;
-            let delay = if tx_full {
+            // With output waiting for the guest socket, smoltcp's "poll now"
+            // cannot make progress (it emits only into a drained batch): wait
+            // for writability instead of spinning.
+            let delay = if self.tx.queued() > 0 {
                 delay.max(Duration::from_millis(100))
+            } else if self.tx.holds_surplus() {
+                // Give the batch's storage back once output has been idle a while.
+                if last_output.elapsed() >= TX_TRIM_IDLE {
+                    self.tx.trim();
+                }
+                delay.min(TX_TRIM_IDLE)
             } else {
                 delay
             };

@@ -7,6 +7,14 @@
 //!   and with 1,000 open flows; start-up time to ready (socket bound).
 //! - `table FILE`: turns those JSON lines into the markdown table of
 //!   `docs/benchmarks.md`, with ratios to passt.
+//! - `xfer --sidecar gateway|passt --mtu M --bytes N`: the profiling driver.
+//!   One world, then `--rounds` fixed-size iperf3 transfers (`-n N`, 1 or
+//!   `--streams` streams, `-R` with `--reverse`) and optionally sequential
+//!   connects and DNS queries; per phase it prints one JSON line with the
+//!   throughput and the load-insensitive figures: the sidecar's and the
+//!   bridge's CPU seconds (utime + stime from `/proc/<pid>/stat`) per GB or
+//!   per operation, and the sidecar's context switches. `--perf FILE`
+//!   records the sidecar with `perf record -g` during all phases.
 //! - `connrate`, `dnsqps`, `hold`: the clients `run` starts inside the guest
 //!   namespace.
 //!
@@ -61,6 +69,9 @@ enum Cmd {
         #[arg(long, allow_hyphen_values = true)]
         sidecar_arg: Vec<String>,
     },
+    /// Profiling driver: fixed-size transfers (and optionally connects, DNS
+    /// queries) through one world; one JSON line per phase with CPU per GB.
+    Xfer(XferArgs),
     /// Markdown table from `run` JSON lines.
     Table {
         /// File of JSON lines.
@@ -98,6 +109,45 @@ enum Cmd {
     },
 }
 
+/// Arguments of `xfer`.
+#[derive(clap::Args, Debug)]
+struct XferArgs {
+    /// `gateway` or `passt`.
+    #[arg(long, default_value = "gateway")]
+    sidecar: String,
+    /// MTU the sidecar advertises.
+    #[arg(long, default_value_t = 65520)]
+    mtu: u32,
+    /// Bytes per transfer (iperf3 `-n`, suffixes K/M/G).
+    #[arg(long, default_value = "2G")]
+    bytes: String,
+    /// Parallel streams per transfer (comma-separated list: one phase each;
+    /// 0 skips the transfers).
+    #[arg(long, default_value = "1,4", value_delimiter = ',')]
+    streams: Vec<u32>,
+    /// Server -> guest (iperf3 `-R`), the download direction.
+    #[arg(long)]
+    reverse: bool,
+    /// Transfers per stream count.
+    #[arg(long, default_value_t = 1)]
+    rounds: u32,
+    /// Sequential connect + first byte after the transfers (0: skip).
+    #[arg(long, default_value_t = 0)]
+    conns: u32,
+    /// Sequential DNS queries after the transfers (0: skip).
+    #[arg(long, default_value_t = 0)]
+    queries: u32,
+    /// Record the sidecar with `perf record -g` during every phase into this file.
+    #[arg(long)]
+    perf: Option<PathBuf>,
+    /// perf's call-graph mode: `fp` (cheap; user frames often lost) or `dwarf`.
+    #[arg(long, default_value = "fp")]
+    perf_callgraph: String,
+    /// Extra argument for the sidecar (repeatable).
+    #[arg(long, allow_hyphen_values = true)]
+    sidecar_arg: Vec<String>,
+}
+
 fn main() -> Result<()> {
     match Args::parse().cmd {
         Cmd::Run {
@@ -118,6 +168,7 @@ fn main() -> Result<()> {
             println!("{v}");
             Ok(())
         }
+        Cmd::Xfer(a) => xfer(&a),
         Cmd::Table { file } => table(&file),
         Cmd::Connrate { addr, count } => connrate(addr, count),
         Cmd::Dnsqps {
@@ -305,6 +356,184 @@ fn run(
         "load_start": load_start,
         "load_end": load_average_1min(),
     }))
+}
+
+/// CPU seconds (utime + stime) and context switches (voluntary +
+/// involuntary) of process `pid` so far.
+fn proc_cpu(pid: u32) -> Option<(f64, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the parenthesised command name (which may hold spaces).
+    let rest = stat.rsplit_once(')')?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of stat(5): 12 and 13 after ')'.
+    let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let switches: u64 = status
+        .lines()
+        .filter(|l| l.contains("ctxt_switches:"))
+        .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .sum();
+    // USER_HZ is 100 on Linux.
+    Some((ticks as f64 / 100.0, switches))
+}
+
+/// The pid of this world's TAP bridge (the `sluice-tap-bridge` whose
+/// command line names the world's socket).
+fn bridge_pid(w: &World) -> Option<u32> {
+    let sock = w.socket().display().to_string();
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+        let cmd = String::from_utf8_lossy(&cmd);
+        (cmd.contains("sluice-tap-bridge") && cmd.contains(&sock)).then_some(pid)
+    })
+}
+
+/// Runs `phase` and returns its JSON with the CPU used meanwhile by the
+/// sidecar and the bridge added (`*_cpu_s`, `sidecar_switches`).
+fn measured(
+    sidecar: Option<u32>,
+    bridge: Option<u32>,
+    phase: impl FnOnce() -> Result<Value>,
+) -> Result<Value> {
+    let s0 = sidecar.and_then(proc_cpu);
+    let b0 = bridge.and_then(proc_cpu);
+    let t0 = Instant::now();
+    let mut v = phase()?;
+    let wall = t0.elapsed().as_secs_f64();
+    let s1 = sidecar.and_then(proc_cpu);
+    let b1 = bridge.and_then(proc_cpu);
+    v["wall_s"] = json!(wall);
+    if let (Some(a), Some(b)) = (s0, s1) {
+        v["sidecar_cpu_s"] = json!(b.0 - a.0);
+        v["sidecar_switches"] = json!(b.1 - a.1);
+    }
+    if let (Some(a), Some(b)) = (b0, b1) {
+        v["bridge_cpu_s"] = json!(b.0 - a.0);
+    }
+    Ok(v)
+}
+
+/// `xfer`: see the module docs.
+fn xfer(a: &XferArgs) -> Result<()> {
+    let s = match a.sidecar.as_str() {
+        "gateway" => Sidecar::Gateway,
+        "passt" => Sidecar::Passt,
+        other => bail!("unknown sidecar {other}"),
+    };
+    let mut b = World::builder().sidecar(s).mtu(a.mtu).iperf();
+    for x in &a.sidecar_arg {
+        b = b.sidecar_arg(x);
+    }
+    let mut w = b.start()?;
+    let sidecar = w.sidecar().and_then(|p| p.pid());
+    let bridge = bridge_pid(&w);
+    std::thread::sleep(Duration::from_millis(300));
+    let perf = match &a.perf {
+        Some(out) => {
+            let pid = sidecar.context("no sidecar pid")?;
+            let child = std::process::Command::new("perf")
+                .args(["record", "--call-graph", &a.perf_callgraph, "-F", "999"])
+                .args(["-p", &pid.to_string(), "-o"])
+                .arg(out)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .context("spawning perf record")?;
+            // Let perf attach before the first byte moves.
+            std::thread::sleep(Duration::from_millis(500));
+            Some(child)
+        }
+        None => None,
+    };
+    for &streams in a.streams.iter().filter(|&&n| n > 0) {
+        for round in 0..a.rounds {
+            let v = measured(sidecar, bridge, || {
+                let out = w.guest_ok(
+                    &format!(
+                        "iperf3 -c {ORIGIN_ADDR} -n {} -P {streams} {} -J",
+                        a.bytes,
+                        if a.reverse { "-R" } else { "" }
+                    ),
+                    600,
+                )?;
+                let v: Value = serde_json::from_str(&out).context("iperf3 JSON")?;
+                let r = &v["end"]["sum_received"];
+                Ok(json!({
+                    "gbps": r["bits_per_second"].as_f64().map(|b| b / 1e9),
+                    "bytes": r["bytes"],
+                }))
+            })?;
+            let gb = v["bytes"].as_f64().unwrap_or(0.0) / 1e9;
+            let per_gb = |k: &str| v[k].as_f64().map(|c| c / gb.max(1e-9));
+            println!(
+                "{}",
+                json!({
+                    "phase": "xfer", "sidecar": s.name(), "mtu": a.mtu,
+                    "streams": streams, "reverse": a.reverse, "round": round,
+                    "gbps": v["gbps"], "bytes": v["bytes"], "wall_s": v["wall_s"],
+                    "sidecar_cpu_s_per_gb": per_gb("sidecar_cpu_s"),
+                    "bridge_cpu_s_per_gb": per_gb("bridge_cpu_s"),
+                    "sidecar_switches_per_mb": per_gb("sidecar_switches").map(|x| x / 1e3),
+                    "sidecar_rss_mb": w.sidecar().and_then(|p| p.rss_kb()).map(|k| k as f64 / 1024.0),
+                })
+            );
+        }
+    }
+    if a.conns > 0 {
+        let v = measured(sidecar, bridge, || {
+            guest_bench(
+                &w,
+                &format!(
+                    "connrate --addr {ORIGIN_ADDR}:{BANNER_PORT} --count {}",
+                    a.conns
+                ),
+                600,
+            )
+        })?;
+        let per = |k: &str| v[k].as_f64().map(|c| c / f64::from(a.conns) * 1e6);
+        println!(
+            "{}",
+            json!({
+                "phase": "connrate", "sidecar": s.name(), "mtu": a.mtu,
+                "rate": v["rate"], "p50_us": v["p50_us"], "p99_us": v["p99_us"],
+                "failed": v["failed"],
+                "sidecar_cpu_us_per_conn": per("sidecar_cpu_s"),
+                "bridge_cpu_us_per_conn": per("bridge_cpu_s"),
+                "sidecar_switches_per_conn": per("sidecar_switches").map(|x| x / 1e6),
+            })
+        );
+    }
+    if a.queries > 0 {
+        let dns_server = w
+            .lease()
+            .and_then(|l| l.dns.first().copied())
+            .context("no DNS server in the lease")?;
+        let q =
+            |n: u32| format!("dnsqps --server {dns_server}:53 --name {ORIGIN_NAME} --count {n}");
+        guest_bench(&w, &q(5), 60)?;
+        let v = measured(sidecar, bridge, || guest_bench(&w, &q(a.queries), 600))?;
+        let per = |k: &str| v[k].as_f64().map(|c| c / f64::from(a.queries) * 1e6);
+        println!(
+            "{}",
+            json!({
+                "phase": "dnsqps", "sidecar": s.name(), "mtu": a.mtu,
+                "qps": v["qps"], "failed": v["failed"],
+                "sidecar_cpu_us_per_query": per("sidecar_cpu_s"),
+                "bridge_cpu_us_per_query": per("bridge_cpu_s"),
+                "sidecar_switches_per_query": per("sidecar_switches").map(|x| x / 1e6),
+            })
+        );
+    }
+    if let Some(mut child) = perf {
+        // perf writes its file on SIGINT.
+        let _ = std::process::Command::new("kill")
+            .args(["-INT", &child.id().to_string()])
+            .status();
+        let _ = child.wait();
+    }
+    w.check_alive()?;
+    Ok(())
 }
 
 fn table(file: &PathBuf) -> Result<()> {
