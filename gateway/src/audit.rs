@@ -303,6 +303,14 @@ fn set_wire<'a>(rec: &mut AuditRecord<'a>, wire: Option<&'a WireName>) {
 }
 
 /// The reference to `policy`, or to [`NO_POLICY_ID`].
+/// Whether `rec` is a deny record over its reason's budget for this window
+/// (then counted for the window's summary instead of written).
+fn suppress(limiter: &mut DenyLimiter, rec: &AuditRecord<'_>) -> bool {
+    rec.decision == sluice_policy::Decision::Deny
+        && matches!(rec.kind, Kind::Connection | Kind::Dns | Kind::Http)
+        && !limiter.admit(rec.reason)
+}
+
 fn policy_ref(policy: Option<&CompiledPolicy>) -> PolicyRef<'_> {
     match policy {
         Some(p) => PolicyRef::of(p),
@@ -360,20 +368,22 @@ impl AuditSink {
     pub fn record(&mut self, event: &AuditEvent<'_>) {
         self.tick();
         let rec = build(&self.sandbox, self.policy.as_deref(), event);
-        if rec.decision == sluice_policy::Decision::Deny
-            && matches!(rec.kind, Kind::Connection | Kind::Dns | Kind::Http)
-            && !self.limiter.admit(rec.reason)
-        {
+        if suppress(&mut self.limiter, &rec) {
             return;
         }
         self.writer.write(&rec);
     }
 
     /// Writes a record built elsewhere (e.g. `http` records of an
-    /// intercepting proxy; start from [`AuditSink::skeleton`]), unchanged and
-    /// never suppressed.
+    /// intercepting or plain-HTTP proxy; start from [`AuditSink::skeleton`]),
+    /// unchanged. Deny records are rate-limited per reason like
+    /// [`AuditSink::record`]'s, so a guest repeating a refused request on a
+    /// kept-alive connection cannot flood the log.
     pub fn write_record(&mut self, rec: &AuditRecord<'_>) {
         self.tick();
+        if suppress(&mut self.limiter, rec) {
+            return;
+        }
         self.writer.write(rec);
     }
 
@@ -1006,6 +1016,40 @@ pub(crate) mod tests {
         );
         assert_eq!(reason_of("sni_absent"), (Reason::SniAbsent, None));
         assert_eq!(Reason::NotAllowlisted.decision(), Decision::Deny);
+    }
+
+    #[test]
+    fn proxy_deny_records_are_rate_limited_too() {
+        let buf = Shared::default();
+        let mut sink = AuditSink::new(Box::new(buf.clone()), "sb1");
+        let n = DENY_LINES_PER_SEC + 10;
+        let record = |reason| {
+            let policy = PolicyRef {
+                id: NO_POLICY_ID.into(),
+                version: NO_POLICY_ID.into(),
+                label: None,
+            };
+            AuditRecord::new(Timestamp::now(), "sb1", Kind::Http, reason, policy)
+        };
+        for _ in 0..n {
+            sink.write_record(&record(Reason::HostMismatch));
+        }
+        // An allow record is never suppressed.
+        sink.write_record(&record(Reason::Allowlisted));
+        sink.flush();
+        let lines = parse_all(&buf.text());
+        let denied = lines
+            .iter()
+            .filter(|l| l["kind"] == "http" && l["reason"] == "host_mismatch")
+            .count() as u64;
+        assert_eq!(denied, u64::from(DENY_LINES_PER_SEC));
+        assert_eq!(
+            lines
+                .iter()
+                .filter(|l| l["kind"] == "http" && l["reason"] == "allowlisted")
+                .count(),
+            1
+        );
     }
 
     #[test]
