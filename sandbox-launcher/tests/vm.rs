@@ -19,8 +19,8 @@ use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -769,19 +769,28 @@ fn line_reader(
 }
 
 /// Reads a child's stream to the end on a thread (so a full pipe never
-/// blocks the launcher).
-fn drain(mut out: impl std::io::Read + Send + 'static) -> thread::JoinHandle<String> {
+/// blocks the launcher); what was read so far is in the returned buffer.
+fn drain(mut out: impl std::io::Read + Send + 'static) -> Arc<Mutex<String>> {
+    let buf = Arc::new(Mutex::new(String::new()));
+    let keep = Arc::clone(&buf);
     thread::spawn(move || {
-        let mut s = Vec::new();
-        let _ = std::io::Read::read_to_end(&mut out, &mut s);
-        text(&s)
-    })
+        let mut chunk = [0u8; 4096];
+        loop {
+            match std::io::Read::read(&mut out, &mut chunk) {
+                Ok(0) | Err(_) => return,
+                Ok(n) => keep.lock().unwrap().push_str(&text(&chunk[..n])),
+            }
+        }
+    });
+    buf
 }
 
 /// The next line from `lines` matching `pred`, waiting up to `secs`;
-/// panics (with `what`) when the stream ends or the time is up.
+/// panics (with `what` and the launcher's stderr so far) when the stream
+/// ends or the time is up.
 fn wait_line(
     lines: &std::sync::mpsc::Receiver<String>,
+    stderr: &Mutex<String>,
     secs: u64,
     what: &str,
     pred: impl Fn(&str) -> bool,
@@ -792,7 +801,10 @@ fn wait_line(
         match lines.recv_timeout(left) {
             Ok(l) if pred(&l) => return l,
             Ok(_) => {}
-            Err(e) => panic!("waiting for {what}: {e}"),
+            Err(e) => panic!(
+                "waiting for {what}: {e}; sluice's stderr so far:\n{}",
+                stderr.lock().unwrap()
+            ),
         }
     }
 }
@@ -914,14 +926,16 @@ fn the_sandbox_ca_in_the_guest_trust_store_and_secrets_substituted() {
     let mut stdin = child.stdin.take().unwrap();
 
     // While the command waits: the CA the gateway wrote with --ca-out.
-    wait_line(&lines, 300, "the guest's `ready`", |l| l == "ready");
+    wait_line(&lines, &stderr, 300, "the guest's `ready`", |l| {
+        l == "ready"
+    });
     let ca_path = std::env::temp_dir().join(format!("sluice-{launcher}.run/ca.pem"));
     let host_ca = fs::read_to_string(&ca_path).unwrap();
     stdin.write_all(b"go\n").unwrap();
     drop(stdin);
     let status = child.wait().unwrap();
     let stdout = stdout.join().unwrap();
-    let stderr = stderr.join().unwrap();
+    let stderr = stderr.lock().unwrap().clone();
     assert_eq!(status.code(), Some(0), "stdout: {stdout}\nstderr: {stderr}");
     assert_no_leftovers(&m, launcher);
 
@@ -1081,7 +1095,7 @@ fn a_policy_replaced_by_rename_is_reloaded_under_sluice_run() {
     let kept = |l: &str| l.contains("origin=0 ") && !l.ends_with("other=0");
 
     // The first policy: origin.test allowed, other.test denied.
-    let first = wait_line(&lines, 300, "the first fetch", is_fetch);
+    let first = wait_line(&lines, &stderr, 300, "the first fetch", is_fetch);
     assert!(kept(&first), "{first}");
 
     // A malformed replacement: rejected, the old policy stays.
@@ -1096,15 +1110,28 @@ fn a_policy_replaced_by_rename_is_reloaded_under_sluice_run() {
     {
         assert!(
             Instant::now() < until,
-            "no reload_rejected record: {:#?}",
-            audit_records(&audit)
+            "no reload_rejected record: {:#?}\nsluice's stderr:\n{}",
+            audit_records(&audit),
+            stderr.lock().unwrap()
         );
         thread::sleep(Duration::from_millis(200));
     }
     // Two whole fetches after the rejection was audited, both under the old policy.
-    let _ = wait_line(&lines, 120, "a fetch after the rejection", is_fetch);
+    let _ = wait_line(
+        &lines,
+        &stderr,
+        120,
+        "a fetch after the rejection",
+        is_fetch,
+    );
     for _ in 0..2 {
-        let l = wait_line(&lines, 120, "a fetch under the kept policy", is_fetch);
+        let l = wait_line(
+            &lines,
+            &stderr,
+            120,
+            "a fetch under the kept policy",
+            is_fetch,
+        );
         assert!(kept(&l), "{l}");
     }
 
@@ -1116,13 +1143,13 @@ fn a_policy_replaced_by_rename_is_reloaded_under_sluice_run() {
             "vc-reload-2",
         ),
     );
-    let allowed = wait_line(&lines, 180, "a fetch of other.test allowed", |l| {
+    let allowed = wait_line(&lines, &stderr, 180, "a fetch of other.test allowed", |l| {
         l.ends_with("other=0")
     });
     assert!(allowed.contains("origin=0"), "{allowed}");
     let status = child.wait().unwrap();
     let stdout = stdout.join().unwrap();
-    let stderr = stderr.join().unwrap();
+    let stderr = stderr.lock().unwrap().clone();
     assert_eq!(status.code(), Some(0), "stdout: {stdout}\nstderr: {stderr}");
     assert_no_leftovers(&m, launcher);
 
