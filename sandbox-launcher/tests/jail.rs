@@ -586,23 +586,34 @@ fn kvm_probe_args(qmp: &str) -> Vec<String> {
 }
 
 /// Speaks QMP on a connected monitor: capabilities, then `query-kvm`.
-/// Returns its `return` object (or the error reply), then asks QEMU to quit.
+/// Returns its `return` object (or the error reply, or `"closed"` when QEMU
+/// went away, e.g. because it could not open `/dev/kvm`), then asks QEMU to
+/// quit.
 fn qmp_query_kvm(read: impl std::io::Read, mut write: impl std::io::Write) -> serde_json::Value {
+    let closed = serde_json::Value::from("closed");
     let mut lines = BufReader::new(read).lines();
     let mut next_reply = || loop {
-        let line = lines.next().expect("QMP closed").expect("QMP read");
+        let Some(Ok(line)) = lines.next() else {
+            return None;
+        };
         let v: serde_json::Value = serde_json::from_str(&line).expect("QMP JSON");
         // Events interleave with replies.
         if v.get("event").is_none() {
-            return v;
+            return Some(v);
         }
     };
-    let greeting = next_reply();
+    let Some(greeting) = next_reply() else {
+        return closed;
+    };
     assert!(greeting.get("QMP").is_some(), "{greeting}");
-    writeln!(write, r#"{{"execute":"qmp_capabilities"}}"#).unwrap();
-    assert!(next_reply().get("return").is_some());
-    writeln!(write, r#"{{"execute":"query-kvm"}}"#).unwrap();
-    let reply = next_reply();
+    let _ = writeln!(write, r#"{{"execute":"qmp_capabilities"}}"#);
+    if next_reply().is_none() {
+        return closed;
+    }
+    let _ = writeln!(write, r#"{{"execute":"query-kvm"}}"#);
+    let Some(reply) = next_reply() else {
+        return closed;
+    };
     let _ = writeln!(write, r#"{{"execute":"quit"}}"#);
     reply.get("return").cloned().unwrap_or(reply)
 }
