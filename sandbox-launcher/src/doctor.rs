@@ -75,7 +75,7 @@ pub fn main() -> i32 {
     }
     say!("  qemu-sandbox (QEMU's own -sandbox on,...): on");
     say!(
-        "  gateway-self-restrict (seccomp: no exec/fork; Landlock: no writes, reads only its policy): on"
+        "  gateway-self-restrict (seccomp: no exec/fork; Landlock: no writes, reads only its policy's and secret files' directories): on"
     );
     say!("jail_active: {all_on}");
     let _ = std::io::Write::write_all(&mut std::io::stdout(), out.as_bytes());

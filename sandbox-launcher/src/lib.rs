@@ -2,7 +2,8 @@
 //! is a `sluice-gateway`, runs one command in it through the guest agent, and
 //! manages policies.
 //!
-//! Modules: [`image`] (the guest image and its cache), `qemu` (accelerator
+//! Modules: [`image`] (the guest image and its cache), `gateway_inputs`
+//! (the policy, secrets and CA files as the gateway's jail sees them), `qemu` (accelerator
 //! choice and the QEMU command line), `spawn` (children that never outlive
 //! the launcher), [`run`] (`sluice run`), [`doctor`] (`sluice doctor`), [`policy_cmd`]
 //! (`sluice policy check|explain`).
@@ -10,6 +11,7 @@
 use std::io::Write as _;
 
 pub mod doctor;
+mod gateway_inputs;
 pub mod image;
 pub mod jail;
 pub mod policy_cmd;

@@ -21,7 +21,6 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
@@ -33,6 +32,7 @@ use sluice_agent_proto::{
     CHUNK, ExecRequest, ExitStatus, Message, VERSION, read_frame, write_frame,
 };
 
+use crate::gateway_inputs::{FileView, JAIL_UID, secret_inputs, write_for_jail};
 use crate::image::{self, ImageOptions};
 use crate::jail::{FdMap, Layer};
 use crate::qemu::{self, AGENT_FD, CONSOLE_FD, NET_FD, VmConfig};
@@ -85,6 +85,11 @@ pub struct RunArgs {
     /// Publish a guest port on the host (passed to the gateway; repeatable).
     #[arg(long, value_name = "SPEC")]
     pub publish: Vec<String>,
+    /// Trust this PEM CA bundle (besides the system roots) for the upstream
+    /// leg of intercepted TLS (repeatable; e.g. a private registry's CA).
+    /// Copied into the run dir and passed as the gateway's `--upstream-ca`.
+    #[arg(long = "upstream-ca", value_name = "PEM")]
+    pub upstream_ca: Vec<PathBuf>,
     /// Write the gateway's audit log to this file (default: summarised only).
     #[arg(long, value_name = "PATH")]
     pub audit: Option<PathBuf>,
@@ -102,7 +107,7 @@ pub struct RunArgs {
     #[arg(long, env = "SLUICE_GATEWAY", value_name = "PATH")]
     pub gateway: Option<PathBuf>,
     /// Boot without a gateway: the guest's network link has nobody on it.
-    #[arg(long, conflicts_with_all = ["policy", "allow_domain", "publish", "audit", "gateway"])]
+    #[arg(long, conflicts_with_all = ["policy", "allow_domain", "publish", "audit", "gateway", "upstream_ca"])]
     pub no_network: bool,
     /// Run without this isolation layer where this host cannot apply it
     /// (repeatable; names as `sluice doctor` prints them, e.g. `landlock`,
@@ -246,7 +251,8 @@ struct GatewayHandles {
     audit_reader: Option<thread::JoinHandle<()>>,
     log: Arc<Mutex<Vec<u8>>>,
     ready: Receiver<()>,
-    /// Where the gateway writes the sandbox CA (when it supports `--ca-out`).
+    /// Where the gateway writes the sandbox CA: `Some` when the policy
+    /// inspects a host.
     ca_out: Option<PathBuf>,
 }
 
@@ -431,9 +437,11 @@ impl Session {
         })
     }
 
-    /// Gives the guest the sandbox CA when the gateway wrote one: waits for
-    /// the gateway to be ready (it writes the CA before serving), then sends
-    /// `InstallCa`. No file means the policy inspects nothing: no CA.
+    /// Gives the guest the sandbox CA when the policy inspects a host: waits
+    /// for the gateway to be ready (it writes the CA before serving), then
+    /// sends `InstallCa`. A policy that inspects nothing gets no CA. An
+    /// inspecting policy whose gateway wrote no CA is an error: the guest
+    /// could not verify any inspected connection.
     fn install_ca(&self) -> Result<bool, Stop> {
         let Some(gw) = &self.gateway else {
             return Ok(false);
@@ -463,16 +471,13 @@ impl Session {
                 }
             }
         }
-        let pem = match fs::read(ca) {
-            Ok(pem) => pem,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
-            Err(e) => {
-                return Err(Stop::Failed(anyhow!(
-                    "reading the sandbox CA {}: {e}",
-                    ca.display()
-                )));
-            }
-        };
+        let pem = fs::read(ca).map_err(|e| {
+            Stop::Failed(anyhow!(
+                "the policy inspects hosts but the gateway's sandbox CA {} cannot be read: {e}{}",
+                ca.display(),
+                log_tail(&gw.log)
+            ))
+        })?;
         if pem.len() > MAX_CA_PEM {
             return Err(Stop::Failed(anyhow!(
                 "the sandbox CA {} is larger than {MAX_CA_PEM} bytes",
@@ -910,7 +915,7 @@ fn isolation_summary(children: &Children) -> serde_json::Value {
         "gateway": layers(children.gateway.as_ref()),
         "qemu_sandbox": "on: -sandbox on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
         "gateway_self_restrict": if children.gateway.is_some() {
-            "on: seccomp (no exec, no new processes) and Landlock (no writes, reads only the policy), before its threads start"
+            "on: seccomp (no exec, no new processes) and Landlock (no writes; reads only the policy's and the secret files' directories), before its threads start"
         } else {
             "off: no gateway (--no-network)"
         },
@@ -1003,24 +1008,13 @@ fn make_run_dir(sandbox_id: &str) -> anyhow::Result<RunDir> {
     Ok(dir)
 }
 
-/// The uid/gid both jails drop to (nobody/nogroup).
-const JAIL_UID: u32 = 65534;
-
-/// Whether this gateway binary has `--ca-out` (engineer "mitm"'s option;
-/// older gateways lack it and would refuse to start with it).
-fn gateway_supports_ca_out(gateway: &Path) -> bool {
-    Command::new(gateway)
-        .arg("--help")
-        .env_clear()
-        .stdin(Stdio::null())
-        .stderr(Stdio::null())
-        .output()
-        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("--ca-out"))
-}
-
 /// Spawns `sluice-gateway --fd 3` in its jail on the host end of the
-/// network socketpair. The policy is `--policy FILE` (bound read-only into
-/// the jail at its own path) or an inline policy written into the run dir.
+/// network socketpair. The policy is `--policy FILE` (its directory bound
+/// read-only into the jail, so reload sees a rename-replace:
+/// `gateway_inputs`) or an inline policy written into the run dir. The
+/// policy's secret files are bound the same way and its `env:` secrets'
+/// variables passed from this process's environment. `--ca-out` is passed
+/// when the policy inspects a host, `--upstream-ca` copies from the run dir.
 /// Audit lines come on the gateway's stdout: they are summarised here and,
 /// with `--audit PATH`, appended to that file by the launcher (the gateway
 /// itself writes no file but the CA).
@@ -1041,12 +1035,24 @@ fn spawn_gateway(
         sandbox_id.to_owned(),
     ];
     let compile = sluice_policy::CompileOptions::default();
+    // What the gateway's jail binds read-only: the policy (its directory,
+    // so that reload sees a file replaced by rename) and secret files.
+    let mut read = Vec::new();
     let (policy_path, compiled) = match &args.policy {
         Some(p) => {
-            let p = fs::canonicalize(p).with_context(|| format!("--policy {}", p.display()))?;
-            let compiled = sluice_policy::load_file(&p, &compile)
-                .map_err(|e| anyhow!("invalid policy {}:\n{e}", p.display()))?;
-            (p, compiled)
+            let view =
+                FileView::of_policy(p).with_context(|| format!("--policy {}", p.display()))?;
+            if let Some(why) = &view.file_only {
+                eprintln!(
+                    "sluice: --policy {}: binding the file alone into the gateway's jail ({why}): \
+                     a reload sees edits made in place, not a file replaced by rename",
+                    p.display()
+                );
+            }
+            let compiled = sluice_policy::load_file(&view.path, &compile)
+                .map_err(|e| anyhow!("invalid policy {}:\n{e}", view.path.display()))?;
+            read.push(view.bind);
+            (view.path, compiled)
         }
         None => {
             let (yaml, compiled) = if args.allow_domain.is_empty() {
@@ -1062,7 +1068,7 @@ fn spawn_gateway(
                 (sluice_policy::allow_domains_yaml(&names), compiled)
             };
             let p = run_dir.join("policy.yaml");
-            fs::write(&p, yaml).with_context(|| format!("writing {}", p.display()))?;
+            write_for_jail(&p, yaml.as_bytes())?;
             (p, compiled)
         }
     };
@@ -1075,10 +1081,28 @@ fn spawn_gateway(
             gw_args.push(s.to_string());
         }
     }
-    let ca_out = gateway_supports_ca_out(&gateway).then(|| run_dir.join("ca.pem"));
+    let secrets = secret_inputs(&compiled)?;
+    for (path, why) in &secrets.file_only {
+        eprintln!(
+            "sluice: secret file {}: binding the file alone into the gateway's jail ({why}): \
+             a reload sees it rewritten in place, not replaced by rename",
+            path.display()
+        );
+    }
+    read.extend(secrets.read);
+    // The gateway generates a sandbox CA exactly when the policy inspects a
+    // host (a bound secret or `inspect:`); it writes it before it serves.
+    let ca_out = (!compiled.inspected_patterns().is_empty()).then(|| run_dir.join("ca.pem"));
     if let Some(ca) = &ca_out {
         gw_args.push("--ca-out".into());
         gw_args.push(ca.to_string_lossy().into_owned());
+    }
+    for (i, pem) in args.upstream_ca.iter().enumerate() {
+        let data = fs::read(pem).with_context(|| format!("--upstream-ca {}", pem.display()))?;
+        let copy = run_dir.join(format!("upstream-ca-{i}.pem"));
+        write_for_jail(&copy, &data)?;
+        gw_args.push("--upstream-ca".into());
+        gw_args.push(copy.to_string_lossy().into_owned());
     }
     gw_args.extend(["--audit".into(), "-".into()]);
     for p in &args.publish {
@@ -1097,7 +1121,8 @@ fn spawn_gateway(
             name: format!("{sandbox_id}-gateway"),
             gateway: &gateway,
             args: gw_args,
-            read: vec![policy_path],
+            read,
+            env: secrets.env,
             run_dir,
             tcp_bind: args
                 .publish

@@ -10,7 +10,8 @@
 //!   memory/pids/cpu limits, only its socketpairs as fds.
 //! * The gateway: the same jail but in the **host's** network namespace (it
 //!   must reach the internet), Landlock without a TCP connect restriction,
-//!   and a filesystem view of its binary, libraries, the policy, the
+//!   and a filesystem view of its binary, libraries, the policy's directory
+//!   and the secret files' directories (read-only; `gateway_inputs`), the
 //!   resolver configuration, its own `/proc/net` (host addresses for the
 //!   platform deny set) and the run dir (the only writable path, for the
 //!   CA). Once started, it restricts itself further
@@ -250,8 +251,12 @@ pub(crate) struct GatewayJail<'a> {
     pub(crate) gateway: &'a Path,
     /// Its arguments.
     pub(crate) args: Vec<String>,
-    /// Files it reads by path (the policy file).
+    /// Paths it reads, bound read-only at their own path: the policy's
+    /// directory (or the policy file alone) and the secret files'
+    /// directories (`gateway_inputs`).
     pub(crate) read: Vec<PathBuf>,
+    /// Extra environment: the variables the policy's `env:` secrets name.
+    pub(crate) env: Vec<(String, String)>,
     /// The run dir: writable (the CA), removed when the gateway ends.
     pub(crate) run_dir: &'a Path,
     /// TCP ports it binds on the host (`--publish`).
@@ -276,6 +281,7 @@ pub(crate) fn gateway_spec(g: &GatewayJail<'_>, iso: &Isolation) -> Result<JailS
         // Its log goes through a pipe to the launcher: plain text.
         ("NO_COLOR".to_owned(), "1".to_owned()),
     ];
+    spec.env.extend(g.env.iter().cloned());
     spec.namespaces = Namespaces {
         net: NetNamespace::Inherit,
         ..Namespaces::default()
@@ -389,12 +395,41 @@ mod tests {
     }
 
     #[test]
+    fn qemu_jail_under_kvm_gets_the_device_and_its_group() {
+        use std::os::unix::fs::MetadataExt;
+        let q = QemuJail {
+            name: "vc-q".to_owned(),
+            qemu: Path::new("/bin/sh"),
+            args: Vec::new(),
+            files: Vec::new(),
+            accel: "kvm",
+            memory_mib: 256,
+            cpus: 1,
+            fds: Vec::new(),
+            sandbox_id: "sluice-1".to_owned(),
+        };
+        let spec = qemu_spec(&q, &iso()).unwrap();
+        assert!(spec.ro_paths.contains(&PathBuf::from("/dev/kvm")));
+        // No TCG translation cache in the memory limit.
+        assert_eq!(
+            spec.cgroup.memory_bytes.unwrap() >> 20,
+            256 + QEMU_OVERHEAD_MIB
+        );
+        assert_eq!(spec.uid, 65534);
+        match std::fs::metadata("/dev/kvm") {
+            Ok(m) if m.gid() != 0 => assert_eq!(spec.gid, m.gid()),
+            _ => assert_eq!(spec.gid, 65534),
+        }
+    }
+
+    #[test]
     fn gateway_jail_keeps_the_host_network_and_only_the_run_dir_writable() {
         let g = GatewayJail {
             name: "la-g".to_owned(),
             gateway: Path::new("/bin/sh"),
             args: Vec::new(),
             read: vec![PathBuf::from("/etc/hostname")],
+            env: vec![("VC_TOKEN".to_owned(), "value".to_owned())],
             run_dir: Path::new("/tmp/la-run"),
             tcp_bind: vec![8080],
             fds: Vec::new(),
@@ -409,5 +444,10 @@ mod tests {
         assert_eq!(ll.tcp_connect, None);
         assert_eq!(ll.tcp_bind, vec![8080]);
         assert!(spec.ro_paths.contains(&PathBuf::from("/proc/net")));
+        assert!(spec.ro_paths.contains(&PathBuf::from("/etc/hostname")));
+        assert!(
+            spec.env
+                .contains(&("VC_TOKEN".to_owned(), "value".to_owned()))
+        );
     }
 }

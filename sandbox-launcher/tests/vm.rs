@@ -19,8 +19,8 @@ use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -591,7 +591,9 @@ fn a_user_rootfs_replaces_the_default_userland() {
 /// its gateway using the fake internet's dnsmasq (policy `dns.upstream`).
 /// From inside the guest an allowed HTTPS fetch succeeds, a denied name and
 /// a denied IP literal fail, and the audit log holds the allow and the
-/// denies with their reasons.
+/// denies with their reasons. The policy inspects nothing, so no sandbox CA
+/// is installed: no `/etc/sluice/sandbox-ca.pem`, no CA variables, and the
+/// guest's system bundle is the host's, byte for byte.
 #[test]
 #[ignore = "needs root: run via scripts/test"]
 fn https_from_the_guest_allowed_and_denied_through_the_gateway() {
@@ -615,8 +617,12 @@ fn https_from_the_guest_allowed_and_denied_through_the_gateway() {
     .unwrap();
     let audit = dir.join("la-audit.jsonl");
     let ca = world.ca_pem();
+    // The policy inspects nothing: no sandbox CA may reach the guest.
+    let bundle_out = dir.join("la-bundle.pem");
     let script = format!(
-        "curl -sS --max-time 20 --cacert /tmp/ca.pem https://{ORIGIN_NAME}/; echo allowed=$?; \
+        "test -e /etc/sluice/sandbox-ca.pem && echo sandbox_ca=present || echo sandbox_ca=absent; \
+         echo \"ca_env=${{SSL_CERT_FILE:-unset}},${{CURL_CA_BUNDLE:-unset}}\"; \
+         curl -sS --max-time 20 --cacert /tmp/ca.pem https://{ORIGIN_NAME}/; echo allowed=$?; \
          curl -sS --max-time 20 --cacert /tmp/ca.pem https://{ORIGIN2_NAME}/; echo name=$?; \
          curl -sS --max-time 20 -k https://{ORIGIN2_ADDR}/; echo ip=$?"
     );
@@ -632,6 +638,11 @@ fn https_from_the_guest_allowed_and_denied_through_the_gateway() {
         .arg(&audit)
         .arg("--copy-in")
         .arg(format!("{}:/tmp/ca.pem", ca.display()))
+        .arg("--copy-out")
+        .arg(format!(
+            "/etc/ssl/certs/ca-certificates.crt:{}",
+            bundle_out.display()
+        ))
         .args(["--", "sh", "-c", &script])
         .env("SLUICE_AGENT", &agent)
         .env("SLV_TEST_MARK", &m)
@@ -651,6 +662,15 @@ fn https_from_the_guest_allowed_and_denied_through_the_gateway() {
     assert!(
         stdout.contains("hello from sluice-test-origin\nallowed=0\n"),
         "the allowed fetch failed: {stdout}\nstderr: {stderr}"
+    );
+    assert!(
+        stdout.contains("sandbox_ca=absent\nca_env=unset,unset\n"),
+        "a CA was installed for a policy that inspects nothing: {stdout}"
+    );
+    assert_eq!(
+        fs::read(&bundle_out).unwrap(),
+        fs::read("/etc/ssl/certs/ca-certificates.crt").unwrap(),
+        "the guest's system bundle differs from the host's it was built from"
     );
     assert!(
         !stdout.contains("name=0"),
@@ -694,5 +714,467 @@ fn https_from_the_guest_allowed_and_denied_through_the_gateway() {
     );
     // nsenter execs the launcher: same pid.
     assert_no_leftovers(&m, nsenter);
+    drop(world);
+}
+
+/// `sluice run ARGS` in the harness's host namespace (as in the HTTPS test
+/// above), with the test's marker, the agent, the gateway and `envs`;
+/// stdin, stdout and stderr piped. `nsenter` execs the launcher: the
+/// child's pid is the launcher's.
+fn sluice_in_world(
+    world: &sluice_e2e::World,
+    agent: &Path,
+    gateway: &Path,
+    mark: &str,
+    args: &[String],
+    envs: &[(&str, &str)],
+) -> Child {
+    let mut cmd = Command::new("nsenter");
+    cmd.arg(format!("--net=/run/netns/{}", world.host.name()))
+        .arg(SLUICE)
+        .arg("run")
+        .arg(format!("--gateway={}", gateway.display()))
+        .args(args)
+        .env("SLUICE_AGENT", agent)
+        .env("SLV_TEST_MARK", mark)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    cmd.spawn().unwrap()
+}
+
+/// Reads a child's stdout line by line on a thread; lines arrive on the
+/// returned channel, and the thread returns everything read.
+fn line_reader(
+    out: impl std::io::Read + Send + 'static,
+) -> (
+    std::sync::mpsc::Receiver<String>,
+    thread::JoinHandle<String>,
+) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let handle = thread::spawn(move || {
+        let mut all = String::new();
+        for line in std::io::BufRead::lines(std::io::BufReader::new(out)) {
+            let Ok(line) = line else { break };
+            all.push_str(&line);
+            all.push('\n');
+            let _ = tx.send(line);
+        }
+        all
+    });
+    (rx, handle)
+}
+
+/// Reads a child's stream to the end on a thread (so a full pipe never
+/// blocks the launcher); what was read so far is in the returned buffer.
+fn drain(mut out: impl std::io::Read + Send + 'static) -> Arc<Mutex<String>> {
+    let buf = Arc::new(Mutex::new(String::new()));
+    let keep = Arc::clone(&buf);
+    thread::spawn(move || {
+        let mut chunk = [0u8; 4096];
+        loop {
+            match std::io::Read::read(&mut out, &mut chunk) {
+                Ok(0) | Err(_) => return,
+                Ok(n) => keep.lock().unwrap().push_str(&text(&chunk[..n])),
+            }
+        }
+    });
+    buf
+}
+
+/// The next line from `lines` matching `pred`, waiting up to `secs`;
+/// panics (with `what` and the launcher's stderr so far) when the stream
+/// ends or the time is up.
+fn wait_line(
+    lines: &std::sync::mpsc::Receiver<String>,
+    stderr: &Mutex<String>,
+    secs: u64,
+    what: &str,
+    pred: impl Fn(&str) -> bool,
+) -> String {
+    let until = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        match lines.recv_timeout(left) {
+            Ok(l) if pred(&l) => return l,
+            Ok(_) => {}
+            Err(e) => panic!(
+                "waiting for {what}: {e}; sluice's stderr so far:\n{}",
+                stderr.lock().unwrap()
+            ),
+        }
+    }
+}
+
+/// The schema-1 records of an `--audit` file written so far.
+fn audit_records(path: &Path) -> Vec<serde_json::Value> {
+    fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// The fake internet's resolver and address ranges, for a policy's tail.
+fn world_policy_tail() -> String {
+    use sluice_e2e::DNS_ADDR;
+    format!(
+        "internal:\n  - \"198.51.100.0/24\"\n  - \"203.0.113.0/24\"\n\
+         dns:\n  upstream: [{DNS_ADDR}]\n  ttl_min: 600\n  ttl_max: 3600\n"
+    )
+}
+
+/// A directory in the world's dir the jail user can search (the policy's
+/// or a secret's directory: `sluice run` binds it read-only).
+fn jail_dir(world: &sluice_e2e::World, name: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let d = world.dir().join(name);
+    fs::create_dir_all(&d).unwrap();
+    fs::set_permissions(&d, fs::Permissions::from_mode(0o755)).unwrap();
+    d
+}
+
+const VC_TOK_PLACEHOLDER: &str = "sk-sluice-placeholder-vctok";
+const VC_TOK_VALUE: &str = "REAL-vc-env-token-4f2a9c";
+const VC_KEY_PLACEHOLDER: &str = "sk-sluice-placeholder-vckey";
+const VC_KEY_VALUE: &str = "REAL-vc-file-key-81d3e7";
+
+/// Issue 5 inside a real VM: a policy binds two secrets to the fake
+/// internet's `origin.test` (one from an environment variable of `sluice`,
+/// one from a file readable by the jail's group). The gateway generates a
+/// sandbox CA (`--ca-out` in the run dir, read here while the command
+/// waits on stdin); the agent installs it, so that inside the guest the
+/// system bundle and the files named by `SSL_CERT_FILE` and
+/// `CURL_CA_BUNDLE` hold it, and plain `curl https://origin.test/...`
+/// (no `-k`, no `--cacert`) verifies the gateway's leaf. The origin
+/// receives the real values, the guest sees only the placeholders (the
+/// echo reflects the headers and the gateway scrubs them back), and the
+/// audit log holds the `http` record with both secrets.
+#[test]
+#[ignore = "needs root: run via scripts/test"]
+fn the_sandbox_ca_in_the_guest_trust_store_and_secrets_substituted() {
+    use sluice_e2e::{ORIGIN_NAME, World};
+    let Some(agent) = agent() else { return };
+    let Some(gateway) = gateway_bin() else { return };
+    let world = World::builder().connect_guest(false).start().unwrap();
+    let secret_dir = jail_dir(&world, "vc-secrets");
+    let key_file = secret_dir.join("key");
+    fs::write(&key_file, format!("{VC_KEY_VALUE}\n")).unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(&key_file, fs::Permissions::from_mode(0o640)).unwrap();
+        std::os::unix::fs::chown(&key_file, Some(0), Some(65534)).unwrap();
+    }
+    let policy = jail_dir(&world, "vc-policy").join("policy.yaml");
+    fs::write(
+        &policy,
+        format!(
+            "version: 1\nid: vc-vm-secrets\nallow:\n  - domain: {ORIGIN_NAME}\n\
+             secrets:\n\
+             \x20 - name: tok\n    placeholder: {VC_TOK_PLACEHOLDER}\n    env: VC_SLUICE_TOK\n\
+             \x20   hosts: [\"{ORIGIN_NAME}\"]\n\
+             \x20 - name: key\n    placeholder: {VC_KEY_PLACEHOLDER}\n    file: {}\n\
+             \x20   hosts: [\"{ORIGIN_NAME}\"]\n{}",
+            key_file.display(),
+            world_policy_tail()
+        ),
+    )
+    .unwrap();
+    let audit = world.dir().join("vc-audit.jsonl");
+    let out_dir = world.dir().join("vc-out");
+    fs::create_dir_all(&out_dir).unwrap();
+    let script = format!(
+        "echo ready; read go; \
+         echo \"ssl_cert_file=$SSL_CERT_FILE curl_ca_bundle=$CURL_CA_BUNDLE\"; \
+         mkdir -p /tmp/out; \
+         cat \"${{SSL_CERT_FILE:-/none}}\" > /tmp/out/ssl_cert_file.pem; \
+         cat \"${{CURL_CA_BUNDLE:-/none}}\" > /tmp/out/curl_ca_bundle.pem; \
+         cat /etc/ssl/certs/ca-certificates.crt > /tmp/out/system.pem; \
+         cat /etc/sluice/sandbox-ca.pem > /tmp/out/sandbox-ca.pem; \
+         curl -sS --max-time 60 -H 'Authorization: Bearer {VC_TOK_PLACEHOLDER}' \
+         -H 'X-Api-Key: {VC_KEY_PLACEHOLDER}' https://{ORIGIN_NAME}/echo/vc-vm; \
+         r=$?; echo; echo fetch=$r"
+    );
+    let mut args = vec![
+        "--policy".to_owned(),
+        policy.display().to_string(),
+        "--upstream-ca".to_owned(),
+        world.ca_pem().display().to_string(),
+        "--audit".to_owned(),
+        audit.display().to_string(),
+    ];
+    for f in ["ssl_cert_file", "curl_ca_bundle", "system", "sandbox-ca"] {
+        args.push("--copy-out".to_owned());
+        args.push(format!("/tmp/out/{f}.pem:{}/{f}.pem", out_dir.display()));
+    }
+    args.extend(["--", "sh", "-c", &script].map(str::to_owned));
+    let m = mark();
+    let mut child = sluice_in_world(
+        &world,
+        &agent,
+        &gateway,
+        &m,
+        &args,
+        &[("VC_SLUICE_TOK", VC_TOK_VALUE)],
+    );
+    let launcher = child.id();
+    let (lines, stdout) = line_reader(child.stdout.take().unwrap());
+    let stderr = drain(child.stderr.take().unwrap());
+    let mut stdin = child.stdin.take().unwrap();
+
+    // While the command waits: the CA the gateway wrote with --ca-out.
+    wait_line(&lines, &stderr, 300, "the guest's `ready`", |l| {
+        l == "ready"
+    });
+    let ca_path = std::env::temp_dir().join(format!("sluice-{launcher}.run/ca.pem"));
+    let host_ca = fs::read_to_string(&ca_path).unwrap();
+    stdin.write_all(b"go\n").unwrap();
+    drop(stdin);
+    let status = child.wait().unwrap();
+    let stdout = stdout.join().unwrap();
+    let stderr = stderr.lock().unwrap().clone();
+    assert_eq!(status.code(), Some(0), "stdout: {stdout}\nstderr: {stderr}");
+    assert_no_leftovers(&m, launcher);
+
+    // It is the name-constrained sandbox CA, and nothing private.
+    assert!(
+        host_ca.starts_with("-----BEGIN CERTIFICATE-----") && !host_ca.contains("PRIVATE"),
+        "{host_ca}"
+    );
+    fs::write(world.dir().join("vc-ca-copy.pem"), &host_ca).unwrap();
+    let x509 = Command::new("openssl")
+        .args(["x509", "-noout", "-text", "-in"])
+        .arg(world.dir().join("vc-ca-copy.pem"))
+        .output()
+        .unwrap();
+    let x509 = text(&x509.stdout);
+    assert!(x509.contains("CA:TRUE"), "{x509}");
+    assert!(
+        x509.contains("Permitted") && x509.contains(ORIGIN_NAME),
+        "no name constraint for {ORIGIN_NAME}: {x509}"
+    );
+
+    // Inside the guest: the CA alone, and in every bundle clients are told.
+    let guest = |f: &str| fs::read_to_string(out_dir.join(format!("{f}.pem"))).unwrap();
+    assert_eq!(guest("sandbox-ca"), host_ca, "/etc/sluice/sandbox-ca.pem");
+    for f in ["system", "ssl_cert_file", "curl_ca_bundle"] {
+        assert!(
+            guest(f).contains(host_ca.trim()),
+            "{f}: the sandbox CA is missing ({} bytes)",
+            guest(f).len()
+        );
+    }
+    assert!(
+        stdout.contains(
+            "ssl_cert_file=/etc/ssl/certs/ca-certificates.crt \
+             curl_ca_bundle=/etc/ssl/certs/ca-certificates.crt"
+        ),
+        "{stdout}"
+    );
+
+    // curl verified the gateway's leaf by the trust store alone.
+    assert!(
+        stdout.contains("\nfetch=0\n"),
+        "stdout: {stdout}\nstderr: {stderr}"
+    );
+    // The guest saw the placeholders reflected, never the values.
+    for p in [VC_TOK_PLACEHOLDER, VC_KEY_PLACEHOLDER] {
+        assert!(stdout.contains(p), "{p} not reflected: {stdout}");
+    }
+    for v in [VC_TOK_VALUE, VC_KEY_VALUE] {
+        assert!(
+            !stdout.contains(v) && !stderr.contains(v),
+            "the guest or the launcher's output holds a real value: {stdout}\n{stderr}"
+        );
+    }
+    // The origin received the real values.
+    let got: Vec<serde_json::Value> = world
+        .origin_requests()
+        .into_iter()
+        .filter(|r| r["path"] == "/echo/vc-vm")
+        .collect();
+    assert_eq!(got.len(), 1, "origin log: {got:?}");
+    let header = |name: &str| -> Option<String> {
+        got[0]["headers"]
+            .as_array()?
+            .iter()
+            .find(|h| h[0] == name)
+            .and_then(|h| h[1].as_str())
+            .map(str::to_owned)
+    };
+    assert_eq!(
+        header("authorization").as_deref(),
+        Some(format!("Bearer {VC_TOK_VALUE}").as_str())
+    );
+    assert_eq!(header("x-api-key").as_deref(), Some(VC_KEY_VALUE));
+    // The audit's http record, with both secrets by name only.
+    let records = audit_records(&audit);
+    let http = records
+        .iter()
+        .find(|r| r["kind"] == "http" && r["path"] == "/echo/vc-vm")
+        .unwrap_or_else(|| panic!("no http record: {records:#?}"));
+    assert_eq!(http["decision"], "allow", "{http}");
+    assert_eq!(http["status"], 200, "{http}");
+    assert_eq!(http["sni"], ORIGIN_NAME, "{http}");
+    let mut names: Vec<&str> = http["secrets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["location"] == "header")
+        .filter_map(|s| s["name"].as_str())
+        .collect();
+    names.sort_unstable();
+    assert_eq!(names, ["key", "tok"], "{http}");
+    let raw = fs::read_to_string(&audit).unwrap();
+    assert!(!raw.contains(VC_TOK_VALUE) && !raw.contains(VC_KEY_VALUE));
+    drop(world);
+}
+
+/// Replaces `path` the way editors and config management do: write a
+/// sibling, then rename it over the original (a new inode).
+fn rename_replace(path: &Path, content: &str) {
+    let tmp = path.with_extension("yaml.vc-new");
+    fs::write(&tmp, content).unwrap();
+    fs::rename(&tmp, path).unwrap();
+}
+
+/// Reload under `sluice run` (issue 6 with the reload of issue 4): the
+/// command fetches `other.test` (denied) and `origin.test` (allowed) once a
+/// second. The policy file is then replaced by rename: first with a
+/// malformed policy (the gateway logs and audits the rejection; the old
+/// policy stays: `origin.test` still allowed, `other.test` still denied),
+/// then with one that allows `other.test`, which the next fetches reach.
+/// The jail binds the policy's directory, so the gateway's poll of the path
+/// sees the new inode.
+#[test]
+#[ignore = "needs root: run via scripts/test"]
+fn a_policy_replaced_by_rename_is_reloaded_under_sluice_run() {
+    use sluice_e2e::{ORIGIN_NAME, ORIGIN2_NAME, World};
+    let Some(agent) = agent() else { return };
+    let Some(gateway) = gateway_bin() else { return };
+    let world = World::builder().connect_guest(false).start().unwrap();
+    let policy = jail_dir(&world, "vc-reload").join("policy.yaml");
+    let allow = |names: &str, id: &str| {
+        format!(
+            "version: 1\nid: {id}\nallow:\n  - domains: [{names}]\n{}",
+            world_policy_tail()
+        )
+    };
+    fs::write(&policy, allow(&format!("\"{ORIGIN_NAME}\""), "vc-reload-1")).unwrap();
+    let audit = world.dir().join("vc-reload-audit.jsonl");
+    let script = format!(
+        "i=0; while [ $i -lt 200 ]; do i=$((i+1)); \
+         curl -sS --max-time 15 --cacert /tmp/ca.pem -o /dev/null https://{ORIGIN_NAME}/ 2>/dev/null; o=$?; \
+         curl -sS --max-time 15 --cacert /tmp/ca.pem -o /dev/null https://{ORIGIN2_NAME}/ 2>/dev/null; x=$?; \
+         echo \"fetch $i origin=$o other=$x\"; \
+         [ $x -eq 0 ] && exit 0; sleep 1; done; exit 1"
+    );
+    let args: Vec<String> = vec![
+        "--debug".to_owned(),
+        "--policy".to_owned(),
+        policy.display().to_string(),
+        "--audit".to_owned(),
+        audit.display().to_string(),
+        "--copy-in".to_owned(),
+        format!("{}:/tmp/ca.pem", world.ca_pem().display()),
+        "--".to_owned(),
+        "sh".to_owned(),
+        "-c".to_owned(),
+        script,
+    ];
+    let m = mark();
+    let mut child = sluice_in_world(&world, &agent, &gateway, &m, &args, &[]);
+    let launcher = child.id();
+    drop(child.stdin.take());
+    let (lines, stdout) = line_reader(child.stdout.take().unwrap());
+    let stderr = drain(child.stderr.take().unwrap());
+    let is_fetch = |l: &str| l.starts_with("fetch ");
+    let kept = |l: &str| l.contains("origin=0 ") && !l.ends_with("other=0");
+
+    // The first policy: origin.test allowed, other.test denied.
+    let first = wait_line(&lines, &stderr, 300, "the first fetch", is_fetch);
+    assert!(kept(&first), "{first}");
+
+    // A malformed replacement: rejected, the old policy stays.
+    rename_replace(
+        &policy,
+        "version: 1\nid: vc-reload-bad\nallow:\n  - domain: [unclosed\n",
+    );
+    let until = Instant::now() + Duration::from_secs(60);
+    while !audit_records(&audit)
+        .iter()
+        .any(|r| r["kind"] == "policy_reload" && r["reason"] == "reload_rejected")
+    {
+        assert!(
+            Instant::now() < until,
+            "no reload_rejected record: {:#?}\nsluice's stderr:\n{}",
+            audit_records(&audit),
+            stderr.lock().unwrap()
+        );
+        thread::sleep(Duration::from_millis(200));
+    }
+    // Two whole fetches after the rejection was audited, both under the old policy.
+    let _ = wait_line(
+        &lines,
+        &stderr,
+        120,
+        "a fetch after the rejection",
+        is_fetch,
+    );
+    for _ in 0..2 {
+        let l = wait_line(
+            &lines,
+            &stderr,
+            120,
+            "a fetch under the kept policy",
+            is_fetch,
+        );
+        assert!(kept(&l), "{l}");
+    }
+
+    // A valid replacement allowing other.test: the next fetches reach it.
+    rename_replace(
+        &policy,
+        &allow(
+            &format!("\"{ORIGIN_NAME}\", \"{ORIGIN2_NAME}\""),
+            "vc-reload-2",
+        ),
+    );
+    let allowed = wait_line(&lines, &stderr, 180, "a fetch of other.test allowed", |l| {
+        l.ends_with("other=0")
+    });
+    assert!(allowed.contains("origin=0"), "{allowed}");
+    let status = child.wait().unwrap();
+    let stdout = stdout.join().unwrap();
+    let stderr = stderr.lock().unwrap().clone();
+    assert_eq!(status.code(), Some(0), "stdout: {stdout}\nstderr: {stderr}");
+    assert_no_leftovers(&m, launcher);
+
+    // The gateway's log (streamed by --debug) and the audit say so.
+    assert!(
+        stderr.contains("policy reload rejected; old policy stays"),
+        "no rejection in the gateway's log: {stderr}"
+    );
+    let records = audit_records(&audit);
+    let rejected = records
+        .iter()
+        .find(|r| r["kind"] == "policy_reload" && r["reason"] == "reload_rejected")
+        .unwrap();
+    assert!(
+        rejected["detail"]
+            .as_str()
+            .unwrap_or("")
+            .contains("policy.yaml:"),
+        "the rejection names the file and position: {rejected}"
+    );
+    assert!(
+        records.iter().any(|r| r["kind"] == "policy_reload"
+            && r["reason"] == "reload_applied"
+            && r.to_string().contains("vc-reload-2")),
+        "no reload_applied for the new policy: {records:#?}"
+    );
     drop(world);
 }

@@ -1,0 +1,362 @@
+//! The gateway's inputs from the host, as its jail must see them: the policy
+//! file, the secret files and environment variables the policy names, and
+//! the files `sluice run` writes into the run dir for it.
+//!
+//! The gateway runs as uid/gid [`JAIL_UID`] in a mount namespace that holds
+//! only what its jail binds (`spawn::gateway_spec`). Reload
+//! (`gateway/src/reload.rs`) re-reads the policy *path* and the secret files
+//! later, so what is bound must keep showing the host's current file:
+//!
+//! * A bind of a single file pins the inode that existed when the jail was
+//!   built. A file replaced by rename (editors, `mv`, config management,
+//!   Kubernetes' `..data` symlink swap) would never be seen. So the file's
+//!   **directory** is bound read-only instead, and the gateway is told a
+//!   path inside it; the gateway's own Landlock likewise allows reading that
+//!   directory (`sluice_confine::gateway_self_restrict`), never writing it.
+//! * A directory is bound only when that is safe and works: not `/`, not
+//!   world-writable (a shared directory like `/tmp` would show the gateway
+//!   every other user's files there), searchable by the jail's uid, and
+//!   holding the file itself (a symlink out of it would not resolve in the
+//!   jail). Otherwise the file alone is bound and the caller warns that a
+//!   rename-replace is not seen.
+//! * Every file must be readable by the jail's uid or gid; this is checked
+//!   before start so the error names the file rather than coming from the
+//!   gateway's log.
+
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Component, Path, PathBuf};
+
+use anyhow::{Context, anyhow, bail};
+use sluice_policy::{CompiledPolicy, SecretSource};
+
+/// The uid and gid both jails drop to (nobody/nogroup).
+pub(crate) const JAIL_UID: u32 = 65534;
+
+/// How the gateway's jail sees one file it re-reads on reload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct FileView {
+    /// The absolute path the gateway opens (the same inside and outside
+    /// the jail).
+    pub(crate) path: PathBuf,
+    /// What is bound read-only at its own path: the file's directory, or
+    /// the file alone.
+    pub(crate) bind: PathBuf,
+    /// Why the file alone is bound (a rename-replace is then not seen by
+    /// reload); `None` when its directory is bound.
+    pub(crate) file_only: Option<String>,
+}
+
+impl FileView {
+    /// The view of `--policy FILE`: relative paths and `..` are resolved
+    /// against the current directory and the directory's symlinks are
+    /// resolved, the file name is kept (it may be a symlink inside the
+    /// directory, as Kubernetes ConfigMaps make).
+    ///
+    /// # Errors
+    /// The file does not exist, is not a regular file, or is not readable
+    /// by the jail's uid/gid.
+    pub(crate) fn of_policy(given: &Path) -> anyhow::Result<Self> {
+        let abs = if given.is_absolute() {
+            given.to_path_buf()
+        } else {
+            std::env::current_dir()
+                .context("the current directory")?
+                .join(given)
+        };
+        let name = abs
+            .file_name()
+            .ok_or_else(|| anyhow!("{} names no file", given.display()))?;
+        let parent = abs.parent().unwrap_or(Path::new("/"));
+        let dir = fs::canonicalize(parent).with_context(|| format!("{}", parent.display()))?;
+        Self::of(&dir.join(name))
+    }
+
+    /// The view of a secret file named in the policy: the path stays as
+    /// written (the gateway opens exactly that), which must be absolute and
+    /// free of `..` (the policy requires absolute paths).
+    ///
+    /// # Errors
+    /// As [`FileView::of_policy`], or the path is relative or has `..`.
+    pub(crate) fn of_secret(path: &Path) -> anyhow::Result<Self> {
+        if !path.is_absolute() || path.components().any(|c| c == Component::ParentDir) {
+            bail!(
+                "{} is not an absolute path without `..` (the gateway's jail binds it at that path)",
+                path.display()
+            );
+        }
+        Self::of(path)
+    }
+
+    fn of(path: &Path) -> anyhow::Result<Self> {
+        let meta = fs::metadata(path).with_context(|| format!("{}", path.display()))?;
+        if !meta.is_file() {
+            bail!("{} is not a regular file", path.display());
+        }
+        if !readable_by(&meta, JAIL_UID, 0o4) {
+            bail!(
+                "{} (mode {:o}, owner {}:{}) is not readable by the gateway, which runs as \
+                 uid/gid {JAIL_UID}: e.g. `chgrp {JAIL_UID} FILE && chmod g+r FILE`",
+                path.display(),
+                meta.permissions().mode() & 0o7777,
+                meta.uid(),
+                meta.gid()
+            );
+        }
+        let dir = path.parent().unwrap_or(Path::new("/")).to_path_buf();
+        let file_only = dir_unfit(&dir, path);
+        Ok(Self {
+            path: path.to_path_buf(),
+            bind: if file_only.is_some() {
+                path.to_path_buf()
+            } else {
+                dir
+            },
+            file_only,
+        })
+    }
+}
+
+/// Why `dir` (holding `file`) must not or cannot be bound whole; `None`
+/// when it can.
+fn dir_unfit(dir: &Path, file: &Path) -> Option<String> {
+    let Ok(real_dir) = fs::canonicalize(dir) else {
+        return Some(format!("{} cannot be resolved", dir.display()));
+    };
+    if real_dir == Path::new("/") {
+        return Some("it is in /".to_owned());
+    }
+    let meta = match fs::metadata(&real_dir) {
+        Ok(m) => m,
+        Err(e) => return Some(format!("{}: {e}", real_dir.display())),
+    };
+    if meta.permissions().mode() & 0o002 != 0 {
+        return Some(format!(
+            "its directory {} is world-writable, a shared directory whose other files the \
+             gateway must not see",
+            real_dir.display()
+        ));
+    }
+    if !readable_by(&meta, JAIL_UID, 0o1) {
+        return Some(format!(
+            "its directory {} is not searchable by uid/gid {JAIL_UID}",
+            real_dir.display()
+        ));
+    }
+    match fs::canonicalize(file) {
+        Ok(real) if real.starts_with(&real_dir) => None,
+        Ok(real) => Some(format!(
+            "it resolves to {}, outside its directory",
+            real.display()
+        )),
+        Err(e) => Some(format!("{}: {e}", file.display())),
+    }
+}
+
+/// Whether the permission bit `bit` (4 read, 1 search/execute) of `meta` is
+/// granted to uid `id` with gid `id` and no supplementary groups (the
+/// jail's identity), by the mode bits alone.
+fn readable_by(meta: &fs::Metadata, id: u32, bit: u32) -> bool {
+    let mode = meta.permissions().mode();
+    let shift = if meta.uid() == id {
+        6
+    } else if meta.gid() == id {
+        3
+    } else {
+        0
+    };
+    (mode >> shift) & bit != 0
+}
+
+/// What the gateway needs for the policy's secrets.
+#[derive(Debug, Default)]
+pub(crate) struct SecretInputs {
+    /// Paths to bind read-only (secret files' directories, or the files).
+    pub(crate) read: Vec<PathBuf>,
+    /// Environment variables for the gateway: each `env:` secret's
+    /// variable with the launcher's value.
+    pub(crate) env: Vec<(String, String)>,
+    /// Secret files whose directory could not be bound, with why: a
+    /// rotation by rename is not seen for them.
+    pub(crate) file_only: Vec<(PathBuf, String)>,
+}
+
+/// The host inputs of `policy`'s secrets. The gateway's environment is
+/// otherwise empty: only the variables the policy names are passed, from
+/// the launcher's own environment (the values travel in the jail spec over
+/// a pipe, never on a command line).
+///
+/// # Errors
+/// A named variable is unset or not UTF-8; a secret file fails
+/// [`FileView::of_secret`].
+pub(crate) fn secret_inputs(policy: &CompiledPolicy) -> anyhow::Result<SecretInputs> {
+    let mut out = SecretInputs::default();
+    for s in policy.secrets() {
+        match &s.source {
+            SecretSource::Env(var) => {
+                let value = std::env::var(var).map_err(|e| {
+                    anyhow!(
+                        "secret `{}` reads environment variable `{var}`: {e} \
+                         (sluice passes it from its own environment to the gateway)",
+                        s.name
+                    )
+                })?;
+                if !out.env.iter().any(|(k, _)| k == var) {
+                    out.env.push((var.clone(), value));
+                }
+            }
+            SecretSource::File(path) => {
+                let view = FileView::of_secret(path)
+                    .with_context(|| format!("secret `{}` file", s.name))?;
+                if let Some(why) = view.file_only {
+                    out.file_only.push((view.path, why));
+                }
+                if !out.read.contains(&view.bind) {
+                    out.read.push(view.bind);
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Writes a file of the run dir that the jailed gateway reads (mode 0644;
+/// the run dir itself is 0700 and owned by the jail's uid).
+///
+/// # Errors
+/// The write fails.
+pub(crate) fn write_for_jail(path: &Path, data: &[u8]) -> anyhow::Result<()> {
+    fs::write(path, data).with_context(|| format!("writing {}", path.display()))?;
+    fs::set_permissions(path, fs::Permissions::from_mode(0o644))
+        .with_context(|| format!("chmod {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    struct Tmp(PathBuf);
+    impl Drop for Tmp {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+    fn tmp(tag: &str) -> Tmp {
+        let p = std::env::temp_dir().join(format!("vc-gi-{tag}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&p);
+        fs::create_dir_all(&p).unwrap();
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
+        Tmp(p)
+    }
+    fn file(p: &Path, mode: u32) {
+        fs::write(p, "version: 1\n").unwrap();
+        fs::set_permissions(p, fs::Permissions::from_mode(mode)).unwrap();
+    }
+
+    #[test]
+    fn a_private_readable_directory_is_bound_whole() {
+        let t = tmp("whole");
+        let p = t.0.join("policy.yaml");
+        file(&p, 0o644);
+        let v = FileView::of_policy(&p).unwrap();
+        assert_eq!(v.file_only, None);
+        assert_eq!(v.bind, fs::canonicalize(&t.0).unwrap());
+        assert_eq!(v.path, v.bind.join("policy.yaml"));
+    }
+
+    #[test]
+    fn a_symlink_inside_the_directory_keeps_its_name() {
+        // The Kubernetes ConfigMap layout: name -> ..data/name, ..data -> dir.
+        let t = tmp("k8s");
+        fs::create_dir(t.0.join("..v1")).unwrap();
+        fs::set_permissions(t.0.join("..v1"), fs::Permissions::from_mode(0o755)).unwrap();
+        file(&t.0.join("..v1/policy.yaml"), 0o644);
+        symlink("..v1", t.0.join("..data")).unwrap();
+        symlink("..data/policy.yaml", t.0.join("policy.yaml")).unwrap();
+        let v = FileView::of_policy(&t.0.join("policy.yaml")).unwrap();
+        assert_eq!(v.file_only, None);
+        assert!(v.path.ends_with("policy.yaml") && !v.path.to_string_lossy().contains("..v1"));
+    }
+
+    #[test]
+    fn shared_unsearchable_or_escaping_directories_bind_the_file_alone() {
+        // World-writable (like /tmp).
+        let t = tmp("shared");
+        fs::set_permissions(&t.0, fs::Permissions::from_mode(0o1777)).unwrap();
+        let p = t.0.join("policy.yaml");
+        file(&p, 0o644);
+        let v = FileView::of_policy(&p).unwrap();
+        assert!(v.file_only.unwrap().contains("world-writable"));
+        assert_eq!(v.bind, v.path);
+
+        // Not searchable by the jail's uid (owned by the test's uid).
+        let t = tmp("private");
+        let p = t.0.join("policy.yaml");
+        file(&p, 0o644);
+        fs::set_permissions(&t.0, fs::Permissions::from_mode(0o700)).unwrap();
+        let v = FileView::of_policy(&p).unwrap();
+        if fs::metadata(&t.0).unwrap().uid() != JAIL_UID {
+            assert!(v.file_only.unwrap().contains("not searchable"));
+        }
+
+        // A symlink to a file elsewhere.
+        let t = tmp("escape");
+        let other = tmp("escape-target");
+        file(&other.0.join("real.yaml"), 0o644);
+        symlink(other.0.join("real.yaml"), t.0.join("policy.yaml")).unwrap();
+        let v = FileView::of_policy(&t.0.join("policy.yaml")).unwrap();
+        assert!(v.file_only.unwrap().contains("outside its directory"));
+
+        // In /: checked on the directory alone.
+        assert_eq!(
+            dir_unfit(Path::new("/"), Path::new("/x")).as_deref(),
+            Some("it is in /")
+        );
+    }
+
+    #[test]
+    fn an_unreadable_file_or_a_bad_secret_path_is_an_error() {
+        let t = tmp("unreadable");
+        let p = t.0.join("policy.yaml");
+        file(&p, 0o600);
+        if fs::metadata(&p).unwrap().uid() != JAIL_UID {
+            let e = FileView::of_policy(&p).unwrap_err();
+            assert!(
+                format!("{e:#}").contains("not readable by the gateway"),
+                "{e:#}"
+            );
+        }
+        assert!(FileView::of_policy(&t.0.join("missing.yaml")).is_err());
+        assert!(FileView::of_policy(&t.0).is_err(), "a directory is refused");
+        assert!(FileView::of_secret(Path::new("relative/tok")).is_err());
+        let dotdot = t.0.join("sub/../policy.yaml");
+        assert!(FileView::of_secret(&dotdot).is_err());
+    }
+
+    #[test]
+    fn group_and_owner_bits_are_checked_for_the_jail_identity() {
+        let t = tmp("bits");
+        let p = t.0.join("f");
+        file(&p, 0o640);
+        let meta = fs::metadata(&p).unwrap();
+        // As the file's owner: owner bits; as its group: group bits; else other.
+        assert!(readable_by(&meta, meta.uid(), 0o4));
+        assert!(!readable_by(&meta, u32::MAX - 1, 0o4));
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o604)).unwrap();
+        let meta = fs::metadata(&p).unwrap();
+        assert!(readable_by(&meta, u32::MAX - 1, 0o4));
+    }
+
+    #[test]
+    fn env_secrets_are_passed_and_a_missing_variable_is_named() {
+        let yaml = "version: 1\nid: vc-gi\nallow:\n  - domain: api.example.com\n\
+                    secrets:\n  - name: tok\n    placeholder: sk-sluice-placeholder-vcgi\n\
+                    \x20   env: VC_GI_SECRET_UNSET_0\n    hosts: [api.example.com]\n";
+        let policy =
+            sluice_policy::from_yaml_str(yaml, "test", &sluice_policy::CompileOptions::default())
+                .unwrap();
+        let e = secret_inputs(&policy).unwrap_err();
+        assert!(format!("{e:#}").contains("VC_GI_SECRET_UNSET_0"), "{e:#}");
+    }
+}
