@@ -242,8 +242,8 @@ pub(crate) fn qemu_spec(q: &QemuJail<'_>, iso: &Isolation) -> Result<JailSpec, J
     Ok(spec)
 }
 
-/// What goes into the gateway's jail.
-#[derive(Debug)]
+/// What goes into the gateway's jail. Not `Debug`: `env` holds secret
+/// values.
 pub(crate) struct GatewayJail<'a> {
     /// The jail's name.
     pub(crate) name: String,

@@ -203,8 +203,9 @@ pub struct FdMap {
     pub child: RawFd,
 }
 
-/// Everything about one jailed program.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// Everything about one jailed program. Its `Debug` output names the
+/// environment variables but never shows their values (they may be secrets).
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JailSpec {
     /// Unique name of this jail (the cgroup and jail dir are named after it);
     /// `[A-Za-z0-9._-]`, 1-64 bytes.
@@ -256,6 +257,36 @@ pub struct JailSpec {
     /// The helper binary; `None` = this executable (its `main` must call
     /// [`helper_main_if_requested`] first).
     pub helper: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for JailSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JailSpec")
+            .field("name", &self.name)
+            .field("program", &self.program)
+            .field("args", &self.args)
+            .field("env", &env_names(&self.env))
+            .field("ro_paths", &self.ro_paths)
+            .field("rw_paths", &self.rw_paths)
+            .field("runtime_dir", &self.runtime_dir)
+            .field("remove_after", &self.remove_after)
+            .field("uid", &self.uid)
+            .field("gid", &self.gid)
+            .field("namespaces", &self.namespaces)
+            .field("cgroup", &self.cgroup)
+            .field("rlimits", &self.rlimits)
+            .field("seccomp", &self.seccomp)
+            .field("landlock", &self.landlock)
+            .field("fds", &self.fds)
+            .field("allow_missing", &self.allow_missing)
+            .field("helper", &self.helper)
+            .finish()
+    }
+}
+
+/// The names of `env`, for `Debug` output that must not show values.
+pub(crate) fn env_names(env: &[(String, String)]) -> Vec<&str> {
+    env.iter().map(|(k, _)| k.as_str()).collect()
 }
 
 impl JailSpec {
@@ -781,6 +812,15 @@ pub fn library_deps(program: &Path) -> Result<Vec<PathBuf>, JailError> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn debug_output_hides_environment_values() {
+        let mut spec = JailSpec::new("dbg", "/bin/true");
+        spec.env = vec![("SECRET_TOKEN".into(), "sk-real-value-123".into())];
+        let shown = format!("{spec:?}");
+        assert!(shown.contains("SECRET_TOKEN"), "{shown}");
+        assert!(!shown.contains("sk-real-value-123"), "{shown}");
+    }
+
     use super::*;
 
     fn all_available() -> Vec<LayerStatus> {
