@@ -26,6 +26,14 @@ use super::{Datapath, Event, Flow};
 use crate::decide::FlowKey;
 use crate::enforce::WireName;
 
+/// Datapath reason code: the policy inspects the SNI, but it is outside the
+/// running sandbox CA's name constraints (audited `inspect_failed`, see
+/// `crate::audit::reason_of`).
+pub(crate) const OUTSIDE_SANDBOX_CA: &str = "outside_sandbox_ca";
+/// Datapath reason code: the policy inspects the SNI, but there is no
+/// sandbox CA (the policy at start inspected nothing).
+pub(crate) const NO_SANDBOX_CA: &str = "no_sandbox_ca";
+
 /// The host side of an open flow.
 #[derive(Debug)]
 pub(super) enum HostStream {
@@ -93,12 +101,15 @@ impl AuditOut for EventAudit {
 impl Datapath {
     /// Called when inspection allowed flow `id`: hands it to the proxy when
     /// its SNI is inspected. True when the flow was taken (opened towards
-    /// the proxy, or reset because the hand-over failed); false when it is
-    /// to be spliced as usual.
+    /// the proxy, or reset because it cannot be intercepted); false when it
+    /// is to be spliced as usual.
+    ///
+    /// Fail closed: a flow the policy inspects is never spliced. When the
+    /// running sandbox CA cannot sign for its SNI (a reload added the host
+    /// outside the CA's name constraints, or there is no CA because the
+    /// policy at start inspected nothing) it is reset at once and audited
+    /// `inspect_failed` with the cause (a restart makes a CA that covers it).
     pub(super) fn try_intercept(&mut self, id: u64, handle: SocketHandle, key: &FlowKey) -> bool {
-        let Some(interceptor) = self.cfg.intercept.clone() else {
-            return false;
-        };
         let sni = match self.flows.get(&id) {
             Some(Flow {
                 wire: Some(WireName::Sni(sni)),
@@ -108,8 +119,10 @@ impl Datapath {
                 wire: Some(WireName::Host(host)),
                 ..
             }) => {
-                let host = host.clone();
-                self.note_plain_http_placeholders(id, handle, key, &host, &interceptor);
+                if let Some(interceptor) = self.cfg.intercept.clone() {
+                    let host = host.clone();
+                    self.note_plain_http_placeholders(id, handle, key, &host, &interceptor);
+                }
                 return false;
             }
             _ => return false,
@@ -117,6 +130,18 @@ impl Datapath {
         if !self.decider.intercepts(key, &sni) {
             return false;
         }
+        let interceptor = match self.cfg.intercept.clone() {
+            Some(i) if i.ca().permits(&sni) => i,
+            other => {
+                let code = if other.is_some() {
+                    OUTSIDE_SANDBOX_CA
+                } else {
+                    NO_SANDBOX_CA
+                };
+                self.refuse_uninterceptable(id, handle, key, code);
+                return true;
+            }
+        };
         let (ours, theirs) = match UnixStream::pair() {
             Ok(p) => p,
             Err(e) => {
@@ -137,6 +162,31 @@ impl Datapath {
         tokio::spawn(interceptor.serve(theirs, flow, audit));
         self.open_flow(id, handle, HostStream::Local(ours));
         true
+    }
+
+    /// Resets flow `id`, whose SNI the policy inspects but the running CA
+    /// cannot sign for, and audits it (`code`: [`OUTSIDE_SANDBOX_CA`] or
+    /// [`NO_SANDBOX_CA`], both `inspect_failed`).
+    fn refuse_uninterceptable(
+        &mut self,
+        id: u64,
+        handle: SocketHandle,
+        key: &FlowKey,
+        code: &'static str,
+    ) {
+        self.sockets.get_mut::<tcp::Socket<'_>>(handle).abort();
+        // Send the RST now, before the socket is removed with the flow.
+        self.egress();
+        self.counters.flows_denied += 1;
+        let wire = self.flows.get(&id).and_then(|f| f.wire.clone());
+        self.audit.record(&crate::audit::AuditEvent::InspectedDeny {
+            flow: id,
+            src: key.src,
+            dst: key.dst,
+            reason: code,
+            wire: wire.as_ref(),
+        });
+        self.remove_flow(id);
     }
 
     /// Plain HTTP is never intercepted nor substituted: placeholders in the
@@ -204,16 +254,9 @@ impl Datapath {
     }
 
     /// After a reload: the proxy picks up the new policy's secret values
-    /// (rotation). A store that cannot be loaded keeps the old values.
-    pub(super) fn reload_intercept(&mut self, policy: &sluice_policy::CompiledPolicy) {
-        let Some(interceptor) = &self.cfg.intercept else {
-            return;
-        };
-        match sluice_secrets::SecretStore::load(policy) {
-            Ok(store) => interceptor.set_secrets(Arc::new(store)),
-            Err(e) => {
-                tracing::warn!(error = %e, "reload: secrets not reloaded; the previous values stay")
-            }
-        }
+    /// (rotation) and the inspected patterns outside the running CA are
+    /// found; the lines for the reload record (`crate::reload`).
+    pub(super) fn reload_intercept(&mut self, policy: &sluice_policy::CompiledPolicy) -> String {
+        crate::reload::reload_interception(policy, self.cfg.intercept.as_deref())
     }
 }
