@@ -9,7 +9,9 @@
 //!   ([`AuditSink::set_policy`] is called on every applied reload);
 //! - the `reason` from the closed [`Reason`] set (datapath codes without a
 //!   policy spelling are mapped: `gateway_address` is `platform_denied`,
-//!   `udp_not_allowed` is `udp_blocked`, `too_many_flows` is `flow_limit`;
+//!   `udp_not_allowed` is `udp_blocked`, `too_many_flows` is `flow_limit`,
+//!   `outside_sandbox_ca` and `no_sandbox_ca` are `inspect_failed` with the
+//!   cause in `detail` (an inspected host the running CA cannot sign for);
 //!   an unknown code fails closed to `not_allowlisted` with the code in
 //!   `detail`);
 //! - the `rule` that decided: re-derived from the same snapshot with the
@@ -258,6 +260,14 @@ pub fn reason_of(code: &str) -> (Reason, Option<&str>) {
         "gateway_address" => (Reason::PlatformDenied, Some("gateway address")),
         "udp_not_allowed" => (Reason::UdpBlocked, None),
         "too_many_flows" => (Reason::FlowLimit, None),
+        "outside_sandbox_ca" => (
+            Reason::InspectFailed,
+            Some("host outside the sandbox CA's name constraints; restart to inspect"),
+        ),
+        "no_sandbox_ca" => (
+            Reason::InspectFailed,
+            Some("no sandbox CA (the policy at start inspected no host); restart to inspect"),
+        ),
         other => match Reason::from_name(other) {
             Some(r) => (r, None),
             None => (Reason::NotAllowlisted, Some(other)),
@@ -1050,6 +1060,19 @@ pub(crate) mod tests {
                 .count(),
             1
         );
+    }
+
+    #[test]
+    fn hosts_the_running_ca_cannot_sign_for_are_inspect_failed_with_the_cause() {
+        for code in ["outside_sandbox_ca", "no_sandbox_ca"] {
+            let (reason, detail) = reason_of(code);
+            assert_eq!(reason, Reason::InspectFailed);
+            assert_eq!(reason.decision(), Decision::Deny);
+            assert!(
+                detail.is_some_and(|d| d.contains("restart to inspect")),
+                "{code}"
+            );
+        }
     }
 
     #[test]

@@ -195,7 +195,7 @@ pub async fn serve_with_reload(
                     ev = events.recv() => match ev {
                         Some(Event::Shutdown) | None => break Ok(()),
                         Some(Event::Reload(r)) => {
-                            reload::apply_idle(*r, &mut audit);
+                            reload::apply_idle(*r, cfg.intercept.as_deref(), &mut audit);
                             continue;
                         }
                         // Nothing to deliver to without a guest: drop (closes published connections).

@@ -49,6 +49,20 @@
 //!   `reload_revoked`.
 //! - With no guest connected the swap and the audit line happen at once.
 //!
+//! # Interception and the sandbox CA
+//! The sandbox CA is made at start, name-constrained to the hosts the
+//! policy inspected then (none when it inspected nothing), and the guest
+//! trusts exactly that certificate: a reload cannot change it. On an applied
+//! reload, [`reload_interception`] gives the proxy the new policy's secret
+//! values (rotation; values that cannot be read leave the previous ones in
+//! place) and lists the inspected patterns the running CA does not cover
+//! ([`outside_ca`]). Both go into the `reload_applied` record's `detail` (one
+//! line each, see docs/audit.md) and a warning. TLS flows to such hosts are
+//! refused at once, never spliced uninspected (a bound secret would be
+//! missing): the datapath resets them with reason `inspect_failed` and a
+//! detail saying the host is outside the CA's constraints (or that there is
+//! no CA) and that a restart is needed.
+//!
 //! Limits: published (inbound) flows are not re-checked (the policy governs
 //! egress).
 
@@ -56,6 +70,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use sluice_intercept::Interceptor;
 use sluice_policy::{CompileOptions, CompiledPolicy};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
@@ -257,14 +272,67 @@ pub fn spawn(source: ReloadSource, events: mpsc::UnboundedSender<Event>) -> std:
     Ok(())
 }
 
-/// Applies a reload while no guest is connected: swap and audit (there are
-/// no flows or DNS table to revisit).
-pub fn apply_idle(reload: PolicyReload, audit: &mut AuditSink) {
+/// The patterns `policy` inspects that the running sandbox CA cannot sign
+/// for (all of them when there is no CA: the policy at start inspected
+/// nothing), in policy order, as written (`*.x`, `**.x`, `x`).
+pub fn outside_ca(policy: &CompiledPolicy, intercept: Option<&Interceptor>) -> Vec<String> {
+    policy
+        .inspected_patterns()
+        .iter()
+        .filter(|p| !intercept.is_some_and(|i| i.ca().covers(p)))
+        .map(ToString::to_string)
+        .collect()
+}
+
+/// The interception side of an applied reload: the proxy (if any) gets the
+/// new policy's secret values, and the inspected patterns outside the
+/// running CA are found ([`outside_ca`]). Returns the lines for the reload
+/// record's `detail` (empty when there is nothing to say); logs a warning
+/// for each problem.
+pub fn reload_interception(policy: &CompiledPolicy, intercept: Option<&Interceptor>) -> String {
+    let mut lines = Vec::new();
+    if let Some(interceptor) = intercept {
+        match sluice_secrets::SecretStore::load(policy) {
+            Ok(store) => interceptor.set_secrets(Arc::new(store)),
+            Err(e) => {
+                tracing::warn!(error = %e, "reload: secrets not reloaded; the previous values stay");
+                lines.push(format!("secrets not reloaded (previous values stay): {e}"));
+            }
+        }
+    }
+    let outside = outside_ca(policy, intercept);
+    if !outside.is_empty() {
+        let why = if intercept.is_some() {
+            "outside the sandbox CA's name constraints"
+        } else {
+            "no sandbox CA: the policy at start inspected no host"
+        };
+        tracing::warn!(
+            patterns = ?outside,
+            "reload: inspected hosts cannot be intercepted until restart ({why}); their TLS flows are refused"
+        );
+        lines.push(format!(
+            "not inspectable until restart ({why}): {}; TLS to them is refused (inspect_failed)",
+            outside.join(", ")
+        ));
+    }
+    lines.join("\n")
+}
+
+/// Applies a reload while no guest is connected: swap, the interception
+/// side ([`reload_interception`]) and audit (there are no flows or DNS table
+/// to revisit).
+pub fn apply_idle(reload: PolicyReload, intercept: Option<&Interceptor>, audit: &mut AuditSink) {
     match reload.outcome {
         Ok(policy) => {
             let previous = reload.decider.swap(Arc::clone(&policy));
+            let note = reload_interception(&policy, intercept);
             audit.set_policy(Some(policy));
-            let detail = format!("previous: {}; no guest connected", previous.version_hash());
+            let mut detail = format!("previous: {}; no guest connected", previous.version_hash());
+            if !note.is_empty() {
+                detail.push('\n');
+                detail.push_str(&note);
+            }
             audit.record(&AuditEvent::Reload {
                 applied: true,
                 trigger: reload.trigger.as_str(),
@@ -298,6 +366,70 @@ mod tests {
             Event::Reload(r) => *r,
             other => panic!("unexpected event {other:?}"),
         }
+    }
+
+    fn compiled(yaml: &str) -> CompiledPolicy {
+        sluice_policy::from_yaml_str(yaml, "p.yaml", &CompileOptions::default()).unwrap()
+    }
+
+    const INSPECT_A: &str = "version: 1\nid: ca\nallow:\n  - domain: \"**.a.example\"\n  - domain: \"**.b.example\"\ninspect:\n  - \"api.a.example\"\n";
+
+    #[test]
+    fn reload_names_inspected_patterns_outside_the_running_ca() {
+        let start = compiled(INSPECT_A);
+        let store = Arc::new(sluice_secrets::SecretStore::load(&start).unwrap());
+        let proxy =
+            Interceptor::new(start.inspected_patterns(), store, Default::default()).unwrap();
+        assert!(outside_ca(&start, Some(&proxy)).is_empty());
+        assert_eq!(reload_interception(&start, Some(&proxy)), "");
+
+        // Below the CA's subtree: covered. Another name, a wider pattern, and
+        // a secret's host: not.
+        let dir = std::env::temp_dir().join(format!("sc-reload-ca-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let secret = dir.join("s");
+        std::fs::write(&secret, "value-of-s\n").unwrap();
+        let wider = compiled(&format!(
+            "{}  - \"v1.api.a.example\"\n  - \"**.a.example\"\n  - \"*.b.example\"\n\
+             secrets:\n  - name: s\n    placeholder: sk-sluice-test-ph\n    file: {}\n    hosts: [c.b.example]\n",
+            INSPECT_A,
+            secret.display()
+        ));
+        assert_eq!(
+            outside_ca(&wider, Some(&proxy)),
+            ["**.a.example", "*.b.example", "c.b.example"]
+        );
+        let note = reload_interception(&wider, Some(&proxy));
+        assert_eq!(
+            note,
+            "not inspectable until restart (outside the sandbox CA's name constraints): \
+             **.a.example, *.b.example, c.b.example; TLS to them is refused (inspect_failed)"
+        );
+        // The new secret's value reached the proxy.
+        assert_eq!(proxy.secrets().names().collect::<Vec<_>>(), ["s"]);
+
+        // No CA at all (nothing inspected at start): every inspected pattern.
+        assert_eq!(outside_ca(&start, None), ["api.a.example"]);
+        let note = reload_interception(&start, None);
+        assert!(
+            note.contains("(no sandbox CA: the policy at start inspected no host): api.a.example"),
+            "{note}"
+        );
+        let nothing = compiled("version: 1\nid: ca\nallow:\n  - domain: a.example\n");
+        assert_eq!(reload_interception(&nothing, None), "");
+
+        // Secrets that cannot be read: the previous values stay, said so.
+        let broken = compiled(&format!(
+            "{INSPECT_A}secrets:\n  - name: gone\n    placeholder: sk-sluice-test-gone\n    env: SC_RELOAD_TEST_UNSET_VARIABLE\n    hosts: [api.a.example]\n"
+        ));
+        let note = reload_interception(&broken, Some(&proxy));
+        assert!(
+            note.starts_with("secrets not reloaded (previous values stay): "),
+            "{note}"
+        );
+        assert!(note.contains("gone"), "{note}");
+        assert_eq!(proxy.secrets().names().collect::<Vec<_>>(), ["s"]);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
@@ -369,6 +501,7 @@ mod tests {
                 outcome: Ok(p),
                 trigger: r.trigger,
             },
+            None,
             &mut sink,
         );
         assert_eq!(decider.policy().label(), Some("B"));

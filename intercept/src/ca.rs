@@ -249,6 +249,14 @@ impl SandboxCa {
         within(&self.subtrees, name)
     }
 
+    /// Whether every name `pattern` matches is inside the name constraints:
+    /// its base is (a permitted subtree covers every name below it). A
+    /// policy reloaded since the CA was made may inspect patterns it does not
+    /// cover; flows to those names cannot be intercepted until restart.
+    pub fn covers(&self, pattern: &DomainPattern) -> bool {
+        self.permits(&pattern.base)
+    }
+
     /// The leaf for `sni` (normalised), from the cache or freshly minted.
     pub fn leaf(&self, sni: &str) -> Result<Arc<CertifiedKey>, CaError> {
         if !self.permits(sni) {
@@ -362,6 +370,21 @@ mod tests {
             SandboxCa::generate(&[], CaOptions::default()),
             Err(CaError::NothingInspected)
         ));
+    }
+
+    #[test]
+    fn covers_patterns_whose_base_is_in_a_subtree() {
+        let ca = ca();
+        assert!(ca.covers(&pat(PatternKind::Exact, "api.openai.com")));
+        assert!(ca.covers(&pat(PatternKind::Exact, "deep.x.example.org")));
+        assert!(ca.covers(&pat(PatternKind::ApexAndSubdomains, "example.org")));
+        assert!(ca.covers(&pat(PatternKind::Subdomains, "a.example.org")));
+        // Under an exact name: a DNS subtree covers its subdomains too.
+        assert!(ca.covers(&pat(PatternKind::Subdomains, "api.openai.com")));
+        assert!(!ca.covers(&pat(PatternKind::Exact, "openai.com")));
+        assert!(!ca.covers(&pat(PatternKind::Subdomains, "openai.com")));
+        assert!(!ca.covers(&pat(PatternKind::Exact, "evil.test")));
+        assert!(!ca.covers(&pat(PatternKind::Exact, "notexample.org")));
     }
 
     #[test]

@@ -59,7 +59,9 @@ use rustls::server::{Acceptor, ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use sluice_policy::Reason;
 use sluice_policy::audit::{Kind, SecretLocation};
-use sluice_secrets::{HostSubstituter, SecretStore, StreamReplacer, Substitutions};
+use sluice_secrets::{
+    HostSubstituter, PlaceholderScanner, SecretStore, StreamReplacer, Substitutions,
+};
 use thiserror::Error;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
@@ -636,6 +638,9 @@ struct Tapped<B> {
     trailers: Option<HeaderMap>,
     /// Drop trailers (they cannot be scrubbed here).
     drop_trailers: bool,
+    /// Request bodies: placeholders passed through unchanged, scanned as
+    /// the guest sent them and reported when the body ends.
+    passed: Option<PassedThrough>,
     done: bool,
     _finish: Option<Finish>,
 }
@@ -649,8 +654,16 @@ impl<B> Tapped<B> {
             used: None,
             trailers: None,
             drop_trailers: false,
+            passed: None,
             done: false,
             _finish: None,
+        }
+    }
+
+    /// The body ended: report what passed through.
+    fn ended(&mut self) {
+        if let Some(p) = self.passed.as_mut() {
+            p.report();
         }
     }
 
@@ -695,23 +708,30 @@ where
                 Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e.into()))),
                 Poll::Ready(None) => {
                     this.done = true;
+                    this.ended();
                     if let Some(tail) = this.finish_replacer() {
                         return this.data(tail);
                     }
                 }
                 Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
-                    Ok(data) => match this.replacer.as_mut() {
-                        None => return this.data(data),
-                        Some(rep) => {
-                            let mut out = Vec::with_capacity(data.len() + 64);
-                            rep.feed(&data, &mut out);
-                            if !out.is_empty() {
-                                return this.data(Bytes::from(out));
+                    Ok(data) => {
+                        if let Some(p) = this.passed.as_mut() {
+                            p.feed(&data);
+                        }
+                        match this.replacer.as_mut() {
+                            None => return this.data(data),
+                            Some(rep) => {
+                                let mut out = Vec::with_capacity(data.len() + 64);
+                                rep.feed(&data, &mut out);
+                                if !out.is_empty() {
+                                    return this.data(Bytes::from(out));
+                                }
                             }
                         }
-                    },
+                    }
                     Err(frame) => {
                         this.done = true;
+                        this.ended();
                         if let Ok(t) = frame.into_trailers()
                             && !this.drop_trailers
                         {
@@ -800,7 +820,13 @@ async fn handle(conn: Arc<Conn>, mut req: Request<Incoming>) -> Response<ProxyBo
         }
     };
     event.secrets = subs.used.clone();
-    report_mismatch(&conn, &event, &subs);
+    // A request without a body (most GETs) is not scanned at all.
+    let scanner = if body.is_end_stream() {
+        None
+    } else {
+        conn.subst.request_body_scanner()
+    };
+    let passed = PassedThrough::new(&conn.audit, &event, &subs, scanner);
 
     let up = Arc::new(AtomicU64::new(0));
     let body_secrets = Arc::new(Mutex::new(Vec::new()));
@@ -810,6 +836,7 @@ async fn handle(conn: Arc<Conn>, mut req: Request<Incoming>) -> Response<ProxyBo
     }
     let mut req_body = Tapped::new(body, replacer, up.clone());
     req_body.used = Some(body_secrets.clone());
+    req_body.passed = passed;
     let head_only = parts.method == Method::HEAD;
     let upstream_req = Request::from_parts(parts, req_body.boxed_unsync());
 
@@ -909,26 +936,305 @@ async fn handle(conn: Arc<Conn>, mut req: Request<Incoming>) -> Response<ProxyBo
     Response::from_parts(rparts, body.boxed_unsync())
 }
 
-/// A separate `secret_host_mismatch` event when the request carried
-/// placeholders of secrets not bound to this host (passed through as is).
-fn report_mismatch(conn: &Conn, event: &HttpEvent, subs: &Substitutions) {
-    if subs.mismatched.is_empty() {
-        return;
+/// The request's `secret_host_mismatch` record: the placeholders it passed
+/// through unchanged, from its head (known at once) and from its body
+/// (scanned as the guest sent it, exact across chunk boundaries, without
+/// holding the body). Written at most once per request, when the request body
+/// ends or is dropped (whichever comes first); nothing when no placeholder
+/// was seen. Names only, never values.
+struct PassedThrough {
+    audit: Arc<dyn AuditOut>,
+    /// The request's event (method, host, path); `None` once reported.
+    event: Option<HttpEvent>,
+    /// Secrets not bound to the SNI whose placeholder was in the head.
+    head_mismatched: Vec<String>,
+    /// Bound secrets whose placeholder was in the head where their
+    /// `locations` do not allow substitution (the path, query or a header).
+    head_not_allowed: Vec<String>,
+    /// The body scanner (`None` when no placeholder can pass in a body).
+    body: Option<PlaceholderScanner>,
+}
+
+impl PassedThrough {
+    /// `None` when nothing can be reported: no placeholder in the head and no
+    /// body scanner.
+    fn new(
+        audit: &Arc<dyn AuditOut>,
+        event: &HttpEvent,
+        subs: &Substitutions,
+        body: Option<PlaceholderScanner>,
+    ) -> Option<Self> {
+        if subs.mismatched.is_empty() && subs.not_allowed.is_empty() && body.is_none() {
+            return None;
+        }
+        let mut event = event.clone();
+        event.reason = Reason::SecretHostMismatch;
+        event.secrets.clear();
+        Some(Self {
+            audit: Arc::clone(audit),
+            event: Some(event),
+            head_mismatched: subs.mismatched.clone(),
+            head_not_allowed: subs.not_allowed.clone(),
+            body,
+        })
     }
-    let mut e = event.clone();
-    e.reason = Reason::SecretHostMismatch;
-    e.secrets.clear();
-    e.detail = Some(format!(
-        "placeholder of secret(s) {} sent to {}, which they are not bound to; passed through unchanged",
-        subs.mismatched.join(", "),
-        conn.flow.sni
-    ));
-    conn.audit.record(e);
+
+    fn feed(&mut self, chunk: &[u8]) {
+        if let Some(scan) = self.body.as_mut() {
+            scan.feed(chunk);
+        }
+    }
+
+    /// Writes the record (once) if any placeholder passed through.
+    fn report(&mut self) {
+        let Some(mut event) = self.event.take() else {
+            return;
+        };
+        let (body_mismatched, body_not_allowed) = self
+            .body
+            .as_ref()
+            .map(|s| (s.mismatched(), s.not_allowed()))
+            .unwrap_or_default();
+        let head_mismatched: Vec<&str> = self.head_mismatched.iter().map(|n| &**n).collect();
+        let head_not_allowed: Vec<&str> = self.head_not_allowed.iter().map(|n| &**n).collect();
+        let detail = passed_through_detail(
+            &event.sni,
+            [(&head_mismatched, "head"), (&body_mismatched, "body")],
+            [(&head_not_allowed, "head"), (&body_not_allowed, "body")],
+        );
+        if let Some(detail) = detail {
+            event.detail = Some(detail);
+            self.audit.record(event);
+        }
+    }
+}
+
+impl Drop for PassedThrough {
+    fn drop(&mut self) {
+        self.report();
+    }
+}
+
+/// The `detail` of a `secret_host_mismatch` record: each secret once, with
+/// where its placeholder was seen (`head`, `body`); `None` when there is
+/// nothing to report. `mismatched`: secrets not bound to `sni`;
+/// `not_allowed`: bound secrets seen where their `locations` forbid.
+fn passed_through_detail(
+    sni: &str,
+    mismatched: [(&[&str], &str); 2],
+    not_allowed: [(&[&str], &str); 2],
+) -> Option<String> {
+    fn list<'a>(groups: [(&[&'a str], &'a str); 2]) -> String {
+        let mut names: Vec<(&str, Vec<&str>)> = Vec::new();
+        for (group, place) in groups {
+            for &name in group {
+                match names.iter_mut().find(|(n, _)| *n == name) {
+                    Some((_, places)) => places.push(place),
+                    None => names.push((name, vec![place])),
+                }
+            }
+        }
+        names
+            .iter()
+            .map(|(n, places)| format!("{n} ({})", places.join(", ")))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+    let mut parts = Vec::new();
+    let mismatched_list = list(mismatched);
+    if !mismatched_list.is_empty() {
+        parts.push(format!(
+            "placeholder of secret(s) {mismatched_list} sent to {sni}, which they are not bound to"
+        ));
+    }
+    let not_allowed_list = list(not_allowed);
+    if !not_allowed_list.is_empty() {
+        parts.push(format!(
+            "placeholder of secret(s) {not_allowed_list} sent to {sni} where their locations do not allow substitution"
+        ));
+    }
+    if parts.is_empty() {
+        return None;
+    }
+    parts.push("passed through unchanged".to_owned());
+    Some(parts.join("; "))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Records every event (tests).
+    #[derive(Default)]
+    struct Recorded(Mutex<Vec<HttpEvent>>);
+
+    impl AuditOut for Recorded {
+        fn record(&self, event: HttpEvent) {
+            self.0.lock().unwrap().push(event);
+        }
+    }
+
+    /// A body that yields the given data frames, one per poll.
+    struct Frames(std::collections::VecDeque<Bytes>);
+
+    impl Body for Frames {
+        type Data = Bytes;
+        type Error = Infallible;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+            Poll::Ready(self.0.pop_front().map(|b| Ok(Frame::data(b))))
+        }
+    }
+
+    const POLICY: &str = "version: 1\nid: t\nallow:\n  - domains: [a.example.com, b.example.com]\n\
+        secrets:\n  - name: tok\n    placeholder: PH-tok-placeholder\n    env: TOK\n    hosts: [a.example.com]\n\
+        \x20 - name: bod\n    placeholder: PH-bod-placeholder\n    env: BOD\n    hosts: [a.example.com]\n    locations: [headers, body]\n";
+
+    fn store() -> SecretStore {
+        let policy = sluice_policy::from_yaml_str(POLICY, "t.yaml", &Default::default()).unwrap();
+        SecretStore::load_with(&policy, |var| {
+            Some(zeroize::Zeroizing::new(
+                format!("REAL-{var}-value").into_bytes(),
+            ))
+        })
+        .unwrap()
+    }
+
+    /// Streams `chunks` through a request-direction [`Tapped`] for `sni`,
+    /// as `handle` wires it; what came out and what was recorded.
+    async fn send_body(sni: &str, chunks: &[&str]) -> (Vec<u8>, Vec<HttpEvent>) {
+        send(sni, "", chunks).await
+    }
+
+    /// [`send_body`] with `authorization` as a header (through the head
+    /// substitution first).
+    async fn send(sni: &str, authorization: &str, chunks: &[&str]) -> (Vec<u8>, Vec<HttpEvent>) {
+        let store = store();
+        let sub = store.for_host(sni);
+        let (mut parts, ()) = Request::builder()
+            .uri("/up")
+            .header(header::AUTHORIZATION, authorization)
+            .body(())
+            .unwrap()
+            .into_parts();
+        let subs = sub.request_head(&mut parts).unwrap();
+        let audit = Arc::new(Recorded::default());
+        let event = HttpEvent::new(
+            Kind::Http,
+            Reason::Allowlisted,
+            1,
+            "10.0.2.15:40000".parse().unwrap(),
+            "198.51.100.10:443".parse().unwrap(),
+            sni,
+        );
+        let body = Frames(chunks.iter().map(|c| Bytes::from(c.to_string())).collect());
+        let mut tapped = Tapped::new(body, sub.request_body(), Arc::new(AtomicU64::new(0)));
+        let out_audit: Arc<dyn AuditOut> = audit.clone();
+        tapped.passed = PassedThrough::new(&out_audit, &event, &subs, sub.request_body_scanner());
+        let out = tapped.collect().await.unwrap().to_bytes().to_vec();
+        let events = std::mem::take(&mut *audit.0.lock().unwrap());
+        (out, events)
+    }
+
+    #[tokio::test]
+    async fn placeholders_passed_through_in_a_request_body_are_reported_once() {
+        // Another host's placeholder, cut across two chunks: passed through
+        // byte for byte, one record naming the secrets, never a value.
+        let chunks = [
+            "x=PH-tok-plac",
+            "eholder&y=PH-bod-placeholder&z=PH-tok-placeholder",
+        ];
+        let (out, events) = send_body("b.example.com", &chunks).await;
+        assert_eq!(out, chunks.concat().as_bytes());
+        assert_eq!(events.len(), 1, "{events:?}");
+        let e = &events[0];
+        assert_eq!(e.reason, Reason::SecretHostMismatch);
+        assert_eq!(
+            e.detail.as_deref(),
+            Some(
+                "placeholder of secret(s) tok (body), bod (body) sent to b.example.com, \
+                 which they are not bound to; passed through unchanged"
+            )
+        );
+        assert!(e.secrets.is_empty());
+
+        // The bound host: `bod` is substituted (not reported), `tok` is bound
+        // but not allowed in the body (reported as such).
+        let (out, events) = send_body(
+            "a.example.com",
+            &["PH-tok-placeholder PH-bod-", "placeholder"],
+        )
+        .await;
+        assert_eq!(out, b"PH-tok-placeholder REAL-BOD-value");
+        assert_eq!(events.len(), 1, "{events:?}");
+        let detail = events[0].detail.clone().unwrap();
+        assert!(
+            detail.starts_with("placeholder of secret(s) tok (body) sent to a.example.com where their locations do not allow"),
+            "{detail}"
+        );
+        assert!(
+            !detail.contains("REAL") && !detail.contains("PH-"),
+            "{detail}"
+        );
+
+        // In the head and the body of one request: still one record.
+        let (_, events) = send(
+            "b.example.com",
+            "Bearer PH-tok-placeholder",
+            &["PH-bod-placeholder"],
+        )
+        .await;
+        assert_eq!(events.len(), 1, "{events:?}");
+        assert_eq!(
+            events[0].detail.as_deref(),
+            Some(
+                "placeholder of secret(s) tok (head), bod (body) sent to b.example.com, \
+                 which they are not bound to; passed through unchanged"
+            )
+        );
+        // Only in the head, no body: reported when the (empty) body ends.
+        let (_, events) = send("b.example.com", "Bearer PH-tok-placeholder", &[]).await;
+        assert_eq!(events.len(), 1, "{events:?}");
+
+        // No placeholder: no record.
+        let (out, events) = send_body("b.example.com", &["PH-tok-", "placeholde", "r-not"]).await;
+        assert_eq!(out, b"PH-tok-placeholder-not");
+        assert_eq!(
+            events.len(),
+            1,
+            "a placeholder followed by more bytes is still one"
+        );
+        let (_, events) =
+            send_body("b.example.com", &["nothing ", "to see PH-tok-placeholde"]).await;
+        assert!(events.is_empty(), "{events:?}");
+    }
+
+    #[test]
+    fn passed_through_detail_names_each_secret_once_with_its_places() {
+        let d = passed_through_detail(
+            "x.test",
+            [(&["a", "b"], "head"), (&["b", "c"], "body")],
+            [(&[], "head"), (&["d"], "body")],
+        )
+        .unwrap();
+        assert_eq!(
+            d,
+            "placeholder of secret(s) a (head), b (head, body), c (body) sent to x.test, which they \
+             are not bound to; placeholder of secret(s) d (body) sent to x.test where their \
+             locations do not allow substitution; passed through unchanged"
+        );
+        assert_eq!(
+            passed_through_detail(
+                "x.test",
+                [(&[], "head"), (&[], "body")],
+                [(&[], "head"), (&[], "body")]
+            ),
+            None
+        );
+    }
 
     #[test]
     fn authority_normalisation() {

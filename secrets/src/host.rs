@@ -14,7 +14,7 @@ use sluice_policy::audit::{SecretLocation, SecretUse};
 use zeroize::Zeroizing;
 
 use crate::matcher::{SecretBytes, Table, replace_all};
-use crate::scan::{PlaceholderScanner, Seen};
+use crate::scan::{PlaceholderScanner, ScanSet, Seen};
 use crate::store::Secret;
 use crate::stream::StreamReplacer;
 
@@ -149,7 +149,7 @@ struct HostInner {
     /// Bound secrets: value (and query encoding) -> placeholder.
     reflect: Option<Arc<Table>>,
     /// Placeholders a request body passes through unchanged, and why.
-    body_scan: Option<(Arc<Table>, Arc<[Seen]>)>,
+    body_scan: Option<Arc<ScanSet>>,
 }
 
 impl HostSubstituter {
@@ -187,22 +187,23 @@ impl HostSubstituter {
                 }
             }
         }
-        let mut scan_rows = Vec::new();
-        let mut scan_kinds = Vec::new();
-        for (s, &b) in secrets.iter().zip(&bound) {
-            if b && s.locations.body {
-                continue;
-            }
-            let p = Arc::clone(&s.placeholder);
-            scan_rows.push((Arc::clone(&p), p, Arc::clone(&s.name)));
-            scan_kinds.push(if b {
-                Seen::NotAllowed
-            } else {
-                Seen::Mismatched
-            });
-        }
-        let body_scan = (!scan_rows.is_empty())
-            .then(|| (Arc::new(Table::new(scan_rows)), Arc::from(scan_kinds)));
+        // A request body may carry, unsubstituted, every placeholder but
+        // those of bound secrets allowing `body`.
+        let body_scan = ScanSet::new(
+            secrets
+                .iter()
+                .zip(&bound)
+                .filter(|(s, b)| !(**b && s.locations.body))
+                .map(|(s, &b)| {
+                    let kind = if b {
+                        Seen::NotAllowed
+                    } else {
+                        Seen::Mismatched
+                    };
+                    (s.placeholder.as_slice(), Arc::clone(&s.name), kind)
+                }),
+        );
+        let body_scan = (!body_scan.is_empty()).then(|| Arc::new(body_scan));
         let body = (!body_rows.is_empty()).then(|| Arc::new(Table::new(body_rows)));
         let reflect =
             (!reflect_rows.is_empty()).then(|| Arc::new(Table::new(reflect_rows.clone())));
@@ -300,7 +301,7 @@ impl HostSubstituter {
         self.inner
             .body_scan
             .as_ref()
-            .map(|(t, k)| PlaceholderScanner::new(Arc::clone(t), Arc::clone(k)))
+            .map(|set| PlaceholderScanner::new(Arc::clone(set)))
     }
 
     /// Reflection scrubbing of a response head: every real value (and

@@ -13,7 +13,7 @@ use zeroize::Zeroizing;
 
 use crate::host::HostSubstituter;
 use crate::matcher::{SecretBytes, Table, secret_bytes};
-use crate::scan::{PlaceholderScanner, Seen};
+use crate::scan::{PlaceholderScanner, ScanSet, Seen};
 
 /// The largest secret file read (64 KiB): credentials are small, and a
 /// mistaken path such as `/dev/zero` must not exhaust memory.
@@ -94,6 +94,8 @@ pub struct SecretStore {
     /// Every placeholder, pattern index = secret index, replaced by itself
     /// (used for detection only).
     placeholders: Arc<Table>,
+    /// Every placeholder, for [`SecretStore::placeholder_scanner`].
+    scan_all: Arc<ScanSet>,
     /// A ready substituter per bound host (normalised name).
     hosts: HashMap<String, HostSubstituter>,
     /// The substituter for every other host: substitutes nothing, detects.
@@ -201,9 +203,17 @@ impl SecretStore {
             Arc::clone(&placeholders),
             &[],
         );
+        let scan_all = Arc::new(ScanSet::new(secrets.iter().map(|s| {
+            (
+                s.placeholder.as_slice(),
+                Arc::clone(&s.name),
+                Seen::Mismatched,
+            )
+        })));
         Ok(Self {
             secrets,
             placeholders,
+            scan_all,
             hosts,
             unbound,
         })
@@ -244,8 +254,7 @@ impl SecretStore {
     /// substituted, such as plain HTTP.
     #[must_use]
     pub fn placeholder_scanner(&self) -> PlaceholderScanner {
-        let kinds: Arc<[Seen]> = self.secrets.iter().map(|_| Seen::Mismatched).collect();
-        PlaceholderScanner::new(Arc::clone(&self.placeholders), kinds)
+        PlaceholderScanner::new(Arc::clone(&self.scan_all))
     }
 
     /// The names of the secrets whose placeholder occurs in `bytes`, in

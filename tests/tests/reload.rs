@@ -457,3 +457,243 @@ fn reload_under_load_loses_nothing_silently() -> Result<()> {
     ensure!(ok.contains("/echo/final"), "fetch: {ok}");
     Ok(())
 }
+
+/// A policy allowing both origins on 443, with `tok` bound to `origin.test`
+/// (when `tok`) and `tok2` bound to `other.test` (when `tok2`); secret files
+/// in `dir`.
+fn secrets_policy(dir: &Path, tok: bool, tok2: bool) -> String {
+    let d = dir.display();
+    let mut yaml = format!(
+        r#"
+version: 1
+id: e2e-reload-ca
+allow:
+  - domains: ["{ORIGIN_NAME}", "{ORIGIN2_NAME}"]
+    ports: [443]
+internal:
+  - "198.51.100.0/24"
+  - "203.0.113.0/24"
+"#
+    );
+    if tok || tok2 {
+        yaml.push_str("secrets:\n");
+    }
+    if tok {
+        yaml.push_str(&format!(
+            "  - name: tok\n    placeholder: {TOK_PLACEHOLDER}\n    file: {d}/tok\n    hosts: [\"{ORIGIN_NAME}\"]\n"
+        ));
+    }
+    if tok2 {
+        yaml.push_str(&format!(
+            "  - name: tok2\n    placeholder: sk-sluice-placeholder-tok2\n    file: {d}/tok2\n    hosts: [\"{ORIGIN2_NAME}\"]\n"
+        ));
+    }
+    yaml
+}
+
+const TOK_PLACEHOLDER: &str = "sk-sluice-placeholder-tok1";
+
+/// A world with `policy`, the sandbox CA written to `{dir}/sandbox-ca.pem`
+/// (when anything is inspected) and the fake internet's CA trusted upstream.
+fn ca_world(policy: &str) -> Result<World> {
+    World::builder()
+        .policy(policy)
+        .sidecar_arg("--ca-out")
+        .sidecar_arg("{dir}/sandbox-ca.pem")
+        .sidecar_arg("--upstream-ca")
+        .sidecar_arg("{dir}/ca.pem")
+        .start()
+}
+
+/// Secret files `tok` and `tok2` in a fresh directory.
+fn secret_files() -> Result<sluice_e2e::TempDir> {
+    let dir = sluice_e2e::TempDir::new(&format!("sc-{}", sluice_e2e::unique_name()))?;
+    std::fs::write(dir.path().join("tok"), "REAL-tok-value-0123456789\n")?;
+    std::fs::write(dir.path().join("tok2"), "REAL-tok2-value-0123456789\n")?;
+    Ok(dir)
+}
+
+/// `curl` in the guest trusting `ca` with `tok2`'s placeholder; its output.
+fn curl_with(w: &World, ca: &Path, url: &str) -> Result<std::process::Output> {
+    w.guest_sh(
+        &format!(
+            "curl -sS --max-time 60 --cacert {} -H 'Authorization: Bearer sk-sluice-placeholder-tok2' {url}",
+            ca.display()
+        ),
+        90,
+    )
+}
+
+/// Waits for an applied reload whose detail contains `note`; the record.
+fn wait_reload_note(w: &World, note: &str) -> Result<serde_json::Value> {
+    let mut found = None;
+    wait_until(
+        "reload_applied naming the uninspectable hosts",
+        DEADLINE,
+        || {
+            found = audit(w).ok().and_then(|a| {
+                a.into_iter().find(|l| {
+                    l["reason"] == "reload_applied"
+                        && l["detail"].as_str().is_some_and(|d| d.contains(note))
+                })
+            });
+            found.is_some()
+        },
+    )
+    .with_context(|| format!("{:#?}", audit(w).unwrap_or_default()))?;
+    found.context("reload record")
+}
+
+/// Waits for the `inspect_failed` connection record of a flow to `sni`.
+fn wait_refused(w: &World, sni: &str) -> Result<serde_json::Value> {
+    let mut found = None;
+    wait_until("inspect_failed connection record", DEADLINE, || {
+        found = audit(w).ok().and_then(|a| {
+            a.into_iter().find(|l| {
+                l["kind"] == "connection" && l["reason"] == "inspect_failed" && l["sni"] == sni
+            })
+        });
+        found.is_some()
+    })
+    .with_context(|| format!("{:#?}", audit(w).unwrap_or_default()))?;
+    found.context("inspect_failed record")
+}
+
+#[test]
+#[ignore = "needs root: run via scripts/test"]
+fn a_reload_inspecting_a_host_outside_the_ca_refuses_its_tls_until_restart() -> Result<()> {
+    let secrets = secret_files()?;
+    // At start only `origin.test` is inspected: the CA is constrained to it.
+    let mut w = ca_world(&secrets_policy(secrets.path(), true, false))?;
+    let origin_ca = w.ca_pem();
+    let sandbox_ca = w.dir().join("sandbox-ca.pem");
+    // `other.test` is spliced: the guest reaches the origin with its own CA.
+    let out = curl_with(
+        &w,
+        &origin_ca,
+        &format!("https://{ORIGIN2_NAME}/echo/ca-before"),
+    )?;
+    ensure!(out.status.success(), "spliced before the reload: {out:?}");
+
+    // The reload binds `tok2` to `other.test`, outside the CA's constraints.
+    replace_by_rename(
+        &policy_path(&w),
+        &secrets_policy(secrets.path(), true, true),
+    )?;
+    sighup(gateway_pid(&mut w)?)?;
+    let rec = wait_reload_note(
+        &w,
+        &format!(
+            "not inspectable until restart (outside the sandbox CA's name constraints): {ORIGIN2_NAME};"
+        ),
+    )?;
+    ensure!(rec["decision"] == "allow", "{rec}");
+
+    // Its TLS is refused (neither intercepted nor spliced: the origin sees
+    // nothing) with a reason that says why, whichever CA the guest trusts.
+    for (ca, path) in [
+        (&origin_ca, "/echo/ca-after"),
+        (&sandbox_ca, "/echo/ca-after2"),
+    ] {
+        let out = curl_with(&w, ca, &format!("https://{ORIGIN2_NAME}{path}"))?;
+        ensure!(
+            !out.status.success(),
+            "{path}: the guest got through: {out:?}"
+        );
+        ensure!(
+            !w.origin_requests().iter().any(|r| r["path"] == path),
+            "{path} reached the origin"
+        );
+    }
+    let rec = wait_refused(&w, ORIGIN2_NAME)?;
+    ensure!(
+        rec["decision"] == "deny"
+            && rec["detail"].as_str().is_some_and(|d| {
+                d.contains("outside the sandbox CA's name constraints") && d.contains("restart")
+            }),
+        "{rec}"
+    );
+
+    // The host the CA covers is still intercepted, with its secret.
+    let out = w.guest_ok(
+        &format!(
+            "curl -sS --max-time 60 --cacert {} -H 'Authorization: Bearer {TOK_PLACEHOLDER}' https://{ORIGIN_NAME}/echo/ca-still",
+            sandbox_ca.display()
+        ),
+        90,
+    )?;
+    ensure!(out.contains(TOK_PLACEHOLDER), "{out}");
+    let got: Vec<_> = w
+        .origin_requests()
+        .into_iter()
+        .filter(|r| r["path"] == "/echo/ca-still")
+        .collect();
+    ensure!(
+        got.len() == 1 && got[0].to_string().contains("REAL-tok-value-0123456789"),
+        "{got:?}"
+    );
+    w.check_alive()
+}
+
+#[test]
+#[ignore = "needs root: run via scripts/test"]
+fn a_reload_inspecting_a_host_when_no_ca_exists_refuses_its_tls() -> Result<()> {
+    let secrets = secret_files()?;
+    // Nothing inspected at start: no sandbox CA at all.
+    let mut w = ca_world(&secrets_policy(secrets.path(), false, false))?;
+    ensure!(
+        !w.dir().join("sandbox-ca.pem").exists(),
+        "a CA was written though nothing is inspected"
+    );
+    let origin_ca = w.ca_pem();
+    let out = curl_with(
+        &w,
+        &origin_ca,
+        &format!("https://{ORIGIN2_NAME}/echo/noca-before"),
+    )?;
+    ensure!(out.status.success(), "spliced before the reload: {out:?}");
+
+    replace_by_rename(
+        &policy_path(&w),
+        &secrets_policy(secrets.path(), false, true),
+    )?;
+    sighup(gateway_pid(&mut w)?)?;
+    wait_reload_note(
+        &w,
+        &format!(
+            "not inspectable until restart (no sandbox CA: the policy at start inspected no host): {ORIGIN2_NAME};"
+        ),
+    )?;
+
+    // Never spliced uninspected: the secret bound to it would be missing.
+    let out = curl_with(
+        &w,
+        &origin_ca,
+        &format!("https://{ORIGIN2_NAME}/echo/noca-after"),
+    )?;
+    ensure!(!out.status.success(), "the guest got through: {out:?}");
+    ensure!(
+        !w.origin_requests()
+            .iter()
+            .any(|r| r["path"] == "/echo/noca-after"),
+        "the flow was spliced to the origin"
+    );
+    let rec = wait_refused(&w, ORIGIN2_NAME)?;
+    ensure!(
+        rec["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("no sandbox CA") && d.contains("restart")),
+        "{rec}"
+    );
+    // A host the new policy does not inspect is still spliced.
+    let out = curl_with(
+        &w,
+        &origin_ca,
+        &format!("https://{ORIGIN_NAME}/echo/noca-other"),
+    )?;
+    ensure!(
+        out.status.success(),
+        "uninspected host after the reload: {out:?}"
+    );
+    w.check_alive()
+}

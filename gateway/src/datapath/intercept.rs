@@ -31,6 +31,14 @@ use super::{Datapath, Event, Flow};
 use crate::decide::FlowKey;
 use crate::enforce::WireName;
 
+/// Datapath reason code: the policy inspects the SNI, but it is outside the
+/// running sandbox CA's name constraints (audited `inspect_failed`, see
+/// `crate::audit::reason_of`).
+pub(crate) const OUTSIDE_SANDBOX_CA: &str = "outside_sandbox_ca";
+/// Datapath reason code: the policy inspects the SNI, but there is no
+/// sandbox CA (the policy at start inspected nothing).
+pub(crate) const NO_SANDBOX_CA: &str = "no_sandbox_ca";
+
 /// The host side of an open flow.
 #[derive(Debug)]
 pub(super) enum HostStream {
@@ -113,6 +121,11 @@ impl Datapath {
         }
     }
 
+    /// Fail closed: a TLS flow the policy inspects is never spliced. When
+    /// the running sandbox CA cannot sign for its SNI (a reload added the
+    /// host outside the CA's name constraints, or there is no CA because the
+    /// policy at start inspected nothing) it is reset at once and audited
+    /// `inspect_failed` with the cause (a restart makes a CA that covers it).
     fn try_intercept_tls(
         &mut self,
         id: u64,
@@ -120,12 +133,21 @@ impl Datapath {
         key: &FlowKey,
         sni: String,
     ) -> bool {
-        let Some(interceptor) = self.cfg.intercept.clone() else {
-            return false;
-        };
         if !self.decider.intercepts(key, &sni) {
             return false;
         }
+        let interceptor = match self.cfg.intercept.clone() {
+            Some(i) if i.ca().permits(&sni) => i,
+            other => {
+                let code = if other.is_some() {
+                    OUTSIDE_SANDBOX_CA
+                } else {
+                    NO_SANDBOX_CA
+                };
+                self.refuse_uninterceptable(id, handle, key, code);
+                return true;
+            }
+        };
         let Some(theirs) = self.hand_over(id, handle) else {
             return true;
         };
@@ -138,6 +160,31 @@ impl Datapath {
         let audit: Arc<dyn AuditOut> = Arc::new(EventAudit(self.events.clone()));
         tokio::spawn(interceptor.serve(theirs, flow, audit));
         true
+    }
+
+    /// Resets flow `id`, whose SNI the policy inspects but the running CA
+    /// cannot sign for, and audits it (`code`: [`OUTSIDE_SANDBOX_CA`] or
+    /// [`NO_SANDBOX_CA`], both `inspect_failed`).
+    fn refuse_uninterceptable(
+        &mut self,
+        id: u64,
+        handle: SocketHandle,
+        key: &FlowKey,
+        code: &'static str,
+    ) {
+        self.sockets.get_mut::<tcp::Socket<'_>>(handle).abort();
+        // Send the RST now, before the socket is removed with the flow.
+        self.egress();
+        self.counters.flows_denied += 1;
+        let wire = self.flows.get(&id).and_then(|f| f.wire.clone());
+        self.audit.record(&crate::audit::AuditEvent::InspectedDeny {
+            flow: id,
+            src: key.src,
+            dst: key.dst,
+            reason: code,
+            wire: wire.as_ref(),
+        });
+        self.remove_flow(id);
     }
 
     /// Plain HTTP under a policy: every request's Host is checked by
@@ -212,16 +259,9 @@ impl Datapath {
     }
 
     /// After a reload: the proxy picks up the new policy's secret values
-    /// (rotation). A store that cannot be loaded keeps the old values.
-    pub(super) fn reload_intercept(&mut self, policy: &sluice_policy::CompiledPolicy) {
-        let Some(interceptor) = &self.cfg.intercept else {
-            return;
-        };
-        match sluice_secrets::SecretStore::load(policy) {
-            Ok(store) => interceptor.set_secrets(Arc::new(store)),
-            Err(e) => {
-                tracing::warn!(error = %e, "reload: secrets not reloaded; the previous values stay")
-            }
-        }
+    /// (rotation) and the inspected patterns outside the running CA are
+    /// found; the lines for the reload record (`crate::reload`).
+    pub(super) fn reload_intercept(&mut self, policy: &sluice_policy::CompiledPolicy) -> String {
+        crate::reload::reload_interception(policy, self.cfg.intercept.as_deref())
     }
 }

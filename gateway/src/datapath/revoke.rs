@@ -32,7 +32,7 @@ impl Datapath {
         };
         let previous = reload.decider.swap(Arc::clone(&policy));
         self.audit.set_policy(Some(Arc::clone(&policy)));
-        self.reload_intercept(&policy);
+        let intercept_note = self.reload_intercept(&policy);
         let bounds = policy.ttl_bounds();
         self.dns.set_ttl_bounds(bounds.min, bounds.max);
         let purged = self
@@ -83,12 +83,16 @@ impl Datapath {
             reload.decider.recheck_udp(key, names).err()
         });
 
-        let detail = format!(
+        let mut detail = format!(
             "previous: {}; flows revoked: {}; names purged: {}",
             previous.version_hash(),
             revoked.len() + udp_revoked.len(),
             purged
         );
+        if !intercept_note.is_empty() {
+            detail.push('\n');
+            detail.push_str(&intercept_note);
+        }
         self.audit.record(&AuditEvent::Reload {
             applied: true,
             trigger,
