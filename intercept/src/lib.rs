@@ -12,6 +12,7 @@
 pub mod ca;
 pub mod event;
 pub mod proxy;
+mod trailers;
 
 pub use ca::{CaError, CaOptions, SandboxCa};
 pub use event::{AuditOut, HttpEvent};
