@@ -315,10 +315,7 @@ impl Interceptor {
                 Ok((send, conn)) => {
                     let (tx, connect_protocol) = tokio::sync::watch::channel(false);
                     tokio::spawn(async move {
-                        let conn = WatchConnectProtocol {
-                            conn: Box::pin(conn),
-                            enabled: tx,
-                        };
+                        let conn = WatchConnectProtocol::new(conn, tx);
                         if let Err(e) = conn.await {
                             tracing::debug!(error = %e, "upstream h2 connection ended");
                         }
@@ -510,12 +507,30 @@ impl Upstream {
     }
 }
 
-/// Drives the upstream HTTP/2 connection and publishes, after each poll
-/// (so after every SETTINGS frame it processes), whether the peer enables
-/// extended CONNECT.
+/// Drives the upstream HTTP/2 connection and publishes whether the peer's
+/// SETTINGS enable extended CONNECT. hyper processes frames in a task of
+/// its own and wakes this one only for requests, so the state is re-read
+/// every [`RECHECK`] until it is on or [`CONNECT_PROTOCOL_WAIT`] after the
+/// connection started (servers send SETTINGS first).
 struct WatchConnectProtocol<C> {
     conn: Pin<Box<C>>,
     enabled: tokio::sync::watch::Sender<bool>,
+    recheck: Option<Pin<Box<tokio::time::Sleep>>>,
+    until: tokio::time::Instant,
+}
+
+/// Re-read period of [`WatchConnectProtocol`].
+const RECHECK: Duration = Duration::from_millis(10);
+
+impl<C> WatchConnectProtocol<C> {
+    fn new(conn: C, enabled: tokio::sync::watch::Sender<bool>) -> Self {
+        Self {
+            conn: Box::pin(conn),
+            enabled,
+            recheck: None,
+            until: tokio::time::Instant::now() + CONNECT_PROTOCOL_WAIT,
+        }
+    }
 }
 
 impl<T> Future for WatchConnectProtocol<client_h2::Connection<T, ProxyBody, TokioExecutor>>
@@ -525,11 +540,27 @@ where
     type Output = hyper::Result<()>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let res = self.conn.as_mut().poll(cx);
-        let on = self.conn.is_extended_connect_protocol_enabled();
-        self.enabled
+        let this = &mut *self;
+        let res = this.conn.as_mut().poll(cx);
+        let on = this.conn.is_extended_connect_protocol_enabled();
+        this.enabled
             .send_if_modified(|v| std::mem::replace(v, on) != on);
-        res
+        if res.is_ready() {
+            return res;
+        }
+        let now = tokio::time::Instant::now();
+        if on || now >= this.until {
+            this.recheck = None;
+            return Poll::Pending;
+        }
+        let sleep = this
+            .recheck
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(RECHECK)));
+        if sleep.as_mut().poll(cx).is_ready() {
+            sleep.as_mut().reset(now + RECHECK);
+            cx.waker().wake_by_ref();
+        }
+        Poll::Pending
     }
 }
 

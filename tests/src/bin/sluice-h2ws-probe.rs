@@ -98,10 +98,12 @@ impl Body for WithTrailers {
 }
 
 /// Drives the HTTP/2 connection and publishes whether the server's SETTINGS
-/// enable extended CONNECT.
+/// enable extended CONNECT (hyper handles frames in a task of its own, so
+/// the state is re-read every 10 ms until it is on).
 struct Watch<C> {
     conn: Pin<Box<C>>,
     enabled: tokio::sync::watch::Sender<bool>,
+    recheck: Pin<Box<tokio::time::Sleep>>,
 }
 
 impl<T, B> Future for Watch<http2::Connection<T, B, TokioExecutor>>
@@ -114,10 +116,17 @@ where
     type Output = hyper::Result<()>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let res = self.conn.as_mut().poll(cx);
-        let on = self.conn.is_extended_connect_protocol_enabled();
-        self.enabled
+        let this = &mut *self;
+        let res = this.conn.as_mut().poll(cx);
+        let on = this.conn.is_extended_connect_protocol_enabled();
+        this.enabled
             .send_if_modified(|v| std::mem::replace(v, on) != on);
+        if res.is_pending() && !on && this.recheck.as_mut().poll(cx).is_ready() {
+            this.recheck
+                .as_mut()
+                .reset(tokio::time::Instant::now() + Duration::from_millis(10));
+            cx.waker().wake_by_ref();
+        }
         res
     }
 }
@@ -165,6 +174,7 @@ async fn main() -> Result<()> {
         tokio::spawn(Watch {
             conn: Box::pin(conn),
             enabled: tx,
+            recheck: Box::pin(tokio::time::sleep(Duration::from_millis(10))),
         });
         // RFC 8441: no extended CONNECT before the server's SETTINGS say so.
         match tokio::time::timeout(Duration::from_secs(10), enabled.wait_for(|on| *on)).await {

@@ -17,7 +17,7 @@
 //!   advertises `SETTINGS_ENABLE_CONNECT_PROTOCOL`, except TLS connections
 //!   whose SNI starts with `noconnect.` (an upstream without RFC 8441 for
 //!   the tests);
-//! - `ANY /trailers`: reads the request (body and trailers) and answers
+//! - `ANY /trailers...`: reads the request (body and trailers) and answers
 //!   `trailers follow\n` with response trailers (declared in `Trailer`,
 //!   sent on HTTP/1.1 when the request had `TE: trailers`):
 //!   `x-echo-authorization` = the request's `Authorization` and
@@ -344,7 +344,7 @@ async fn handle(
             );
         }
         r
-    } else if path == "/trailers" {
+    } else if path.starts_with("/trailers") {
         trailers_response(authorization, &trailers, te_trailers)
     } else if let Some(n) = path.strip_prefix("/bytes/") {
         match n.parse::<u64>() {
