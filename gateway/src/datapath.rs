@@ -38,7 +38,7 @@ use smoltcp::wire::{
 use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::mpsc;
 
-use crate::audit::{AuditEvent, AuditSink};
+use crate::audit::{AuditEvent, AuditSink, FlowTotals};
 use crate::config::Config;
 use crate::decide::{
     DecideContext, Decider, Decision, DenyReason, FlowKey, InspectVerdict, Transport,
@@ -257,6 +257,9 @@ enum FlowState {
         handle: SocketHandle,
         deadline: Instant,
         max_bytes: usize,
+        /// Bytes queued when the decider last answered `NeedMore`: the
+        /// bytes are put to it again only once more have arrived.
+        peeked: usize,
     },
     /// Inspection allowed, host connect in flight.
     InspectConnecting { handle: SocketHandle },
@@ -288,6 +291,21 @@ struct Flow {
     /// The names that admitted the flow (rechecked on reload): the wire
     /// name, or the table's names for the destination at open.
     names: Vec<Box<str>>,
+}
+
+impl Flow {
+    /// The TCP flow `id`'s identity and totals so far, for its close line.
+    fn totals(&self, id: u64) -> FlowTotals {
+        FlowTotals {
+            flow: id,
+            proto: "tcp",
+            src: self.key.src,
+            dst: self.key.dst,
+            bytes_up: self.up,
+            bytes_down: self.down,
+            duration_ms: FlowTotals::millis(self.opened.elapsed()),
+        }
+    }
 }
 
 /// One guest session's datapath state.
@@ -775,6 +793,7 @@ impl Datapath {
                             handle,
                             deadline,
                             max_bytes,
+                            peeked: 0,
                         },
                     );
                 }
@@ -1005,13 +1024,7 @@ impl Datapath {
     fn audit_udp_close(&mut self, c: &ClosedUdpFlow, end: &'static str) {
         self.counters.flows_closed += 1;
         self.audit.record(&AuditEvent::FlowClose {
-            flow: c.id,
-            proto: "udp",
-            src: c.key.src,
-            dst: c.key.dst,
-            bytes_up: c.up,
-            bytes_down: c.down,
-            duration_ms: u64::try_from(c.duration.as_millis()).unwrap_or(u64::MAX),
+            totals: c.totals(),
             end,
         });
     }
@@ -1484,9 +1497,11 @@ impl Datapath {
                     handle,
                     deadline,
                     max_bytes,
+                    peeked,
                 } => {
-                    let (handle, deadline, max_bytes) = (*handle, *deadline, *max_bytes);
-                    self.advance_inspection(id, handle, deadline, max_bytes);
+                    let (handle, deadline, max_bytes, peeked) =
+                        (*handle, *deadline, *max_bytes, *peeked);
+                    self.advance_inspection(id, handle, deadline, max_bytes, peeked);
                 }
                 FlowState::DnsTcp {
                     handle,
@@ -1596,12 +1611,17 @@ impl Datapath {
         });
     }
 
+    /// Puts an inspected flow's first bytes to the decider, only when more
+    /// have arrived since it last answered `NeedMore` (`peeked` bytes): a
+    /// loop turn without new bytes re-parses nothing. The bound and the
+    /// deadline are checked on every turn.
     fn advance_inspection(
         &mut self,
         id: u64,
         handle: SocketHandle,
         deadline: Instant,
         max_bytes: usize,
+        peeked: usize,
     ) {
         let Some(key) = self.flows.get(&id).map(|f| f.key) else {
             return;
@@ -1611,8 +1631,9 @@ impl Datapath {
             self.remove_flow(id);
             return;
         }
+        let queued = sock.recv_queue();
         let verdict = match sock.peek(max_bytes) {
-            Ok(bytes) if !bytes.is_empty() => {
+            Ok(bytes) if !bytes.is_empty() && queued != peeked => {
                 let ctx = DecideContext {
                     dns: &self.dns,
                     now: Instant::now(),
@@ -1633,6 +1654,13 @@ impl Datapath {
             v => v,
         };
         if matches!(verdict, InspectVerdict::NeedMore) {
+            if let Some(Flow {
+                state: FlowState::Inspecting { peeked, .. },
+                ..
+            }) = self.flows.get_mut(&id)
+            {
+                *peeked = queued;
+            }
             return;
         }
         let wire = sock.peek(max_bytes).ok().and_then(sniff_wire_name);
@@ -1668,15 +1696,8 @@ impl Datapath {
             && f.audited_open
         {
             self.counters.flows_closed += 1;
-            let duration_ms = u64::try_from(f.opened.elapsed().as_millis()).unwrap_or(u64::MAX);
             self.audit.record(&AuditEvent::FlowClose {
-                flow: id,
-                proto: "tcp",
-                src: f.key.src,
-                dst: f.key.dst,
-                bytes_up: f.up,
-                bytes_down: f.down,
-                duration_ms,
+                totals: f.totals(id),
                 end,
             });
         }
@@ -2378,5 +2399,91 @@ mod tests {
                 && l["rule"]["pattern"] != "*.example.org"),
             "{text}"
         );
+    }
+
+    /// Inspects port-443 flows with sluice-inspect's ClientHello reader and
+    /// counts how often the bytes were put to it.
+    #[derive(Default)]
+    struct CountingInspector {
+        calls: std::sync::atomic::AtomicUsize,
+    }
+    impl Decider for CountingInspector {
+        fn decide_tcp(&self, _flow: &FlowKey, _ctx: &DecideContext<'_>) -> Decision {
+            Decision::Inspect {
+                max_bytes: 16 * 1024,
+                deadline: Duration::from_secs(60),
+            }
+        }
+        fn decide_udp(&self, _flow: &FlowKey, _ctx: &DecideContext<'_>) -> Decision {
+            Decision::Deny(DenyReason::UdpNotAllowed)
+        }
+        fn inspect(
+            &self,
+            _flow: &FlowKey,
+            first_bytes: &[u8],
+            _ctx: &DecideContext<'_>,
+        ) -> InspectVerdict {
+            use sluice_inspect::tls::{ClientHelloReader, Progress};
+            self.calls
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            match ClientHelloReader::new(16 * 1024).push(first_bytes) {
+                Progress::NeedMore => InspectVerdict::NeedMore,
+                Progress::Done(_) => InspectVerdict::Allow,
+                Progress::Reject(_) => InspectVerdict::Deny(DenyReason::Policy("sni_unreadable")),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_split_client_hello_is_parsed_once_per_arrival_and_allowed() {
+        use crate::packet::tests::tcp_segment;
+        let hello = std::fs::read(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../inspect/testdata/tls/curl-https.bin"
+        ))
+        .unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let dst = SocketAddrV4::new(Ipv4Addr::LOCALHOST, listener.local_addr().unwrap().port());
+        let decider = Arc::new(CountingInspector::default());
+        let (mut guest, _audit, _task) = start(decider.clone());
+        let g = SocketAddrV4::new(Ipv4Addr::new(10, 0, 2, 15), 1000);
+        guest
+            .send(&[tcp_frame(g, dst, TcpControl::Syn, 999, None)])
+            .await;
+        let (_, _, control, their_seq, ack) = guest.recv_tcp().await;
+        assert_eq!((control, ack), (TcpControl::Syn, Some(1000)), "SYN-ACK");
+        let ack = Some(their_seq.wrapping_add(1));
+        let bare_ack = tcp_segment(g, dst, TcpControl::None, 1000, ack, &[]);
+        guest.send(std::slice::from_ref(&bare_ack)).await;
+        // Three segments; between them, frames without data (repeated ACKs),
+        // each sent on its own so the datapath turns its loop for it.
+        let cuts = [0, 5, hello.len() / 2, hello.len()];
+        let mut seq = 1000u32;
+        for part in cuts.windows(2) {
+            let bytes = &hello[part[0]..part[1]];
+            guest
+                .send(&[tcp_segment(g, dst, TcpControl::Psh, seq, ack, bytes)])
+                .await;
+            seq += u32::try_from(bytes.len()).unwrap();
+            let again = tcp_segment(g, dst, TcpControl::None, seq, ack, &[]);
+            for _ in 0..4 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                guest.send(std::slice::from_ref(&again)).await;
+            }
+        }
+        // The decision was taken: the gateway connected and replayed the hello.
+        let (mut host, _) = tokio::time::timeout(Duration::from_secs(30), listener.accept())
+            .await
+            .expect("the split hello was never allowed")
+            .unwrap();
+        let mut got = vec![0u8; hello.len()];
+        tokio::time::timeout(Duration::from_secs(30), host.read_exact(&mut got))
+            .await
+            .expect("the hello was not replayed")
+            .unwrap();
+        assert_eq!(got, hello);
+        // Once per arrival of new bytes at most, not once per loop turn.
+        let calls = decider.calls.load(std::sync::atomic::Ordering::Relaxed);
+        assert!((1..=3).contains(&calls), "inspected {calls} times");
     }
 }

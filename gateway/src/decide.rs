@@ -136,6 +136,16 @@ pub trait Decider: Send + Sync {
         false
     }
 
+    /// Whether an allowed plain-HTTP flow (its first request's Host checked
+    /// by [`Decider::inspect`]) is to be served by the plain-HTTP proxy,
+    /// which checks every later request's Host too, rather than spliced.
+    /// Asked only after [`Decider::inspect`] allowed the flow. The default
+    /// (no policy) splices.
+    fn proxies_plain_http(&self, flow: &FlowKey) -> bool {
+        let _ = flow;
+        false
+    }
+
     /// Decides a guest DNS query on its normalised name before anything is
     /// forwarded: `None` forwards it upstream; `Some((rcode, reason))`
     /// answers `rcode` locally and audits `reason`. The default (no policy)

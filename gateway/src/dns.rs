@@ -12,7 +12,8 @@
 //! empty NOERROR answer. A response that does not parse or does not match the
 //! query is replaced by SERVFAIL (fail closed).
 
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
@@ -36,17 +37,42 @@ pub const DEFAULT_MIN_TTL: Duration = Duration::from_secs(10);
 struct NameEntry {
     name: Box<str>,
     expires: Instant,
+    /// Unique per inserted pair: ties its [`Expiry`] records to it.
+    seq: u64,
 }
+
+/// One record of the expiry heap: the pair `(ip, seq)` expires at `expires`.
+/// Stale once the pair is gone or its expiry was extended (lazy deletion:
+/// a record counts only if the table still holds that pair with exactly that
+/// expiry). Ordered by expiry, then insertion order.
+type Expiry = Reverse<(Instant, u64, IpAddr)>;
+
+/// Rebuild the expiry heap once it holds more than this many records per
+/// live pair (plus [`HEAP_SLACK`]): bounds the stale records lazy deletion
+/// leaves behind, at amortised O(1) per operation.
+const HEAP_STALE_FACTOR: usize = 2;
+/// Records the expiry heap may hold beyond `HEAP_STALE_FACTOR * len` before a
+/// rebuild (so a small table is not rebuilt on every extension).
+const HEAP_SLACK: usize = 64;
 
 /// The sandbox's address-to-names table, filled from DNS answers.
 ///
 /// Bounded to `capacity` (address, name) pairs: when full, expired entries are
-/// purged and, if still full, the pair expiring soonest is evicted. TTLs are
-/// clamped to `[min_ttl, max_ttl]` (defaults [`DEFAULT_MIN_TTL`],
-/// [`DEFAULT_MAX_TTL`]). Lookups do not allocate.
+/// purged and, if still full, the pair expiring soonest (the earliest
+/// inserted among equal expiries) is evicted. TTLs are clamped to
+/// `[min_ttl, max_ttl]` (defaults [`DEFAULT_MIN_TTL`], [`DEFAULT_MAX_TTL`]).
+///
+/// Cost: a min-heap of expiries (with lazy deletion of records made stale by
+/// an extended expiry or [`DnsTable::retain_names`]) makes purging `k`
+/// expired pairs O(k log n) and eviction O(log n) amortised; insert and
+/// lookup also scan the names already held for the one address (a handful,
+/// except for an address shared by many names). Lookups do not allocate.
 #[derive(Debug)]
 pub struct DnsTable {
     by_ip: HashMap<IpAddr, Vec<NameEntry>>,
+    /// Min-heap of expiries, see [`Expiry`].
+    expiry: BinaryHeap<Expiry>,
+    next_seq: u64,
     len: usize,
     capacity: usize,
     min_ttl: Duration,
@@ -58,6 +84,8 @@ impl DnsTable {
     pub fn new(capacity: usize) -> Self {
         Self {
             by_ip: HashMap::new(),
+            expiry: BinaryHeap::new(),
+            next_seq: 0,
             len: 0,
             capacity: capacity.max(1),
             min_ttl: DEFAULT_MIN_TTL,
@@ -72,14 +100,20 @@ impl DnsTable {
     }
 
     /// Records that `name` resolved to `ip` with `ttl` (clamped to the TTL bounds).
-    /// Names are stored lower-case without the trailing dot.
+    /// Names are stored lower-case without the trailing dot. A pair already
+    /// held keeps the later of its two expiries.
     pub fn insert(&mut self, ip: IpAddr, name: &str, ttl: Duration, now: Instant) {
         let name = normalise(name);
         let expires = now + ttl.clamp(self.min_ttl, self.max_ttl);
         if let Some(list) = self.by_ip.get_mut(&ip)
             && let Some(e) = list.iter_mut().find(|e| *e.name == *name)
         {
-            e.expires = e.expires.max(expires);
+            if expires > e.expires {
+                e.expires = expires;
+                // The old record is stale from now on.
+                self.expiry.push(Reverse((expires, e.seq, ip)));
+                self.compact_heap();
+            }
             return;
         }
         if self.len >= self.capacity {
@@ -88,11 +122,16 @@ impl DnsTable {
         if self.len >= self.capacity {
             self.evict_soonest();
         }
+        let seq = self.next_seq;
+        self.next_seq += 1;
         self.by_ip.entry(ip).or_default().push(NameEntry {
             name: name.into(),
             expires,
+            seq,
         });
+        self.expiry.push(Reverse((expires, seq, ip)));
         self.len += 1;
+        self.compact_heap();
     }
 
     /// Names `ip` was resolved for that are still valid at `now`.
@@ -122,20 +161,19 @@ impl DnsTable {
         self.len == 0
     }
 
-    /// Drops every expired pair.
+    /// Drops every expired pair (expiry at or before `now`): O(k log n) for
+    /// `k` expired pairs, plus the stale heap records met on the way.
     pub fn purge_expired(&mut self, now: Instant) {
-        let mut removed = 0;
-        self.by_ip.retain(|_, list| {
-            let before = list.len();
-            list.retain(|e| e.expires > now);
-            removed += before - list.len();
-            !list.is_empty()
-        });
-        self.len -= removed;
+        while let Some(Reverse((expires, _, _))) = self.expiry.peek()
+            && *expires <= now
+        {
+            self.pop_soonest();
+        }
     }
 
     /// Keeps only the names `keep` accepts (e.g. those a reloaded policy
     /// still allows); returns how many (address, name) pairs were dropped.
+    /// O(n); the heap records of dropped pairs go stale.
     pub fn retain_names(&mut self, mut keep: impl FnMut(&str) -> bool) -> usize {
         let mut removed = 0;
         self.by_ip.retain(|_, list| {
@@ -145,28 +183,53 @@ impl DnsTable {
             !list.is_empty()
         });
         self.len -= removed;
+        self.compact_heap();
         removed
     }
 
+    /// Evicts the live pair expiring soonest, if any.
     fn evict_soonest(&mut self) {
-        let victim = self
-            .by_ip
-            .iter()
-            .flat_map(|(ip, list)| {
-                list.iter()
-                    .enumerate()
-                    .map(move |(i, e)| (e.expires, *ip, i))
-            })
-            .min_by_key(|(exp, _, _)| *exp);
-        if let Some((_, ip, i)) = victim
-            && let Some(list) = self.by_ip.get_mut(&ip)
-        {
-            list.swap_remove(i);
-            self.len -= 1;
-            if list.is_empty() {
-                self.by_ip.remove(&ip);
+        while !self.expiry.is_empty() {
+            if self.pop_soonest() {
+                return;
             }
         }
+    }
+
+    /// Pops the heap's top record and removes its pair when the record is
+    /// live; returns whether a pair was removed.
+    fn pop_soonest(&mut self) -> bool {
+        let Some(Reverse((expires, seq, ip))) = self.expiry.pop() else {
+            return false;
+        };
+        let Some(list) = self.by_ip.get_mut(&ip) else {
+            return false;
+        };
+        let Some(i) = list
+            .iter()
+            .position(|e| e.seq == seq && e.expires == expires)
+        else {
+            return false;
+        };
+        list.swap_remove(i);
+        self.len -= 1;
+        if list.is_empty() {
+            self.by_ip.remove(&ip);
+        }
+        true
+    }
+
+    /// Rebuilds the heap from the live pairs when stale records outnumber
+    /// them (see [`HEAP_STALE_FACTOR`]).
+    fn compact_heap(&mut self) {
+        if self.expiry.len() <= HEAP_STALE_FACTOR * self.len + HEAP_SLACK {
+            return;
+        }
+        self.expiry = self
+            .by_ip
+            .iter()
+            .flat_map(|(ip, list)| list.iter().map(|e| Reverse((e.expires, e.seq, *ip))))
+            .collect();
     }
 }
 
@@ -356,6 +419,116 @@ mod tests {
         assert!(t.resolved_for(ip, "b.com", now));
         t.purge_expired(now + Duration::from_secs(1000));
         assert!(t.is_empty());
+    }
+
+    #[test]
+    fn a_full_table_purges_expired_pairs_then_evicts_the_soonest() {
+        let now = Instant::now();
+        let secs = Duration::from_secs;
+        let mut t = DnsTable::new(8);
+        t.set_ttl_bounds(Duration::ZERO, DEFAULT_MAX_TTL);
+        let ip = |i: u8| IpAddr::from([198, 51, 100, i]);
+        // Eight pairs on four addresses, expiring at 10, 20, ..., 80 s,
+        // inserted out of order.
+        for (i, ttl) in [(1u8, 50u64), (2, 10), (3, 80), (4, 30), (1, 20), (2, 70)] {
+            t.insert(ip(i), &format!("n{ttl}.example"), secs(ttl), now);
+        }
+        t.insert(ip(3), "n40.example", secs(40), now);
+        t.insert(ip(4), "n60.example", secs(60), now);
+        assert_eq!(t.len(), 8);
+        // Re-inserting a held pair extends it (10 -> 90 s) and adds nothing.
+        t.insert(ip(2), "N10.example.", secs(90), now);
+        // A shorter TTL never shortens it.
+        t.insert(ip(2), "n10.example", secs(1), now);
+        assert_eq!(t.len(), 8);
+        assert!(t.resolved_for(ip(2), "n10.example", now + secs(85)));
+
+        // Full, nothing expired: each insert evicts the soonest-expiring pair.
+        t.insert(ip(9), "a.example", secs(100), now);
+        assert!(!t.resolved_for(ip(1), "n20.example", now), "20 s evicted");
+        t.insert(ip(9), "b.example", secs(100), now);
+        assert!(!t.resolved_for(ip(4), "n30.example", now), "30 s evicted");
+        assert_eq!(t.len(), 8);
+        let held = |t: &DnsTable| {
+            let mut v: Vec<String> = (1..=9)
+                .flat_map(|i| {
+                    t.names_for(ip(i), now)
+                        .map(str::to_owned)
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            v.sort();
+            v
+        };
+        assert_eq!(
+            held(&t),
+            [
+                "a.example",
+                "b.example",
+                "n10.example",
+                "n40.example",
+                "n50.example",
+                "n60.example",
+                "n70.example",
+                "n80.example"
+            ]
+        );
+
+        // At 65 s, 40, 50 and 60 have expired: a full table purges all
+        // three at once rather than evicting a live pair.
+        let later = now + secs(65);
+        t.insert(ip(9), "c.example", secs(100), later);
+        assert_eq!(t.len(), 6);
+        for (i, n) in [(3, "n40"), (1, "n50"), (4, "n60")] {
+            assert_eq!(
+                t.names_for(ip(i), now).filter(|x| x.starts_with(n)).count(),
+                0
+            );
+        }
+        // Addresses left without names are dropped from the map.
+        assert!(!t.by_ip.contains_key(&ip(1)) && !t.by_ip.contains_key(&ip(4)));
+
+        // Pairs dropped by retain_names leave stale heap records behind,
+        // which eviction skips: the next victim is the live 70 s pair.
+        assert_eq!(t.retain_names(|n| n != "n80.example"), 1);
+        t.insert(ip(9), "d.example", secs(100), later);
+        t.insert(ip(9), "e.example", secs(100), later);
+        t.insert(ip(9), "f.example", secs(100), later);
+        assert_eq!(t.len(), 8);
+        t.insert(ip(9), "g.example", secs(100), later);
+        assert_eq!(t.len(), 8);
+        assert!(!t.resolved_for(ip(2), "n70.example", later), "70 s evicted");
+        assert!(
+            t.resolved_for(ip(2), "n10.example", later),
+            "extended pair kept"
+        );
+
+        t.purge_expired(now + secs(1000));
+        assert!(t.is_empty() && t.by_ip.is_empty());
+    }
+
+    #[test]
+    fn stale_expiry_records_stay_bounded() {
+        let now = Instant::now();
+        let mut t = DnsTable::new(16);
+        let ip: IpAddr = "198.51.100.7".parse().unwrap();
+        // Every insert of the same pair with a later expiry leaves a stale
+        // record; the heap is rebuilt before they pile up.
+        for i in 0..10_000u64 {
+            t.insert(ip, "again.example", Duration::from_secs(60 + i), now);
+            assert!(t.expiry.len() <= HEAP_STALE_FACTOR * t.len() + HEAP_SLACK + 1);
+        }
+        assert_eq!(t.len(), 1);
+        assert!(t.resolved_for(ip, "again.example", now + Duration::from_secs(10_058)));
+        // Evicting through the stale records still finds the one live pair.
+        let mut t1 = DnsTable::new(1);
+        for i in 0..200u64 {
+            t1.insert(ip, "a.example", Duration::from_secs(60 + i), now);
+        }
+        t1.insert(ip, "b.example", Duration::from_secs(30), now);
+        assert_eq!(t1.len(), 1);
+        assert!(t1.resolved_for(ip, "b.example", now));
+        assert!(!t1.resolved_for(ip, "a.example", now));
     }
 
     #[test]

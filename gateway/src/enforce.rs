@@ -65,13 +65,17 @@
 //!
 //! # Limits
 //! - [`Decider::inspect`] is called with the whole accumulated buffer each
-//!   time and re-parses it from the start (the trait gives no per-flow state):
-//!   quadratic in the number of segments but bounded by
-//!   [`INSPECT_MAX_BYTES`] (16 KiB).
-//! - Only the first request head of a plain-HTTP connection is read: later
-//!   requests on a kept-alive connection may name another Host, served by the
-//!   same (allowed, cross-validated) address. Like domain fronting through a
-//!   shared CDN address, only TLS/HTTP interception closes this.
+//!   time new bytes have arrived (the datapath remembers how many it last
+//!   put; a loop turn without new bytes calls nothing) and re-parses it from
+//!   the start (the trait gives no per-flow state): quadratic in the number
+//!   of segments but bounded by [`INSPECT_MAX_BYTES`] (16 KiB).
+//! - Only the first request head of a plain-HTTP connection is read here.
+//!   Later requests on a kept-alive or pipelined connection are checked by
+//!   the plain-HTTP proxy the datapath hands such flows to
+//!   ([`Decider::proxies_plain_http`], `sluice_intercept::PlainProxy`):
+//!   each must name the Host the first was admitted with, else `421`
+//!   (`host_mismatch`). On TLS ports a later request's Host is checked only
+//!   on intercepted flows (against the SNI); spliced TLS is opaque.
 //! - TTL: a flow is decided once, at its SYN / first bytes, against entries
 //!   valid at that moment; an open flow is not cut when its entry expires
 //!   (the grace for open flows is their lifetime). Reload revocation is the
@@ -327,6 +331,13 @@ impl Decider for PolicyDecider {
     fn intercepts(&self, flow: &FlowKey, sni: &str) -> bool {
         let policy = self.policy.load();
         policy.port_protocol(flow.dst.port()) == PortProtocol::Tls && policy.inspect_host(sni)
+    }
+
+    /// A flow on a plain-HTTP port (80 and `ports.http`) under the policy in
+    /// force now: every request on it must name the Host its first request
+    /// was admitted with (`sluice_intercept::PlainProxy`).
+    fn proxies_plain_http(&self, flow: &FlowKey) -> bool {
+        self.policy.load().port_protocol(flow.dst.port()) == PortProtocol::Http
     }
 
     fn dns_query(&self, qname: &str) -> Option<(ResponseCode, &'static str)> {
@@ -641,6 +652,36 @@ internal:
         t
     }
 
+    /// A policy compiled from `yaml` with default options.
+    fn compile(yaml: &str) -> Arc<CompiledPolicy> {
+        Arc::new(from_yaml_str(yaml, "test.yaml", &CompileOptions::default()).unwrap())
+    }
+
+    /// The test decider and the table the forwarder leaves, at one instant.
+    struct Fixture {
+        d: PolicyDecider,
+        t: DnsTable,
+        now: Instant,
+    }
+
+    impl Fixture {
+        fn new() -> Self {
+            let now = Instant::now();
+            Self {
+                d: decider(),
+                t: table(now),
+                now,
+            }
+        }
+
+        fn ctx(&self) -> DecideContext<'_> {
+            DecideContext {
+                dns: &self.t,
+                now: self.now,
+            }
+        }
+    }
+
     fn tcp(dst: &str) -> FlowKey {
         FlowKey {
             transport: Transport::Tcp,
@@ -781,10 +822,8 @@ internal:
 
     #[test]
     fn tls_is_inspected_and_needs_more_until_complete() {
-        let d = decider();
-        let now = Instant::now();
-        let t = table(now);
-        let ctx = DecideContext { dns: &t, now };
+        let f = Fixture::new();
+        let (d, ctx) = (&f.d, f.ctx());
         let f = tcp(&format!("{WWW}:443"));
         assert_eq!(d.decide_tcp(&f, &ctx), INSPECT);
         let hello = testdata("tls/curl-https.bin");
@@ -823,10 +862,8 @@ internal:
 
     #[test]
     fn garbage_first_bytes_never_allow_or_panic() {
-        let d = decider();
-        let now = Instant::now();
-        let t = table(now);
-        let ctx = DecideContext { dns: &t, now };
+        let f = Fixture::new();
+        let (d, ctx) = (&f.d, f.ctx());
         let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
         let mut next = || {
             x ^= x << 13;
@@ -1040,10 +1077,8 @@ internal:
 
     #[test]
     fn dns_to_other_resolvers_is_denied() {
-        let d = decider();
-        let now = Instant::now();
-        let t = table(now);
-        let ctx = DecideContext { dns: &t, now };
+        let f = Fixture::new();
+        let (d, ctx) = (&f.d, f.ctx());
         for dst in ["8.8.8.8:53", "1.1.1.1:853", "203.0.113.9:53"] {
             assert_eq!(d.decide_tcp(&tcp(dst), &ctx), denied("dns_resolver_denied"));
             assert_eq!(d.decide_udp(&udp(dst), &ctx), denied("dns_resolver_denied"));
@@ -1098,10 +1133,8 @@ internal:
 
     #[test]
     fn udp_and_quic() {
-        let d = decider();
-        let now = Instant::now();
-        let t = table(now);
-        let ctx = DecideContext { dns: &t, now };
+        let f = Fixture::new();
+        let (d, ctx) = (&f.d, f.ctx());
         assert_eq!(
             d.decide_udp(&udp(&format!("{WWW}:443")), &ctx),
             denied("quic_blocked")
@@ -1145,20 +1178,13 @@ internal:
 
     #[test]
     fn swap_takes_effect_for_the_next_decision() {
-        let d = decider();
-        let now = Instant::now();
-        let t = table(now);
-        let ctx = DecideContext { dns: &t, now };
+        let f = Fixture::new();
+        let (d, ctx) = (&f.d, f.ctx());
         let f = tcp(&format!("{WWW}:443"));
         assert_eq!(d.decide_tcp(&f, &ctx), INSPECT);
         let hello = testdata("tls/curl-https.bin");
-        let narrow = from_yaml_str(
-            "version: 1\nid: narrow\nallow:\n  - domain: \"**.github.com\"\n",
-            "narrow.yaml",
-            &CompileOptions::default(),
-        )
-        .unwrap();
-        let old = d.swap(Arc::new(narrow));
+        let narrow = compile("version: 1\nid: narrow\nallow:\n  - domain: \"**.github.com\"\n");
+        let old = d.swap(narrow);
         assert_eq!(old.id(), "enforce-test");
         assert_eq!(d.policy().id(), "narrow");
         // A flow admitted before the swap is re-checked when its bytes arrive.
@@ -1180,13 +1206,10 @@ internal:
         assert_eq!(d.recheck_tcp(&www, &["www.example.com"]), Ok(()));
         assert_eq!(d.recheck_tcp(&db, &["db.example.net"]), Ok(()));
         assert_eq!(d.recheck_tcp(&ssh, &[]), Ok(()));
-        let narrow = from_yaml_str(
+        let narrow = compile(
             "version: 1\nid: narrow\nallow:\n  - domain: www.example.com\n  - cidr: 203.0.113.0/24\n    ports: [23]\n",
-            "narrow.yaml",
-            &CompileOptions::default(),
-        )
-        .unwrap();
-        d.swap(Arc::new(narrow));
+        );
+        d.swap(narrow);
         assert_eq!(d.recheck_tcp(&www, &["www.example.com"]), Ok(()));
         assert_eq!(
             d.recheck_tcp(&db, &["db.example.net"]),
@@ -1204,25 +1227,19 @@ internal:
 
     #[test]
     fn recheck_of_an_uninspected_tls_flow_needs_a_cidr_rule() {
-        let with_cidr = from_yaml_str(
+        let with_cidr = compile(
             "version: 1\nid: wide\nallow:\n  - domain: www.example.com\n  - cidr: 93.184.216.0/24\n    ports: [443, 80]\n",
-            "wide.yaml",
-            &CompileOptions::default(),
-        )
-        .unwrap();
-        let d = PolicyDecider::new(Arc::new(with_cidr), platform());
+        );
+        let d = PolicyDecider::new(with_cidr, platform());
         // Admitted by the CIDR rule, never SNI-checked.
         let flow = tcp("93.184.216.34:443");
         let plain = tcp("93.184.216.34:80");
         let names = ["www.example.com"];
         assert_eq!(d.recheck_tcp_uninspected(&flow, &names), Ok(()));
-        let narrow = from_yaml_str(
+        let narrow = compile(
             "version: 1\nid: narrow\nallow:\n  - domain: www.example.com\n    ports: [443, 80]\n",
-            "narrow.yaml",
-            &CompileOptions::default(),
-        )
-        .unwrap();
-        d.swap(Arc::new(narrow));
+        );
+        d.swap(narrow);
         // An allowed table name for the address no longer keeps it ...
         assert_eq!(
             d.recheck_tcp_uninspected(&flow, &names),
@@ -1235,13 +1252,10 @@ internal:
         // ... while a flow whose SNI was that name stays.
         assert_eq!(d.recheck_tcp(&flow, &names), Ok(()));
         // Raw TCP ports keep the table-name rule.
-        let raw = from_yaml_str(
+        let raw = compile(
             "version: 1\nid: raw\nallow:\n  - domain: www.example.com\n    ports: [8022]\n",
-            "raw.yaml",
-            &CompileOptions::default(),
-        )
-        .unwrap();
-        d.swap(Arc::new(raw));
+        );
+        d.swap(raw);
         assert_eq!(
             d.recheck_tcp_uninspected(&tcp("93.184.216.34:8022"), &names),
             Ok(())
@@ -1258,13 +1272,8 @@ internal:
             d.recheck_udp(&udp("151.101.3.3:53"), &["quic.example.net"]),
             Err(DenyReason::Policy("dns_resolver_denied"))
         );
-        let narrow = from_yaml_str(
-            "version: 1\nid: narrow\nallow:\n  - domain: quic.example.net\n",
-            "narrow.yaml",
-            &CompileOptions::default(),
-        )
-        .unwrap();
-        d.swap(Arc::new(narrow));
+        let narrow = compile("version: 1\nid: narrow\nallow:\n  - domain: quic.example.net\n");
+        d.swap(narrow);
         assert_eq!(
             d.recheck_udp(&quic, &["quic.example.net"]),
             Err(DenyReason::Policy("quic_blocked"))
@@ -1306,12 +1315,7 @@ internal:
 
     #[test]
     fn ttl_range_follows_the_policy() {
-        let p = from_yaml_str(
-            "version: 1\nid: t\nallow: []\ndns:\n  ttl_min: 7\n  ttl_max: 120\n",
-            "t.yaml",
-            &CompileOptions::default(),
-        )
-        .unwrap();
+        let p = compile("version: 1\nid: t\nallow: []\ndns:\n  ttl_min: 7\n  ttl_max: 120\n");
         assert_eq!(ttl_range(&p), 7..=120);
         let b = policy().ttl_bounds();
         assert_eq!(
@@ -1374,13 +1378,8 @@ internal:
         assert_eq!(d.dns_action("api.github.com"), DnsAction::Forward);
         assert!(d.keep_answer("10.20.0.9".parse().unwrap()));
         assert!(!d.keep_answer("10.0.2.2".parse().unwrap()));
-        let narrow = from_yaml_str(
-            "version: 1\nid: narrow\nallow:\n  - domain: www.example.com\n",
-            "narrow.yaml",
-            &CompileOptions::default(),
-        )
-        .unwrap();
-        d.swap(Arc::new(narrow));
+        let narrow = compile("version: 1\nid: narrow\nallow:\n  - domain: www.example.com\n");
+        d.swap(narrow);
         assert_eq!(
             d.dns_action("api.github.com"),
             DnsAction::Answer {

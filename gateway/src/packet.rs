@@ -392,6 +392,18 @@ pub(crate) mod tests {
         seq: u32,
         ack: Option<u32>,
     ) -> Vec<u8> {
+        tcp_segment(src, dst, control, seq, ack, &[])
+    }
+
+    /// A guest TCP segment carrying `payload`.
+    pub(crate) fn tcp_segment(
+        src: SocketAddrV4,
+        dst: SocketAddrV4,
+        control: TcpControl,
+        seq: u32,
+        ack: Option<u32>,
+        payload: &[u8],
+    ) -> Vec<u8> {
         let tcp = TcpRepr {
             src_port: src.port(),
             dst_port: dst.port(),
@@ -412,7 +424,7 @@ pub(crate) mod tests {
             sack_permitted: false,
             sack_ranges: [None; 3],
             timestamp: None,
-            payload: &[],
+            payload,
         };
         let ip_repr = Ipv4Repr {
             src_addr: (*src.ip()),

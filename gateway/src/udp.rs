@@ -38,6 +38,7 @@ use std::time::{Duration, Instant};
 use thiserror::Error;
 use tokio::net::UdpSocket;
 
+use crate::audit::FlowTotals;
 use crate::decide::FlowKey;
 
 /// Default bound on concurrent UDP flows.
@@ -145,6 +146,21 @@ pub struct ClosedUdpFlow {
     pub end: UdpEnd,
 }
 
+impl ClosedUdpFlow {
+    /// Its identity and totals, for its `flow_close` audit line.
+    pub fn totals(&self) -> FlowTotals {
+        FlowTotals {
+            flow: self.id,
+            proto: "udp",
+            src: self.key.src,
+            dst: self.key.dst,
+            bytes_up: self.up,
+            bytes_down: self.down,
+            duration_ms: FlowTotals::millis(self.duration),
+        }
+    }
+}
+
 struct UdpFlow {
     id: u64,
     socket: UdpSocket,
@@ -158,6 +174,20 @@ struct UdpFlow {
 }
 
 impl UdpFlow {
+    /// A flow opened at `now` on its connected host `socket`.
+    fn new(id: u64, socket: UdpSocket, now: Instant) -> Self {
+        Self {
+            id,
+            socket,
+            opened: now,
+            last: now,
+            up: 0,
+            down: 0,
+            answered: false,
+            names: Vec::new(),
+        }
+    }
+
     fn closed(&self, key: FlowKey, end: UdpEnd, now: Instant) -> ClosedUdpFlow {
         ClosedUdpFlow {
             id: self.id,
@@ -238,19 +268,7 @@ impl UdpFlows {
             return Err(UdpOpenError::TooMany(self.limits.max_flows));
         }
         let socket = connect_host_socket(key.dst)?;
-        self.flows.insert(
-            key,
-            UdpFlow {
-                id,
-                socket,
-                opened: now,
-                last: now,
-                up: 0,
-                down: 0,
-                answered: false,
-                names: Vec::new(),
-            },
-        );
+        self.flows.insert(key, UdpFlow::new(id, socket, now));
         Ok(())
     }
 
@@ -447,6 +465,16 @@ mod tests {
         }
     }
 
+    /// Opens a flow to the loopback `key.dst` by hand, through the same
+    /// table: [`UdpFlows::open`] refuses loopback (a host address).
+    fn insert_loopback_flow(flows: &mut UdpFlows, key: FlowKey, id: u64, now: Instant) {
+        let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        sock.connect(key.dst).unwrap();
+        sock.set_nonblocking(true).unwrap();
+        let socket = UdpSocket::from_std(sock).unwrap();
+        flows.flows.insert(key, UdpFlow::new(id, socket, now));
+    }
+
     /// The first non-loopback local IPv4 address, if the test host has one.
     fn host_ipv4() -> Option<IpAddr> {
         crate::decide::host_addresses()
@@ -467,22 +495,7 @@ mod tests {
             Err(UdpOpenError::HostAddress(_))
         ));
         assert!(flows.is_empty());
-        let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-        sock.connect(dst).unwrap();
-        sock.set_nonblocking(true).unwrap();
-        flows.flows.insert(
-            key(dst),
-            UdpFlow {
-                id: 7,
-                socket: UdpSocket::from_std(sock).unwrap(),
-                opened: now,
-                last: now,
-                up: 0,
-                down: 0,
-                answered: false,
-                names: Vec::new(),
-            },
-        );
+        insert_loopback_flow(&mut flows, key(dst), 7, now);
         assert_eq!(flows.send(&key(dst), b"ping", now), SendOutcome::Sent);
         let other = key("127.0.0.1:9".parse().unwrap());
         assert_eq!(flows.send(&other, b"x", now), SendOutcome::NoFlow);
@@ -591,23 +604,7 @@ mod tests {
             },
         ];
         for (i, k) in keys.iter().enumerate() {
-            // By hand, as above: loopback fails the host-address check.
-            let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-            sock.connect(dst).unwrap();
-            sock.set_nonblocking(true).unwrap();
-            flows.flows.insert(
-                *k,
-                UdpFlow {
-                    id: u64::try_from(i).unwrap(),
-                    socket: UdpSocket::from_std(sock).unwrap(),
-                    opened: now,
-                    last: now,
-                    up: 0,
-                    down: 0,
-                    answered: false,
-                    names: Vec::new(),
-                },
-            );
+            insert_loopback_flow(&mut flows, *k, u64::try_from(i).unwrap(), now);
         }
         flows.set_names(&keys[0], &["kept.example"]);
         flows.set_names(&keys[1], &["gone.example", "other.example"]);

@@ -5,15 +5,21 @@
 //!   the per-SNI leaf cache.
 //! - [`proxy`]: the [`Interceptor`]: rustls on both legs, HTTP/1.1 and
 //!   HTTP/2 proxying with hyper, the Host/SNI check, secret substitution and
-//!   reflection scrubbing.
-//! - [`event`]: what the proxy reports for the audit trail.
+//!   reflection scrubbing; trailers are substituted and scrubbed like heads
+//!   (private module `trailers`).
+//! - [`plain`]: the [`PlainProxy`] for plain-HTTP flows of an enforcing
+//!   gateway: every request's Host checked against the one enforcement
+//!   validated, placeholders reported, nothing substituted; no CA needed.
+//! - [`event`]: what the proxies report for the audit trail.
 #![forbid(unsafe_code)]
 
 pub mod ca;
 pub mod event;
+pub mod plain;
 pub mod proxy;
 mod trailers;
 
 pub use ca::{CaError, CaOptions, SandboxCa};
 pub use event::{AuditOut, HttpEvent};
+pub use plain::{PlainFlow, PlainProxy};
 pub use proxy::{FlowInfo, InterceptError, Interceptor, InterceptorConfig};

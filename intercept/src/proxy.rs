@@ -29,7 +29,7 @@
 //!    - hop-by-hop headers are dropped both ways; `Content-Length` is
 //!      dropped where a body is rewritten (it is re-framed);
 //!    - trailers are substituted (request) and scrubbed (response) like
-//!      heads ([`crate::trailers`]);
+//!      heads (module `trailers`);
 //!    - an HTTP/1.1 `Upgrade` (WebSocket) is forwarded with its headers;
 //!      after `101` the two upgraded streams are spliced byte for byte (no
 //!      substitution inside WebSocket frames);

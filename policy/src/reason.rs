@@ -159,6 +159,11 @@ reasons! {
         HttpConnectDenied = "http_connect_denied",
         /// An inspected request's Host / `:authority` differs from the SNI.
         HostSniMismatch = "host_sni_mismatch",
+        /// A request on a plain-HTTP connection names another host (Host
+        /// header or absolute-form authority, or another port) than the one
+        /// enforcement validated for the connection from its first request:
+        /// answered 421, never forwarded.
+        HostMismatch = "host_mismatch",
         /// The name is allowed, but not on this port.
         PortNotAllowed = "port_not_allowed",
         /// A UDP datagram to a destination no UDP rule allows.

@@ -32,6 +32,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
 
+pub mod bench;
+
 /// Address of the host namespace's end of the veth to the fake internet.
 pub const HOST_VETH_ADDR: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 1);
 /// Address of the fake internet's end of the veth (the host's default route).

@@ -1,22 +1,27 @@
-//! The interception hook: a TLS flow whose ClientHello passed every
-//! enforcement check, and whose SNI the policy inspects (a secret is bound to
-//! it, or an `inspect:` pattern matches it), is handed to the TLS-terminating
-//! proxy ([`sluice_intercept::Interceptor`]) instead of being spliced to a
-//! host socket.
+//! The proxy hand-over. A flow that passed every enforcement check is
+//! handed to a proxy instead of being spliced to a host socket when:
+//! - it is TLS and its SNI is inspected by the policy (a secret is bound to
+//!   it, or an `inspect:` pattern matches it): the TLS-terminating proxy
+//!   ([`sluice_intercept::Interceptor`]);
+//! - it is plain HTTP and a policy is enforced
+//!   ([`crate::decide::Decider::proxies_plain_http`]): the plain-HTTP proxy
+//!   ([`sluice_intercept::PlainProxy`]), which checks every request's Host
+//!   against the one the first request was admitted with and reports
+//!   placeholders (never substituted).
 //!
 //! The flow's host side becomes one end of a `UnixStream` pair
 //! ([`HostStream::Local`]); the proxy task gets the other end. The datapath
-//! pumps bytes exactly as for a spliced flow, so the ClientHello it only
-//! peeked is replayed into the pair and the proxy's rustls reads it first.
-//! The proxy connects upstream itself, to the validated destination only.
-//! Every other flow keeps [`HostStream::Tcp`].
+//! pumps bytes exactly as for a spliced flow, so the first bytes it only
+//! peeked (ClientHello, first request head) are replayed into the pair and
+//! the proxy reads them first. The proxy connects upstream itself, to the
+//! validated destination only. Every other flow keeps [`HostStream::Tcp`].
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use sluice_intercept::{AuditOut, FlowInfo, HttpEvent};
+use sluice_intercept::{AuditOut, FlowInfo, HttpEvent, PlainFlow, PlainProxy};
 use smoltcp::iface::SocketHandle;
 use smoltcp::socket::tcp;
 use tokio::net::{TcpStream, UnixStream};
@@ -91,41 +96,38 @@ impl AuditOut for EventAudit {
 }
 
 impl Datapath {
-    /// Called when inspection allowed flow `id`: hands it to the proxy when
-    /// its SNI is inspected. True when the flow was taken (opened towards
-    /// the proxy, or reset because the hand-over failed); false when it is
-    /// to be spliced as usual.
+    /// Called when inspection allowed flow `id`: hands it to a proxy when
+    /// the decider says so (a TLS flow whose SNI is inspected: the
+    /// interception proxy; a plain-HTTP flow of an enforcing gateway: the
+    /// plain-HTTP proxy). True when the flow was taken (opened towards the
+    /// proxy, or reset because the hand-over failed); false when it is to be
+    /// spliced as usual.
     pub(super) fn try_intercept(&mut self, id: u64, handle: SocketHandle, key: &FlowKey) -> bool {
+        let wire = match self.flows.get(&id) {
+            Some(Flow { wire: Some(w), .. }) => w.clone(),
+            _ => return false,
+        };
+        match wire {
+            WireName::Sni(sni) => self.try_intercept_tls(id, handle, key, sni),
+            WireName::Host(host) => self.try_proxy_plain(id, handle, key, host),
+        }
+    }
+
+    fn try_intercept_tls(
+        &mut self,
+        id: u64,
+        handle: SocketHandle,
+        key: &FlowKey,
+        sni: String,
+    ) -> bool {
         let Some(interceptor) = self.cfg.intercept.clone() else {
             return false;
-        };
-        let sni = match self.flows.get(&id) {
-            Some(Flow {
-                wire: Some(WireName::Sni(sni)),
-                ..
-            }) => sni.clone(),
-            Some(Flow {
-                wire: Some(WireName::Host(host)),
-                ..
-            }) => {
-                let host = host.clone();
-                self.note_plain_http_placeholders(id, handle, key, &host, &interceptor);
-                return false;
-            }
-            _ => return false,
         };
         if !self.decider.intercepts(key, &sni) {
             return false;
         }
-        let (ours, theirs) = match UnixStream::pair() {
-            Ok(p) => p,
-            Err(e) => {
-                // Fail closed: a flow that must be inspected is never spliced.
-                tracing::warn!(error = %e, "interception: no socket pair; flow reset");
-                self.sockets.get_mut::<tcp::Socket<'_>>(handle).abort();
-                self.finish_flow(id, "inspect_failed");
-                return true;
-            }
+        let Some(theirs) = self.hand_over(id, handle) else {
+            return true;
         };
         let flow = FlowInfo {
             id,
@@ -135,50 +137,56 @@ impl Datapath {
         };
         let audit: Arc<dyn AuditOut> = Arc::new(EventAudit(self.events.clone()));
         tokio::spawn(interceptor.serve(theirs, flow, audit));
-        self.open_flow(id, handle, HostStream::Local(ours));
         true
     }
 
-    /// Plain HTTP is never intercepted nor substituted: placeholders in the
-    /// first request head (the bytes inspection read) pass unchanged and are
-    /// logged `secret_host_mismatch`. Later requests on a kept-alive
-    /// connection are not seen.
-    fn note_plain_http_placeholders(
+    /// Plain HTTP under a policy: every request's Host is checked by
+    /// [`PlainProxy`] against `host`, the one the first request was admitted
+    /// with. Never substituted: placeholders of the sandbox's secrets (when
+    /// the interception proxy holds any) are reported, passed unchanged.
+    fn try_proxy_plain(
         &mut self,
         id: u64,
         handle: SocketHandle,
         key: &FlowKey,
-        host: &str,
-        interceptor: &sluice_intercept::Interceptor,
-    ) {
-        let store = interceptor.secrets();
-        let sock = self.sockets.get_mut::<tcp::Socket<'_>>(handle);
-        let names: Vec<String> = match sock.peek(crate::enforce::INSPECT_MAX_BYTES) {
-            Ok(bytes) => store
-                .placeholders_in(bytes)
-                .into_iter()
-                .map(str::to_owned)
-                .collect(),
-            Err(_) => return,
-        };
-        if names.is_empty() {
-            return;
+        host: String,
+    ) -> bool {
+        if !self.decider.proxies_plain_http(key) {
+            return false;
         }
-        let mut event = HttpEvent::new(
-            sluice_policy::audit::Kind::Http,
-            sluice_policy::Reason::SecretHostMismatch,
+        let Some(theirs) = self.hand_over(id, handle) else {
+            return true;
+        };
+        let flow = PlainFlow {
             id,
-            key.src,
-            key.dst,
-            "",
-        );
-        event.sni.clear();
-        event.host = Some(host.to_owned());
-        event.detail = Some(format!(
-            "placeholder of secret(s) {} sent over plain HTTP (never substituted); passed through unchanged",
-            names.join(", ")
-        ));
-        self.on_intercept_event(&event);
+            src: key.src,
+            dst: key.dst,
+            host,
+        };
+        let secrets = self.cfg.intercept.as_ref().map(|i| i.secrets());
+        let audit: Arc<dyn AuditOut> = Arc::new(EventAudit(self.events.clone()));
+        let proxy = PlainProxy::new(self.cfg.connect_timeout);
+        tokio::spawn(proxy.serve(theirs, flow, secrets, audit));
+        true
+    }
+
+    /// Opens flow `id` towards a proxy: one end of a new `UnixStream` pair
+    /// becomes its host side, the other is returned for the proxy. If the
+    /// pair cannot be made the flow is reset and `None` returned: a flow that
+    /// must be proxied is never spliced (fail closed).
+    fn hand_over(&mut self, id: u64, handle: SocketHandle) -> Option<UnixStream> {
+        match UnixStream::pair() {
+            Ok((ours, theirs)) => {
+                self.open_flow(id, handle, HostStream::Local(ours));
+                Some(theirs)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "proxy hand-over: no socket pair; flow reset");
+                self.sockets.get_mut::<tcp::Socket<'_>>(handle).abort();
+                self.finish_flow(id, "inspect_failed");
+                None
+            }
+        }
     }
 
     /// Writes one proxy event as an audit record.

@@ -126,15 +126,8 @@ impl Datapath {
         self.egress();
         for (id, reason) in revoked {
             if let Some(f) = self.flows.get(&id) {
-                let duration_ms = u64::try_from(f.opened.elapsed().as_millis()).unwrap_or(u64::MAX);
                 self.audit.record(&AuditEvent::Revoked {
-                    flow: id,
-                    proto: "tcp",
-                    src: f.key.src,
-                    dst: f.key.dst,
-                    bytes_up: f.up,
-                    bytes_down: f.down,
-                    duration_ms,
+                    totals: f.totals(id),
                     why: reason.as_str(),
                     wire: f.wire.as_ref(),
                 });
@@ -147,13 +140,7 @@ impl Datapath {
         // no connection to reset.
         for (c, reason) in udp_revoked {
             self.audit.record(&AuditEvent::Revoked {
-                flow: c.id,
-                proto: "udp",
-                src: c.key.src,
-                dst: c.key.dst,
-                bytes_up: c.up,
-                bytes_down: c.down,
-                duration_ms: u64::try_from(c.duration.as_millis()).unwrap_or(u64::MAX),
+                totals: c.totals(),
                 why: reason.as_str(),
                 wire: None,
             });

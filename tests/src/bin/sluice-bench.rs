@@ -22,6 +22,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 use serde_json::{Value, json};
+use sluice_e2e::bench::{
+    dns_a_query, guest_bench, iperf, load_average_1min, percentile, table_cell,
+};
 use sluice_e2e::{BANNER_PORT, ECHO_PORT, ORIGIN_ADDR, ORIGIN_NAME, Sidecar, World, bin_path};
 
 /// Command line.
@@ -126,18 +129,6 @@ fn main() -> Result<()> {
     }
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    // Nearest-rank on the sorted sample; p is in [0, 1].
-    let last = sorted.len() - 1;
-    let idx = (0..=last)
-        .find(|&i| i as f64 >= last as f64 * p - 0.5)
-        .unwrap_or(last);
-    sorted[idx]
-}
-
 fn connrate(addr: SocketAddr, count: u32) -> Result<()> {
     let mut lat = Vec::with_capacity(count as usize);
     let mut failed = 0u32;
@@ -168,18 +159,6 @@ fn connrate(addr: SocketAddr, count: u32) -> Result<()> {
     Ok(())
 }
 
-fn dns_query(id: u16, name: &str) -> Vec<u8> {
-    let mut q = Vec::with_capacity(64);
-    q.extend_from_slice(&id.to_be_bytes());
-    q.extend_from_slice(&[0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0]);
-    for label in name.trim_end_matches('.').split('.') {
-        q.push(u8::try_from(label.len()).unwrap_or(63));
-        q.extend_from_slice(label.as_bytes());
-    }
-    q.extend_from_slice(&[0, 0, 1, 0, 1]);
-    q
-}
-
 fn dnsqps(server: SocketAddr, name: &str, count: u32) -> Result<()> {
     let sock = UdpSocket::bind("0.0.0.0:0")?;
     sock.connect(server)?;
@@ -190,7 +169,7 @@ fn dnsqps(server: SocketAddr, name: &str, count: u32) -> Result<()> {
     let start = Instant::now();
     for i in 0..count {
         let id = u16::try_from(i % 65536).unwrap_or(0);
-        sock.send(&dns_query(id, name))?;
+        sock.send(&dns_a_query(id, name))?;
         loop {
             match sock.recv(&mut buf) {
                 Ok(n) if n >= 12 && buf[..2] == id.to_be_bytes() => {
@@ -240,31 +219,6 @@ fn hold(addr: SocketAddr, count: u32) -> Result<()> {
     Ok(())
 }
 
-/// Runs iperf3 in the guest; returns Gbit/s received.
-fn iperf(w: &World, secs: u32, streams: u32, reverse: bool) -> Result<f64> {
-    let out = w.guest_ok(
-        &format!(
-            "iperf3 -c {ORIGIN_ADDR} -t {secs} -P {streams} {} -J",
-            if reverse { "-R" } else { "" }
-        ),
-        secs + 60,
-    )?;
-    let v: Value = serde_json::from_str(&out).context("iperf3 JSON")?;
-    let bps = v["end"]["sum_received"]["bits_per_second"]
-        .as_f64()
-        .context("no sum_received in iperf3 output")?;
-    Ok(bps / 1e9)
-}
-
-fn guest_bench(w: &World, args: &str, secs: u32) -> Result<Value> {
-    let bench = bin_path("sluice-bench")?;
-    let out = w.guest_ok(
-        &format!("ulimit -n 8192 2>/dev/null; {} {args}", bench.display()),
-        secs,
-    )?;
-    serde_json::from_str(out.trim()).with_context(|| format!("bench output {out}"))
-}
-
 fn run(
     s: Sidecar,
     mtu: u32,
@@ -274,7 +228,7 @@ fn run(
     flows: u32,
     sidecar_args: &[String],
 ) -> Result<Value> {
-    let load_start = loadavg();
+    let load_start = load_average_1min();
     let mut b = World::builder().sidecar(s).mtu(mtu).iperf();
     for a in sidecar_args {
         b = b.sidecar_arg(a);
@@ -284,10 +238,10 @@ fn run(
     let rss_idle_kb = w.sidecar().and_then(|p| p.rss_kb());
     // Let iperf3 come up (it was started with the world).
     std::thread::sleep(Duration::from_millis(300));
-    let up1 = iperf(&w, secs, 1, false)?;
-    let up4 = iperf(&w, secs, 4, false)?;
-    let down1 = iperf(&w, secs, 1, true)?;
-    let down4 = iperf(&w, secs, 4, true)?;
+    let up1 = iperf(&w, &ORIGIN_ADDR.to_string(), secs, 1, false)?;
+    let up4 = iperf(&w, &ORIGIN_ADDR.to_string(), secs, 4, false)?;
+    let down1 = iperf(&w, &ORIGIN_ADDR.to_string(), secs, 1, true)?;
+    let down4 = iperf(&w, &ORIGIN_ADDR.to_string(), secs, 4, true)?;
     let cr = guest_bench(
         &w,
         &format!("connrate --addr {ORIGIN_ADDR}:{BANNER_PORT} --count {conns}"),
@@ -349,27 +303,8 @@ fn run(
         "startup_ms": startup_ms,
         "sidecar_args": sidecar_args,
         "load_start": load_start,
-        "load_end": loadavg(),
+        "load_end": load_average_1min(),
     }))
-}
-
-/// The 1-minute load average now (others compile on this machine: every
-/// figure is recorded with it).
-fn loadavg() -> Option<f64> {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()
-}
-
-fn fmt(v: &Value) -> String {
-    match v.as_f64() {
-        Some(x) if x >= 100.0 => format!("{x:.0}"),
-        Some(x) => format!("{x:.2}"),
-        None => "n/a".into(),
-    }
 }
 
 fn table(file: &PathBuf) -> Result<()> {
@@ -423,7 +358,12 @@ fn table(file: &PathBuf) -> Result<()> {
                 (Some(g), Some(p)) if p > 0.0 => format!("{:.2}", g / p),
                 _ => "n/a".into(),
             };
-            line.push_str(&format!(" {} | {} | {} |", fmt(&p), fmt(&g), ratio));
+            line.push_str(&format!(
+                " {} | {} | {} |",
+                table_cell(p.as_f64()),
+                table_cell(g.as_f64()),
+                ratio
+            ));
         }
         println!("{line}");
     }

@@ -3,7 +3,7 @@
 //! Runs the same gateway through the same harness twice, one after the
 //! other: once allowing everything (no `--policy`: the platform deny set only,
 //! no DNS filtering, no inspection) and once with a realistic 1,000-rule
-//! policy ([`rules_policy`]) under which the benchmark's own traffic is
+//! policy (`sluice_e2e::bench::rules_policy`) under which the benchmark's own traffic is
 //! allowed by one of the rules (so the allowed path is measured, with DNS
 //! filtering, table cross-validation and ClientHello / Host inspection). For
 //! each it measures:
@@ -27,7 +27,8 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use clap::Parser;
 use serde_json::{Value, json};
-use sluice_e2e::{BANNER_PORT, ORIGIN_ADDR, ORIGIN_NAME, World, bin_path};
+use sluice_e2e::bench::{guest_bench, iperf, load_average, percentile, rules_policy, table_cell};
+use sluice_e2e::{BANNER_PORT, ORIGIN_ADDR, ORIGIN_NAME, World};
 
 /// Command line.
 #[derive(Parser, Debug)]
@@ -59,10 +60,10 @@ fn main() -> Result<()> {
     if let Some(p) = &a.write_policy {
         std::fs::write(p, &policy)?;
     }
-    let load_before = loadavg();
+    let load_before = load_average();
     let base = run(None, &a).context("allow-all run")?;
     let enforced = run(Some(&policy), &a).context("policy run")?;
-    let load_after = loadavg();
+    let load_after = load_average();
     let all = json!({
         "allow_all": base, "policy": enforced, "rules": a.rules,
         "load_before": load_before, "load_after": load_after,
@@ -71,85 +72,6 @@ fn main() -> Result<()> {
     println!();
     print!("{}", table(&all));
     Ok(())
-}
-
-/// A realistic policy of `n` rules: exact names, `*.` and `**.` wildcards
-/// (some on extra ports), a few CIDR rules and deny rules, in the shapes an
-/// agent sandbox uses (package registries, APIs, CDNs); the benchmark's
-/// origin is one exact rule in the middle.
-fn rules_policy(n: usize) -> String {
-    let mut y = String::from("version: 1\nid: bench-1000\nallow:\n");
-    let tlds = ["com", "net", "org", "io", "dev"];
-    for i in 0..n.saturating_sub(1) {
-        if i == n / 2 {
-            let _ = writeln!(
-                y,
-                "  - domain: \"{ORIGIN_NAME}\"\n    ports: [80, 443, {BANNER_PORT}, 5201]"
-            );
-        }
-        let t = tlds[i % tlds.len()];
-        let _ = match i % 10 {
-            0..=5 => writeln!(y, "  - domain: \"api{i}.service{i}.{t}\""),
-            6 => writeln!(y, "  - domain: \"*.cdn{i}.example{i}.{t}\""),
-            7 => writeln!(
-                y,
-                "  - domain: \"**.registry{i}.{t}\"\n    ports: [443, 80]"
-            ),
-            8 => writeln!(
-                y,
-                "  - domain: \"db{i}.internal{i}.{t}\"\n    ports: [5432, 6379]"
-            ),
-            _ => writeln!(
-                y,
-                "  - cidr: \"100.{}.{}.0/24\"\n    ports: [443]",
-                64 + (i / 250) % 64,
-                i % 250
-            ),
-        };
-    }
-    y.push_str("deny:\n  - \"evil.example.com\"\n  - \"*.tracker.example.net\"\n");
-    y.push_str("internal:\n  - \"198.51.100.0/24\"\n  - \"203.0.113.0/24\"\n");
-    // dnsmasq answers with TTL 0: keep the table entry for the whole run.
-    y.push_str("dns:\n  ttl_min: 3600\n  ttl_max: 3600\n");
-    y
-}
-
-fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_default()
-}
-
-/// Runs `sluice-bench ARGS` in the guest and parses its JSON line.
-fn guest_bench(w: &World, args: &str, secs: u32) -> Result<Value> {
-    let bench = bin_path("sluice-bench")?;
-    let out = w.guest_ok(&format!("{} {args}", bench.display()), secs)?;
-    serde_json::from_str(out.trim()).with_context(|| format!("bench output {out}"))
-}
-
-/// iperf3 from the guest to the origin by name; Gbit/s received.
-fn iperf(w: &World, secs: u32, reverse: bool) -> Result<f64> {
-    let out = w.guest_ok(
-        &format!(
-            "iperf3 -c {ORIGIN_NAME} -t {secs} {} -J",
-            if reverse { "-R" } else { "" }
-        ),
-        secs + 60,
-    )?;
-    let v: Value = serde_json::from_str(&out).context("iperf3 JSON")?;
-    let bps = v["end"]["sum_received"]["bits_per_second"]
-        .as_f64()
-        .context("no sum_received in iperf3 output")?;
-    Ok(bps / 1e9)
-}
-
-/// Nearest-rank percentile of a sorted sample.
-fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
-    let last = sorted.len().checked_sub(1)?;
-    // The first index at or past p of the way through (nearest rank).
-    (0..=last)
-        .find(|&i| i as f64 >= p * last as f64 - 0.5)
-        .and_then(|i| sorted.get(i).copied())
 }
 
 fn run(policy: Option<&str>, a: &Args) -> Result<Value> {
@@ -166,8 +88,8 @@ fn run(policy: Option<&str>, a: &Args) -> Result<Value> {
     w.guest_ok(&format!("dig +short {ORIGIN_NAME}"), 30)?;
     std::thread::sleep(Duration::from_millis(300));
 
-    let up = iperf(&w, a.secs, false)?;
-    let down = iperf(&w, a.secs, true)?;
+    let up = iperf(&w, ORIGIN_NAME, a.secs, 1, false)?;
+    let down = iperf(&w, ORIGIN_NAME, a.secs, 1, true)?;
     let n: u64 = 256 << 20;
     let http = w.guest_ok(
         &format!(
@@ -252,11 +174,6 @@ fn table(all: &Value) -> String {
     for (k, label) in rows {
         let a = all["allow_all"][k].as_f64();
         let p = all["policy"][k].as_f64();
-        let f = |v: Option<f64>| match v {
-            Some(x) if x >= 100.0 => format!("{x:.0}"),
-            Some(x) => format!("{x:.2}"),
-            None => "n/a".into(),
-        };
         let ratio = match (a, p) {
             (Some(a), Some(p)) if a != 0.0 => format!("{:.2}", p / a),
             _ => "n/a".into(),
@@ -265,7 +182,12 @@ fn table(all: &Value) -> String {
             (Some(a), Some(p)) if k.ends_with("_us") => format!("{:+.0} us", p - a),
             _ => String::new(),
         };
-        let _ = writeln!(t, "| {label} | {} | {} | {ratio} | {added} |", f(a), f(p));
+        let _ = writeln!(
+            t,
+            "| {label} | {} | {} | {ratio} | {added} |",
+            table_cell(a),
+            table_cell(p)
+        );
     }
     let _ = writeln!(
         t,
@@ -280,32 +202,4 @@ fn table(all: &Value) -> String {
         all["policy"]["dns_failed"],
     );
     t
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_generated_policy_compiles_with_the_requested_rule_count() {
-        let y = rules_policy(1000);
-        let allow = y.split("deny:").next().unwrap_or_default();
-        assert_eq!(
-            allow.lines().filter(|l| l.starts_with("  - ")).count(),
-            1000
-        );
-        let p = sluice_policy::from_yaml_str(&y, "bench.yaml", &Default::default())
-            .unwrap_or_else(|e| panic!("{e}"));
-        assert!(p.check_name(ORIGIN_NAME).is_allowed());
-        assert!(!p.check_name("evil.example.com").is_allowed());
-        assert!(p.check_name("x.cdn6.example6.net").is_allowed());
-    }
-
-    #[test]
-    fn percentiles_pick_nearest_rank() {
-        let s: Vec<f64> = (1..=100).map(f64::from).collect();
-        assert_eq!(percentile(&s, 0.5), Some(50.0));
-        assert_eq!(percentile(&s, 0.99), Some(99.0));
-        assert_eq!(percentile(&[], 0.5), None);
-    }
 }
