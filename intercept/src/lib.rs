@@ -5,7 +5,8 @@
 //!   the per-SNI leaf cache.
 //! - [`proxy`]: the [`Interceptor`]: rustls on both legs, HTTP/1.1 and
 //!   HTTP/2 proxying with hyper, the Host/SNI check, secret substitution and
-//!   reflection scrubbing.
+//!   reflection scrubbing; trailers are substituted and scrubbed like heads
+//!   (private module `trailers`).
 //! - [`plain`]: the [`PlainProxy`] for plain-HTTP flows of an enforcing
 //!   gateway: every request's Host checked against the one enforcement
 //!   validated, placeholders reported, nothing substituted; no CA needed.
@@ -16,6 +17,7 @@ pub mod ca;
 pub mod event;
 pub mod plain;
 pub mod proxy;
+mod trailers;
 
 pub use ca::{CaError, CaOptions, SandboxCa};
 pub use event::{AuditOut, HttpEvent};

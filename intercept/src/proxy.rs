@@ -28,19 +28,29 @@
 //!      scrubbed and is answered `502` instead (`upstream_error`);
 //!    - hop-by-hop headers are dropped both ways; `Content-Length` is
 //!      dropped where a body is rewritten (it is re-framed);
+//!    - trailers are substituted (request) and scrubbed (response) like
+//!      heads (module `trailers`);
 //!    - an HTTP/1.1 `Upgrade` (WebSocket) is forwarded with its headers;
 //!      after `101` the two upgraded streams are spliced byte for byte (no
-//!      substitution inside WebSocket frames).
+//!      substitution inside WebSocket frames);
+//!    - an HTTP/2 extended CONNECT (RFC 8441, `:protocol`, e.g. WebSocket
+//!      over h2; the guest-facing server advertises
+//!      `SETTINGS_ENABLE_CONNECT_PROTOCOL`) is checked and substituted like
+//!      any request and forwarded as an extended CONNECT on the HTTP/2
+//!      upstream; after a `2xx` the two streams are spliced byte for byte.
+//!      An upstream that does not enable the protocol gets nothing: the
+//!      guest is answered `502` (`upstream_error`). A plain CONNECT (a
+//!      tunnel, no `:protocol`) is refused with `405`
+//!      (`http_connect_denied`) on both HTTP versions.
 //!
-//! Limits: HTTP/2 extended CONNECT (WebSocket over h2) is not proxied (the
-//! guest's h2 SETTINGS do not enable it); ALPN protocols other than `h2` and
-//! `http/1.1` are not offered upstream; response trailers are dropped when
-//! the body is scrubbed.
+//! Limits: ALPN protocols other than `h2` and `http/1.1` are not offered
+//! upstream. Both legs always speak the same HTTP version, so an extended
+//! CONNECT never meets an HTTP/1.1 upstream (it would be answered `502`).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -69,11 +79,17 @@ use tokio_rustls::{LazyConfigAcceptor, TlsConnector};
 
 use crate::ca::{CaError, CaOptions, SandboxCa};
 use crate::event::{AuditOut, HttpEvent};
+use crate::trailers::{TrailerRewrite, TrailerRule};
 
 /// Default bound on the upstream TCP connect.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Bound on the guest's ClientHello and the two TLS handshakes.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long the first extended CONNECT on a connection waits for the HTTP/2
+/// upstream's SETTINGS to enable the protocol (hyper gives no signal when
+/// the peer's SETTINGS arrive; a server sends them first thing, so they are
+/// normally in before the guest's request). Later requests do not wait.
+pub const CONNECT_PROTOCOL_WAIT: Duration = Duration::from_secs(1);
 
 const H2: &[u8] = b"h2";
 const H1: &[u8] = b"http/1.1";
@@ -276,6 +292,7 @@ impl Interceptor {
                     upstream: Upstream::Failed { reason, detail },
                     subst: self.secrets.load().for_host(&flow.sni),
                     audit: audit.clone(),
+                    connect_protocol_settled: AtomicBool::new(false),
                 });
                 serve_guest(conn, guest_tls, alpn.as_deref() == Some(H2)).await;
                 return;
@@ -298,12 +315,17 @@ impl Interceptor {
                 .await
             {
                 Ok((send, conn)) => {
+                    let (tx, connect_protocol) = tokio::sync::watch::channel(false);
                     tokio::spawn(async move {
+                        let conn = WatchConnectProtocol::new(conn, tx);
                         if let Err(e) = conn.await {
                             tracing::debug!(error = %e, "upstream h2 connection ended");
                         }
                     });
-                    Upstream::H2(send)
+                    Upstream::H2 {
+                        send,
+                        connect_protocol,
+                    }
                 }
                 Err(e) => Upstream::Failed {
                     reason: Reason::UpstreamError,
@@ -331,6 +353,7 @@ impl Interceptor {
             flow,
             upstream,
             audit,
+            connect_protocol_settled: AtomicBool::new(false),
         });
         serve_guest(conn, guest_tls, h2).await;
     }
@@ -421,7 +444,11 @@ impl Interceptor {
 /// The upstream leg of one connection.
 enum Upstream {
     H1(tokio::sync::Mutex<client_h1::SendRequest<ProxyBody>>),
-    H2(client_h2::SendRequest<ProxyBody>),
+    H2 {
+        send: client_h2::SendRequest<ProxyBody>,
+        /// Whether the upstream's SETTINGS enable extended CONNECT.
+        connect_protocol: tokio::sync::watch::Receiver<bool>,
+    },
     /// Never connected (or refused): every request gets 502 with this reason.
     Failed {
         reason: Reason,
@@ -440,8 +467,8 @@ impl Upstream {
                     Err(e) => Err(e),
                 }
             }
-            Self::H2(s) => {
-                let mut s = s.clone();
+            Self::H2 { send, .. } => {
+                let mut s = send.clone();
                 match s.ready().await {
                     Ok(()) => s.send_request(req).await,
                     Err(e) => Err(e),
@@ -451,6 +478,92 @@ impl Upstream {
         };
         res.map_err(|e| e.to_string())
     }
+
+    /// Whether an extended CONNECT can be sent upstream: an HTTP/2 upstream
+    /// whose SETTINGS enabled the protocol. The first call on a connection
+    /// waits up to [`CONNECT_PROTOCOL_WAIT`] for those SETTINGS (`settled`
+    /// records that it did). `Err` says why not.
+    async fn extended_connect_ready(&self, settled: &AtomicBool) -> Result<(), &'static str> {
+        let Self::H2 {
+            connect_protocol, ..
+        } = self
+        else {
+            return Err("extended CONNECT cannot be forwarded on an HTTP/1.1 upstream");
+        };
+        let mut rx = connect_protocol.clone();
+        if *rx.borrow() {
+            return Ok(());
+        }
+        if !settled.swap(true, Ordering::Relaxed)
+            && let Ok(Ok(_)) =
+                tokio::time::timeout(CONNECT_PROTOCOL_WAIT, rx.wait_for(|on| *on)).await
+        {
+            return Ok(());
+        }
+        if *rx.borrow() {
+            return Ok(());
+        }
+        Err(
+            "the upstream does not enable extended CONNECT (RFC 8441 SETTINGS_ENABLE_CONNECT_PROTOCOL)",
+        )
+    }
+}
+
+/// Drives the upstream HTTP/2 connection and publishes whether the peer's
+/// SETTINGS enable extended CONNECT. hyper processes frames in a task of
+/// its own and wakes this one only for requests, so the state is re-read
+/// every [`RECHECK`] until it is on or [`CONNECT_PROTOCOL_WAIT`] after the
+/// connection started (servers send SETTINGS first).
+struct WatchConnectProtocol<C> {
+    conn: Pin<Box<C>>,
+    enabled: tokio::sync::watch::Sender<bool>,
+    recheck: Option<Pin<Box<tokio::time::Sleep>>>,
+    until: tokio::time::Instant,
+}
+
+/// Re-read period of [`WatchConnectProtocol`].
+const RECHECK: Duration = Duration::from_millis(10);
+
+impl<C> WatchConnectProtocol<C> {
+    fn new(conn: C, enabled: tokio::sync::watch::Sender<bool>) -> Self {
+        Self {
+            conn: Box::pin(conn),
+            enabled,
+            recheck: None,
+            until: tokio::time::Instant::now() + CONNECT_PROTOCOL_WAIT,
+        }
+    }
+}
+
+impl<T> Future for WatchConnectProtocol<client_h2::Connection<T, ProxyBody, TokioExecutor>>
+where
+    T: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    type Output = hyper::Result<()>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        let res = this.conn.as_mut().poll(cx);
+        let on = this.conn.is_extended_connect_protocol_enabled();
+        this.enabled
+            .send_if_modified(|v| std::mem::replace(v, on) != on);
+        if res.is_ready() {
+            return res;
+        }
+        let now = tokio::time::Instant::now();
+        if on || now >= this.until {
+            this.recheck = None;
+            return Poll::Pending;
+        }
+        let sleep = this
+            .recheck
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(RECHECK)));
+        if sleep.as_mut().poll(cx).is_ready() {
+            sleep.as_mut().reset(now + RECHECK);
+            cx.waker().wake_by_ref();
+        }
+        Poll::Pending
+    }
 }
 
 /// Per-connection state shared by its requests.
@@ -459,6 +572,8 @@ struct Conn {
     upstream: Upstream,
     subst: HostSubstituter,
     audit: Arc<dyn AuditOut>,
+    /// An extended CONNECT already waited for the upstream's SETTINGS.
+    connect_protocol_settled: AtomicBool,
 }
 
 async fn serve_guest<S>(conn: Arc<Conn>, guest: S, h2: bool)
@@ -472,6 +587,7 @@ where
     let io = TokioIo::new(guest);
     let res = if h2 {
         hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+            .enable_connect_protocol()
             .serve_connection(io, svc)
             .await
     } else {
@@ -564,7 +680,6 @@ fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
     for n in [
         header::CONNECTION,
         header::TE,
-        header::TRAILER,
         header::TRANSFER_ENCODING,
         header::PROXY_AUTHENTICATE,
         header::PROXY_AUTHORIZATION,
@@ -579,6 +694,37 @@ fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
     if upgrade {
         headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
     }
+}
+
+/// `TE` names `trailers` (the client accepts trailer fields).
+fn wants_trailers(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::TE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| {
+            t.split(';')
+                .next()
+                .is_some_and(|t| t.trim().eq_ignore_ascii_case("trailers"))
+        })
+}
+
+/// `secrets` plus the secrets request trailers substituted (header
+/// location), each once.
+fn merged_secrets(
+    secrets: &[(String, SecretLocation)],
+    trailer_subs: &Mutex<Substitutions>,
+) -> Vec<(String, SecretLocation)> {
+    let mut out = secrets.to_vec();
+    if let Ok(t) = trailer_subs.lock() {
+        for u in &t.used {
+            if !out.contains(u) {
+                out.push(u.clone());
+            }
+        }
+    }
+    out
 }
 
 fn wants_upgrade(headers: &HeaderMap) -> bool {
@@ -600,6 +746,9 @@ struct Finish {
     up: Arc<AtomicU64>,
     down: Arc<AtomicU64>,
     body_secrets: Arc<Mutex<Vec<String>>>,
+    /// What request trailers substituted and carried (filled when the
+    /// request body ended; empty if it had not ended by then).
+    trailer_subs: Arc<Mutex<Substitutions>>,
 }
 
 impl Drop for Finish {
@@ -620,6 +769,20 @@ impl Drop for Finish {
                     }
                 }
             }
+            e.secrets = merged_secrets(&e.secrets, &self.trailer_subs);
+            if let Ok(t) = self.trailer_subs.lock()
+                && !t.mismatched.is_empty()
+            {
+                let mut m = e.clone();
+                m.reason = Reason::SecretHostMismatch;
+                m.secrets.clear();
+                m.detail = Some(format!(
+                    "placeholder of secret(s) {} in request trailers to {}, which they are not bound to; passed through unchanged",
+                    t.mismatched.join(", "),
+                    e.sni
+                ));
+                self.audit.record(m);
+            }
             self.audit.record(e);
         }
     }
@@ -636,8 +799,6 @@ struct Tapped<B> {
     used: Option<Arc<Mutex<Vec<String>>>>,
     /// Trailers held back while the replacer's tail is sent.
     trailers: Option<HeaderMap>,
-    /// Drop trailers (they cannot be scrubbed here).
-    drop_trailers: bool,
     /// Request bodies: placeholders passed through unchanged, scanned as
     /// the guest sent them and reported when the body ends.
     passed: Option<PassedThrough>,
@@ -653,7 +814,6 @@ impl<B> Tapped<B> {
             count,
             used: None,
             trailers: None,
-            drop_trailers: false,
             passed: None,
             done: false,
             _finish: None,
@@ -732,9 +892,7 @@ where
                     Err(frame) => {
                         this.done = true;
                         this.ended();
-                        if let Ok(t) = frame.into_trailers()
-                            && !this.drop_trailers
-                        {
+                        if let Ok(t) = frame.into_trailers() {
                             this.trailers = Some(t);
                         }
                         if let Some(tail) = this.finish_replacer() {
@@ -799,10 +957,43 @@ async fn handle(conn: Arc<Conn>, mut req: Request<Incoming>) -> Response<ProxyBo
         return reply_now(event, *reason, StatusCode::BAD_GATEWAY, detail);
     }
 
-    let upgrade = req.version() < http::Version::HTTP_2 && wants_upgrade(req.headers());
-    let guest_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
+    // CONNECT: only the extended form (HTTP/2 `:protocol`, RFC 8441) is
+    // proxied; a tunnel to wherever the upstream would take it is not.
+    let protocol = req.extensions().get::<hyper::ext::Protocol>().cloned();
+    let ext_connect = req.method() == Method::CONNECT && protocol.is_some();
+    if req.method() == Method::CONNECT && !ext_connect {
+        return reply_now(
+            event,
+            Reason::HttpConnectDenied,
+            StatusCode::METHOD_NOT_ALLOWED,
+            "CONNECT tunnels are not proxied on an inspected connection",
+        );
+    }
+    if let Some(p) = &protocol {
+        let p: String = p.as_str().chars().take(64).collect();
+        event.detail = Some(format!("extended CONNECT, protocol {p}"));
+        if let Err(why) = conn
+            .upstream
+            .extended_connect_ready(&conn.connect_protocol_settled)
+            .await
+        {
+            event.detail = Some(why.to_owned());
+            return reply_now(event, Reason::UpstreamError, StatusCode::BAD_GATEWAY, why);
+        }
+    }
+
+    let h1_upgrade = req.version() < http::Version::HTTP_2 && wants_upgrade(req.headers());
+    let guest_upgrade = (h1_upgrade || ext_connect).then(|| hyper::upgrade::on(&mut req));
+    let te_trailers = wants_trailers(req.headers());
     let (mut parts, body) = req.into_parts();
-    strip_hop_by_hop(&mut parts.headers, upgrade);
+    strip_hop_by_hop(&mut parts.headers, h1_upgrade);
+    if te_trailers {
+        // The one TE an end-to-end client needs passed on: without it an
+        // HTTP/1.1 origin sends no trailers.
+        parts
+            .headers
+            .insert(header::TE, HeaderValue::from_static("trailers"));
+    }
     // `Expect: 100-continue` was answered by this leg's server when the body
     // was first read; upstream gets the body without waiting.
     parts.headers.remove(header::EXPECT);
@@ -834,11 +1025,25 @@ async fn handle(conn: Arc<Conn>, mut req: Request<Incoming>) -> Response<ProxyBo
     if replacer.is_some() {
         parts.headers.remove(header::CONTENT_LENGTH);
     }
+    let trailer_subs = Arc::new(Mutex::new(Substitutions::default()));
+    let body = TrailerRewrite::new(
+        body,
+        TrailerRule::Substitute {
+            subst: conn.subst.clone(),
+            seen: trailer_subs.clone(),
+        },
+    );
     let mut req_body = Tapped::new(body, replacer, up.clone());
     req_body.used = Some(body_secrets.clone());
     req_body.passed = passed;
     let head_only = parts.method == Method::HEAD;
-    let upstream_req = Request::from_parts(parts, req_body.boxed_unsync());
+    let upstream_req = if ext_connect {
+        // No request body on a CONNECT: the stream itself is the payload
+        // once the upstream accepts.
+        Request::from_parts(parts, empty())
+    } else {
+        Request::from_parts(parts, req_body.boxed_unsync())
+    };
 
     let resp = match conn.upstream.send(upstream_req).await {
         Ok(r) => r,
@@ -855,7 +1060,12 @@ async fn handle(conn: Arc<Conn>, mut req: Request<Incoming>) -> Response<ProxyBo
     let (mut rparts, rbody) = resp.into_parts();
     let status = rparts.status;
 
-    if status == StatusCode::SWITCHING_PROTOCOLS {
+    let switched = if ext_connect {
+        status.is_success()
+    } else {
+        status == StatusCode::SWITCHING_PROTOCOLS
+    };
+    if switched {
         let Some(guest_upgrade) = guest_upgrade else {
             return reply_now(
                 event,
@@ -867,7 +1077,9 @@ async fn handle(conn: Arc<Conn>, mut req: Request<Incoming>) -> Response<ProxyBo
         let mut resp = Response::from_parts(rparts, rbody);
         let upstream_upgrade = hyper::upgrade::on(&mut resp);
         let (mut rparts, _) = resp.into_parts();
-        strip_hop_by_hop(&mut rparts.headers, true);
+        strip_hop_by_hop(&mut rparts.headers, h1_upgrade);
+        // A 2xx to CONNECT carries no body and no length.
+        rparts.headers.remove(header::CONTENT_LENGTH);
         conn.subst.response_head(&subs, &mut rparts);
         event.status = Some(status.as_u16());
         let audit = conn.audit.clone();
@@ -922,9 +1134,14 @@ async fn handle(conn: Arc<Conn>, mut req: Request<Incoming>) -> Response<ProxyBo
     }
     event.status = Some(status.as_u16());
     let down = Arc::new(AtomicU64::new(0));
-    let scrubbing = replacer.is_some();
+    let rbody = TrailerRewrite::new(
+        rbody,
+        TrailerRule::Scrub {
+            subst: conn.subst.clone(),
+            request: subs,
+        },
+    );
     let mut body = Tapped::new(rbody, replacer, down.clone());
-    body.drop_trailers = scrubbing;
     body._finish = Some(Finish {
         audit: conn.audit.clone(),
         event: Some(event),
@@ -932,6 +1149,7 @@ async fn handle(conn: Arc<Conn>, mut req: Request<Incoming>) -> Response<ProxyBo
         up,
         down,
         body_secrets,
+        trailer_subs,
     });
     Response::from_parts(rparts, body.boxed_unsync())
 }
@@ -1252,6 +1470,49 @@ mod tests {
             Some("api.example.com")
         );
         assert_eq!(normalise_authority("", 443), None);
+    }
+
+    #[test]
+    fn te_trailers_is_recognised() {
+        let mut h = HeaderMap::new();
+        h.insert(header::TE, HeaderValue::from_static("gzip, Trailers;q=1"));
+        assert!(wants_trailers(&h));
+        h.insert(header::TE, HeaderValue::from_static("gzip"));
+        assert!(!wants_trailers(&h));
+        assert!(!wants_trailers(&HeaderMap::new()));
+    }
+
+    /// A scrubbed response body keeps its trailers (scrubbed too), sent
+    /// after the replacer's held-back tail.
+    #[tokio::test]
+    async fn scrubbed_body_keeps_scrubbed_trailers() {
+        let store = crate::trailers::test_store();
+        let sub = store.for_host("api.example.com");
+        let subs = Substitutions::default();
+        let mut t = HeaderMap::new();
+        t.insert("x-echo", HeaderValue::from_static("real-hdr-value"));
+        let frames = crate::trailers::Frames(
+            [
+                Frame::data(Bytes::from_static(b"a real-hdr")),
+                Frame::data(Bytes::from_static(b"-value b real-")),
+                Frame::trailers(t),
+            ]
+            .into(),
+        );
+        let body = TrailerRewrite::new(
+            frames,
+            TrailerRule::Scrub {
+                subst: sub.clone(),
+                request: subs.clone(),
+            },
+        );
+        let count = Arc::new(AtomicU64::new(0));
+        let tapped = Tapped::new(body, sub.response_body(&subs), count.clone());
+        let got = tapped.collect().await.unwrap();
+        let trailers = got.trailers().cloned().unwrap();
+        assert_eq!(trailers["x-echo"], "PH-hdr-secret");
+        assert_eq!(&got.to_bytes()[..], b"a PH-hdr-secret b real-");
+        assert_eq!(count.load(Ordering::Relaxed), 23);
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! End-to-end secret injection (issue 5): the gateway terminates TLS for the
 //! hosts the policy inspects, substitutes placeholders for real values on the
-//! way out and scrubs them from responses. Real curl (OpenSSL) and
-//! `sluice-tls-probe` (rustls, for multi-authority HTTP/2 and WebSocket) in
+//! way out and scrubs them from responses. Real curl (OpenSSL),
+//! `sluice-tls-probe` (rustls, for multi-authority HTTP/2 and WebSocket) and
+//! `sluice-h2ws-probe` (WebSocket over HTTP/2, trailers) in
 //! the guest namespace, trusting only the sandbox CA the gateway wrote with
 //! `--ca-out`; the fake internet's origin logs what it really received and
 //! is trusted by the gateway through `--upstream-ca`.
@@ -19,9 +20,14 @@ const TOK_PLACEHOLDER: &str = "sk-sluice-placeholder-tok1";
 const TOK_VALUE: &str = "REAL-tok-value-0123456789";
 const BOD_PLACEHOLDER: &str = "sk-sluice-placeholder-body";
 const BOD_VALUE: &str = "REAL-body-value-9876543210";
+/// An inspected name whose origin connection does not enable HTTP/2
+/// extended CONNECT (the origin's `noconnect.` convention); same address as
+/// [`ORIGIN2_NAME`].
+const NOCONNECT_NAME: &str = "noconnect.test";
 
 /// `origin.test` has two secrets (`tok`: headers only; `bod`: headers and
-/// body); `other.test` is inspected but has none. Both allowed on 80/443.
+/// body); `other.test` and `noconnect.test` are inspected but have none. All
+/// allowed on 80/443.
 fn policy(secret_dir: &Path) -> String {
     let d = secret_dir.display();
     format!(
@@ -29,13 +35,14 @@ fn policy(secret_dir: &Path) -> String {
 version: 1
 id: e2e-secrets
 allow:
-  - domains: ["{ORIGIN_NAME}", "{ORIGIN2_NAME}"]
+  - domains: ["{ORIGIN_NAME}", "{ORIGIN2_NAME}", "{NOCONNECT_NAME}"]
     ports: [80, 443]
 internal:
   - "198.51.100.0/24"
   - "203.0.113.0/24"
 inspect:
   - "{ORIGIN2_NAME}"
+  - "{NOCONNECT_NAME}"
 secrets:
   - name: tok
     placeholder: {TOK_PLACEHOLDER}
@@ -57,6 +64,7 @@ fn world(trust_origin: bool) -> Result<(World, TempDir)> {
     std::fs::write(secrets.path().join("tok"), format!("{TOK_VALUE}\n"))?;
     std::fs::write(secrets.path().join("bod"), BOD_VALUE)?;
     let mut b = World::builder()
+        .dns_record(NOCONNECT_NAME, sluice_e2e::ORIGIN2_ADDR)
         .policy(&policy(secrets.path()))
         .sidecar_arg("--ca-out")
         .sidecar_arg("{dir}/sandbox-ca.pem");
@@ -505,5 +513,151 @@ fn rotated_secret_is_used_after_reload() -> Result<()> {
         header(&got[0], "authorization") == Some(format!("Bearer {rotated}").as_str()),
         "after reload: {got:?}"
     );
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs root: run via scripts/test"]
+fn websocket_over_http2_is_substituted_and_spliced() -> Result<()> {
+    let (w, _secrets) = world(true)?;
+    let ca = sandbox_ca(&w);
+    let probe = bin_path("sluice-h2ws-probe")?;
+    let msg = "h2-websocket-through-sluice";
+
+    // Extended CONNECT with a placeholder in its headers: the origin gets
+    // the real value, then the stream echoes byte for byte.
+    let out = w.guest_ok(
+        &format!(
+            "{} --connect {ORIGIN_NAME}:443 --cacert {} --alpn h2 --header 'authorization: Bearer {TOK_PLACEHOLDER}' --websocket {msg}",
+            probe.display(),
+            ca.display()
+        ),
+        60,
+    )?;
+    ensure!(
+        out.contains("CONNECT_PROTOCOL on") && out.contains("STATUS 200"),
+        "{out}"
+    );
+    ensure!(out.contains(&format!("WS {msg}\n")), "no echo: {out}");
+    let got = origin_got(&w, "/ws");
+    ensure!(got.len() == 1, "origin log: {got:?}");
+    ensure!(
+        got[0]["method"] == "CONNECT"
+            && got[0]["protocol"] == "websocket"
+            && got[0]["version"] == "HTTP/2.0",
+        "{got:?}"
+    );
+    ensure!(
+        header(&got[0], "authorization") == Some(format!("Bearer {TOK_VALUE}").as_str()),
+        "origin got {:?}",
+        header(&got[0], "authorization")
+    );
+    // One `http` record when the splice ends, with the byte counts.
+    let rec = wait_audit(&w, "extended CONNECT record", |r| {
+        r["kind"] == "http" && r["path"] == "/ws" && r["method"] == "CONNECT"
+    })?;
+    ensure!(
+        rec["status"] == 200 && rec["decision"] == "allow" && rec["sni"] == ORIGIN_NAME,
+        "{rec}"
+    );
+    ensure!(
+        rec["secrets"] == serde_json::json!([{"name": "tok", "location": "header"}]),
+        "{rec}"
+    );
+    ensure!(
+        rec["bytes_up"] == msg.len() && rec["bytes_down"] == msg.len(),
+        "{rec}"
+    );
+
+    // An upstream whose SETTINGS do not enable extended CONNECT: the guest
+    // gets 502, nothing reaches the origin, the audit says why.
+    let before = origin_got(&w, "/ws").len();
+    let out = w.guest_ok(
+        &format!(
+            "{} --connect {NOCONNECT_NAME}:443 --cacert {} --alpn h2 --websocket never-sent",
+            probe.display(),
+            ca.display()
+        ),
+        60,
+    )?;
+    ensure!(out.contains("STATUS 502"), "{out}");
+    ensure!(!out.contains("WS "), "{out}");
+    ensure!(origin_got(&w, "/ws").len() == before, "reached the origin");
+    let rec = wait_audit(&w, "no extended CONNECT upstream", |r| {
+        r["kind"] == "http" && r["sni"] == NOCONNECT_NAME && r["method"] == "CONNECT"
+    })?;
+    ensure!(
+        rec["status"] == 502
+            && rec["reason"] == "upstream_error"
+            && rec["detail"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("extended CONNECT"),
+        "{rec}"
+    );
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs root: run via scripts/test"]
+fn trailers_are_substituted_and_scrubbed() -> Result<()> {
+    let (w, _secrets) = world(true)?;
+    let ca = sandbox_ca(&w);
+    let probe = bin_path("sluice-h2ws-probe")?;
+    for (alpn, path) in [("h2", "/trailers/h2"), ("http/1.1", "/trailers/h1")] {
+        // The origin reflects the Authorization header and each request
+        // trailer into response trailers.
+        let out = w.guest_ok(
+            &format!(
+                "{} --connect {ORIGIN_NAME}:443 --cacert {} --alpn {alpn} --path {path} --header 'authorization: Bearer {TOK_PLACEHOLDER}' --trailer 'x-sig: {TOK_PLACEHOLDER}' --trailer 'x-bod: {BOD_PLACEHOLDER}'",
+                probe.display(),
+                ca.display()
+            ),
+            60,
+        )?;
+        ensure!(out.contains("STATUS 200"), "{alpn}: {out}");
+        ensure!(
+            !out.contains(TOK_VALUE) && !out.contains(BOD_VALUE),
+            "{alpn}: the guest saw a real value: {out}"
+        );
+        // Response trailers arrive, scrubbed back to the placeholders.
+        for want in [
+            format!("TRAILER x-echo-authorization: Bearer {TOK_PLACEHOLDER}"),
+            format!("TRAILER x-echo-x-sig: {TOK_PLACEHOLDER}"),
+            format!("TRAILER x-echo-x-bod: {BOD_PLACEHOLDER}"),
+        ] {
+            ensure!(out.contains(&want), "{alpn}: want {want:?} in {out}");
+        }
+        // Request trailers: substituted where headers are allowed (both
+        // secrets allow them).
+        let got = origin_got(&w, path);
+        ensure!(got.len() == 1, "{alpn}: origin log {got:?}");
+        let trailer = |name: &str| {
+            got[0]["trailers"]
+                .as_array()
+                .and_then(|a| a.iter().find(|t| t[0] == name))
+                .and_then(|t| t[1].as_str())
+                .map(str::to_owned)
+        };
+        ensure!(
+            trailer("x-sig").as_deref() == Some(TOK_VALUE),
+            "{alpn}: origin got trailers {:?}",
+            got[0]["trailers"]
+        );
+        ensure!(
+            trailer("x-bod").as_deref() == Some(BOD_VALUE),
+            "{alpn}: origin got trailers {:?}",
+            got[0]["trailers"]
+        );
+        let rec = wait_audit(&w, "trailers record", |r| {
+            r["kind"] == "http" && r["path"] == path
+        })?;
+        ensure!(rec["status"] == 200, "{rec}");
+        let names: Vec<&str> = rec["secrets"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|s| s["name"].as_str()).collect())
+            .unwrap_or_default();
+        ensure!(names == ["tok", "bod"], "{alpn}: {rec}");
+    }
     Ok(())
 }

@@ -12,6 +12,16 @@
 //!   Protocols` (`Upgrade: websocket`), then every byte received is echoed
 //!   back raw (no WebSocket framing: enough to prove a proxy splices the
 //!   upgraded stream) until the client closes;
+//! - `CONNECT /ws` with `:protocol` (HTTP/2 extended CONNECT, RFC 8441):
+//!   `200`, then the same raw echo on the stream. Every HTTP/2 connection
+//!   advertises `SETTINGS_ENABLE_CONNECT_PROTOCOL`, except TLS connections
+//!   whose SNI starts with `noconnect.` (an upstream without RFC 8441 for
+//!   the tests);
+//! - `ANY /trailers...`: reads the request (body and trailers) and answers
+//!   `trailers follow\n` with response trailers (declared in `Trailer`,
+//!   sent on HTTP/1.1 when the request had `TE: trailers`):
+//!   `x-echo-authorization` = the request's `Authorization` and
+//!   `x-echo-<name>` = each request trailer's value, i.e. a reflection;
 //! - anything else: `hello from sluice-test-origin\n`.
 //!
 //! TLS uses rustls with the ring provider and a certificate chain made per run
@@ -19,8 +29,8 @@
 //! one leaf for every `--name` (DNS names and IP literals).
 //!
 //! Every HTTP request is logged as one JSON line to `--log` (method, path,
-//! version, headers, body length, listener, tls): tests assert on what really
-//! reached the origin. `--echo ADDR` listeners echo TCP bytes back and
+//! version, headers, request trailers, `:protocol`, body length, listener,
+//! tls): tests assert on what really reached the origin. `--echo ADDR` listeners echo TCP bytes back and
 //! half-close after the client does; `--banner ADDR` listeners write one
 //! byte and close. When every listener is bound the origin
 //! writes `--ready` (an empty file).
@@ -179,10 +189,15 @@ async fn serve_http(l: TcpListener, tls: Option<TlsAcceptor>, log: Log) {
             let is_tls = tls.is_some();
             let svc =
                 hyper::service::service_fn(move |req| handle(req, local, is_tls, log.clone()));
-            let builder = auto::Builder::new(TokioExecutor::new());
+            let mut builder = auto::Builder::new(TokioExecutor::new());
+            builder.http2().enable_connect_protocol();
             let res = match tls {
                 Some(acc) => match acc.accept(stream).await {
                     Ok(s) => {
+                        let sni = s.get_ref().1.server_name().unwrap_or_default();
+                        if sni.starts_with("noconnect.") {
+                            builder = auto::Builder::new(TokioExecutor::new());
+                        }
                         builder
                             .serve_connection_with_upgrades(TokioIo::new(s), svc)
                             .await
@@ -231,23 +246,54 @@ async fn handle(
         })
         .collect();
     let authority = req.uri().authority().map(|a| a.to_string());
-    let upgrade_ws = path == "/ws" && req.headers().contains_key(hyper::header::UPGRADE);
+    let protocol = req
+        .extensions()
+        .get::<hyper::ext::Protocol>()
+        .map(|p| p.as_str().to_owned());
+    // HTTP/2 extended CONNECT answers 200, HTTP/1.1 Upgrade 101.
+    let h2_ws = path == "/ws" && req.method() == hyper::Method::CONNECT && protocol.is_some();
+    let upgrade_ws = h2_ws || (path == "/ws" && req.headers().contains_key(hyper::header::UPGRADE));
     let on_upgrade = upgrade_ws.then(|| hyper::upgrade::on(&mut req));
+    let authorization = req
+        .headers()
+        .get(hyper::header::AUTHORIZATION)
+        .map(|v| v.as_bytes().to_vec());
+    let te_trailers = req
+        .headers()
+        .get(hyper::header::TE)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"trailers"));
 
     let mut body = req.into_body();
     let mut hasher = Sha256::new();
     let mut len: u64 = 0;
     let mut kept = Vec::new();
+    let mut trailers = hyper::HeaderMap::new();
     while let Some(frame) = body.frame().await {
         let Ok(frame) = frame else { break };
-        if let Ok(data) = frame.into_data() {
-            hasher.update(&data);
-            len += data.len() as u64;
-            if kept.len() < 1 << 20 {
-                kept.extend_from_slice(&data);
+        match frame.into_data() {
+            Ok(data) => {
+                hasher.update(&data);
+                len += data.len() as u64;
+                if kept.len() < 1 << 20 {
+                    kept.extend_from_slice(&data);
+                }
+            }
+            Err(frame) => {
+                if let Ok(t) = frame.into_trailers() {
+                    trailers.extend(t);
+                }
             }
         }
     }
+    let trailer_list: Vec<(String, String)> = trailers
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.to_string(),
+                String::from_utf8_lossy(v.as_bytes()).into_owned(),
+            )
+        })
+        .collect();
 
     let line = serde_json::json!({
         "listener": local.map(|a| a.to_string()),
@@ -257,6 +303,8 @@ async fn handle(
         "authority": authority,
         "version": version,
         "headers": headers,
+        "trailers": trailer_list,
+        "protocol": protocol,
         "body_len": len,
     });
     if let Ok(mut g) = log.lock()
@@ -284,16 +332,20 @@ async fn handle(
             }
         });
         let mut r = Response::new(Full::new(Bytes::new()).boxed());
-        *r.status_mut() = hyper::StatusCode::SWITCHING_PROTOCOLS;
-        r.headers_mut().insert(
-            hyper::header::UPGRADE,
-            hyper::header::HeaderValue::from_static("websocket"),
-        );
-        r.headers_mut().insert(
-            hyper::header::CONNECTION,
-            hyper::header::HeaderValue::from_static("upgrade"),
-        );
+        if !h2_ws {
+            *r.status_mut() = hyper::StatusCode::SWITCHING_PROTOCOLS;
+            r.headers_mut().insert(
+                hyper::header::UPGRADE,
+                hyper::header::HeaderValue::from_static("websocket"),
+            );
+            r.headers_mut().insert(
+                hyper::header::CONNECTION,
+                hyper::header::HeaderValue::from_static("upgrade"),
+            );
+        }
         r
+    } else if path.starts_with("/trailers") {
+        trailers_response(authorization, &trailers, te_trailers)
     } else if let Some(n) = path.strip_prefix("/bytes/") {
         match n.parse::<u64>() {
             Ok(n) => Response::new(PatternBody { pos: 0, len: n }.boxed()),
@@ -317,6 +369,72 @@ async fn handle(
         text("hello from sluice-test-origin\n".to_string())
     };
     Ok(resp)
+}
+
+/// `trailers follow\n`, then trailers reflecting the request's
+/// `Authorization` and trailers (see the module docs).
+fn trailers_response(
+    authorization: Option<Vec<u8>>,
+    request_trailers: &hyper::HeaderMap,
+    te_trailers: bool,
+) -> Resp {
+    use hyper::header::{HeaderName, HeaderValue};
+    let mut out = hyper::HeaderMap::new();
+    if let Some(a) = authorization
+        && let Ok(v) = HeaderValue::from_bytes(&a)
+    {
+        out.insert("x-echo-authorization", v);
+    }
+    for (k, v) in request_trailers {
+        if let Ok(n) = HeaderName::try_from(format!("x-echo-{k}")) {
+            out.append(n, v.clone());
+        }
+    }
+    let declared: Vec<&str> = out.keys().map(|k| k.as_str()).collect();
+    let declared = declared.join(", ");
+    let mut r = Response::new(
+        TrailerBody {
+            data: Some(Bytes::from_static(b"trailers follow\n")),
+            trailers: Some(out),
+        }
+        .boxed(),
+    );
+    if let Ok(v) = HeaderValue::from_str(&declared)
+        && !declared.is_empty()
+    {
+        r.headers_mut().insert(hyper::header::TRAILER, v);
+    }
+    r.headers_mut().insert(
+        "x-te-trailers",
+        HeaderValue::from_static(if te_trailers { "yes" } else { "no" }),
+    );
+    r
+}
+
+/// One data frame, then trailers; no exact length (so HTTP/1.1 is chunked
+/// and can carry the trailers).
+struct TrailerBody {
+    data: Option<Bytes>,
+    trailers: Option<hyper::HeaderMap>,
+}
+
+impl Body for TrailerBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut TaskContext<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        if let Some(d) = self.data.take() {
+            return Poll::Ready(Some(Ok(Frame::data(d))));
+        }
+        Poll::Ready(self.trailers.take().map(|t| Ok(Frame::trailers(t))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.data.is_none() && self.trailers.is_none()
+    }
 }
 
 /// A streamed body of `len` pattern bytes.
