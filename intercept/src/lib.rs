@@ -15,6 +15,7 @@
 
 pub mod ca;
 pub mod event;
+mod hop;
 pub mod plain;
 pub mod proxy;
 mod trailers;

@@ -52,8 +52,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use crate::hop::authority_host;
 use bytes::Bytes;
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Uri};
 use http_body_util::BodyExt as _;
 use http_body_util::combinators::UnsyncBoxBody;
@@ -282,28 +283,6 @@ fn normalise_host(host: &str) -> String {
     host.trim().trim_end_matches('.').to_ascii_lowercase()
 }
 
-/// `value` (a Host header or an absolute target's authority) as a host name
-/// when it names a host on `port`: lower case, trailing dot ignored, `:port`
-/// removed when it is `port`. `None` when it names another port, is an IPv6
-/// literal or is empty.
-fn authority_host(value: &str, port: u16) -> Option<String> {
-    let value = value.trim();
-    if value.starts_with('[') {
-        return None;
-    }
-    let (host, p) = match value.rsplit_once(':') {
-        Some((h, p)) => (h, Some(p)),
-        None => (value, None),
-    };
-    if let Some(p) = p
-        && p.parse::<u16>().ok() != Some(port)
-    {
-        return None;
-    }
-    let host = normalise_host(host);
-    (!host.is_empty()).then_some(host)
-}
-
 /// Checks the request's authority against the validated host: `Ok` with the
 /// Host as sent, or the refusal (and the Host as sent, if any).
 fn check_host(
@@ -364,40 +343,11 @@ fn check_host(
     Ok(sent_text)
 }
 
-/// Removes hop-by-hop headers (and those `Connection` names). With
-/// `upgrade`, `Connection: upgrade` and `Upgrade` are kept.
+/// Removes hop-by-hop headers ([`crate::hop::strip_hop_by_hop`]) and
+/// `Trailer`: plain HTTP carries no trailers.
 fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
-        .collect();
-    for n in named {
-        if !(upgrade && n == header::UPGRADE) {
-            headers.remove(n);
-        }
-    }
-    for n in [
-        header::CONNECTION,
-        header::TE,
-        header::TRAILER,
-        header::TRANSFER_ENCODING,
-        header::PROXY_AUTHENTICATE,
-        header::PROXY_AUTHORIZATION,
-    ] {
-        headers.remove(n);
-    }
-    if !upgrade {
-        headers.remove(header::UPGRADE);
-    }
-    headers.remove("keep-alive");
-    headers.remove("proxy-connection");
-    headers.remove("http2-settings");
-    if upgrade {
-        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-    }
+    crate::hop::strip_hop_by_hop(headers, upgrade);
+    headers.remove(header::TRAILER);
 }
 
 /// Whether the request asks for a WebSocket upgrade (`Connection: upgrade`

@@ -55,9 +55,10 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use crate::hop::{authority_host, strip_hop_by_hop};
 use arc_swap::ArcSwap;
 use bytes::Bytes;
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::BodyExt as _;
 use http_body_util::combinators::UnsyncBoxBody;
@@ -620,27 +621,6 @@ fn text_response(status: StatusCode, text: &str) -> Response<ProxyBody> {
     resp
 }
 
-/// Lower case, no trailing dot; `:port` removed when it is `port`. `None`
-/// when the value is not a host name (or names another port).
-fn normalise_authority(value: &str, port: u16) -> Option<String> {
-    let value = value.trim();
-    if value.starts_with('[') {
-        // An IPv6 literal is never a server name.
-        return None;
-    }
-    let (host, p) = match value.rsplit_once(':') {
-        Some((h, p)) => (h, Some(p)),
-        None => (value, None),
-    };
-    if let Some(p) = p
-        && p.parse::<u16>().ok() != Some(port)
-    {
-        return None;
-    }
-    let host = host.trim_end_matches('.').to_ascii_lowercase();
-    (!host.is_empty()).then_some(host)
-}
-
 /// The request's authority if it names the SNI: every Host header and an
 /// absolute target's authority must. `Err` carries what was sent instead.
 fn check_authority(req: &Request<Incoming>, sni: &str, port: u16) -> Result<String, String> {
@@ -655,45 +635,11 @@ fn check_authority(req: &Request<Incoming>, sni: &str, port: u16) -> Result<Stri
         return Err(String::new());
     }
     for s in &seen {
-        if normalise_authority(s, port).as_deref() != Some(sni) {
+        if authority_host(s, port).as_deref() != Some(sni) {
             return Err(s.clone());
         }
     }
     Ok(seen.swap_remove(0))
-}
-
-/// Removes hop-by-hop headers (and those `Connection` names). With
-/// `upgrade`, `Connection: upgrade` and `Upgrade` are kept.
-fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
-        .collect();
-    for n in named {
-        if !(upgrade && n == header::UPGRADE) {
-            headers.remove(n);
-        }
-    }
-    for n in [
-        header::CONNECTION,
-        header::TE,
-        header::TRANSFER_ENCODING,
-        header::PROXY_AUTHENTICATE,
-        header::PROXY_AUTHORIZATION,
-        header::UPGRADE,
-    ] {
-        if !(upgrade && n == header::UPGRADE) {
-            headers.remove(n);
-        }
-    }
-    headers.remove("keep-alive");
-    headers.remove("proxy-connection");
-    if upgrade {
-        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-    }
 }
 
 /// `TE` names `trailers` (the client accepts trailer fields).
@@ -1457,19 +1403,19 @@ mod tests {
     #[test]
     fn authority_normalisation() {
         assert_eq!(
-            normalise_authority("API.Example.com.", 443).as_deref(),
+            authority_host("API.Example.com.", 443).as_deref(),
             Some("api.example.com")
         );
         assert_eq!(
-            normalise_authority("api.example.com:443", 443).as_deref(),
+            authority_host("api.example.com:443", 443).as_deref(),
             Some("api.example.com")
         );
-        assert_eq!(normalise_authority("api.example.com:8443", 443), None);
+        assert_eq!(authority_host("api.example.com:8443", 443), None);
         assert_eq!(
-            normalise_authority("api.example.com:8443", 8443).as_deref(),
+            authority_host("api.example.com:8443", 8443).as_deref(),
             Some("api.example.com")
         );
-        assert_eq!(normalise_authority("", 443), None);
+        assert_eq!(authority_host("", 443), None);
     }
 
     #[test]

@@ -1,0 +1,60 @@
+//! Header helpers shared by the TLS proxy ([`crate::proxy`]) and the
+//! plain-HTTP proxy ([`crate::plain`]).
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+
+/// Lower case, no trailing dot; `:port` removed when it is `port`. `None`
+/// when the value is not a host name (or names another port).
+pub(crate) fn authority_host(value: &str, port: u16) -> Option<String> {
+    let value = value.trim();
+    if value.starts_with('[') {
+        // An IPv6 literal is never a server name.
+        return None;
+    }
+    let (host, p) = match value.rsplit_once(':') {
+        Some((h, p)) => (h, Some(p)),
+        None => (value, None),
+    };
+    if let Some(p) = p
+        && p.parse::<u16>().ok() != Some(port)
+    {
+        return None;
+    }
+    let host = host.trim_end_matches('.').to_ascii_lowercase();
+    (!host.is_empty()).then_some(host)
+}
+
+/// Removes hop-by-hop headers (and those `Connection` names). With
+/// `upgrade`, `Connection: upgrade` and `Upgrade` are kept.
+pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect();
+    for n in named {
+        if !(upgrade && n == header::UPGRADE) {
+            headers.remove(n);
+        }
+    }
+    for n in [
+        header::CONNECTION,
+        header::TE,
+        header::TRANSFER_ENCODING,
+        header::PROXY_AUTHENTICATE,
+        header::PROXY_AUTHORIZATION,
+        header::UPGRADE,
+    ] {
+        if !(upgrade && n == header::UPGRADE) {
+            headers.remove(n);
+        }
+    }
+    headers.remove("keep-alive");
+    headers.remove("proxy-connection");
+    headers.remove("http2-settings");
+    if upgrade {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    }
+}
