@@ -11,6 +11,8 @@
 //!   gateway: every request's Host checked against the one enforcement
 //!   validated, placeholders reported, nothing substituted; no CA needed.
 //! - [`event`]: what the proxies report for the audit trail.
+//! - `hop` (private): the Host/authority normalisation and hop-by-hop header
+//!   stripping both proxies share.
 #![forbid(unsafe_code)]
 
 pub mod ca;
