@@ -177,8 +177,19 @@ fn sleep_runs_with_every_layer_and_leaves_nothing_after_kill() {
         assert!(opts.split(',').any(|o| o == "nosuid"), "suid mount: {line}");
     }
 
-    // fds: stdio only (pointed at /dev/null).
-    assert_eq!(fds_of(pid), BTreeSet::from([0, 1, 2]));
+    // fds: stdio only (pointed at /dev/null). Right after exec the dynamic
+    // loader briefly holds a library open (fd 3), so look once `sleep` is
+    // blocked in (clock_)nanosleep: a leaked fd would still be there.
+    eventually("sleep to block in nanosleep", || {
+        fs::read_to_string(format!("/proc/{pid}/syscall"))
+            .is_ok_and(|s| s.starts_with("230 ") || s.starts_with("35 "))
+    });
+    let fds = fds_of(pid);
+    let targets: Vec<_> = fds
+        .iter()
+        .map(|fd| fs::read_link(format!("/proc/{pid}/fd/{fd}")))
+        .collect();
+    assert_eq!(fds, BTreeSet::from([0, 1, 2]), "{targets:?}");
     assert_eq!(
         fs::read_link(format!("/proc/{pid}/fd/1")).unwrap(),
         Path::new("/dev/null")
