@@ -1032,6 +1032,9 @@ pub(crate) mod tests {
     fn proxy_deny_records_are_rate_limited_too() {
         let buf = Shared::default();
         let mut sink = AuditSink::new(Box::new(buf.clone()), "sb1");
+        // One window for the whole loop, however slowly a loaded machine
+        // runs it (a window that ended mid-loop would admit more lines).
+        sink.limiter.window_start = Instant::now() + Duration::from_secs(3600);
         let n = DENY_LINES_PER_SEC + 10;
         let record = |reason| {
             let policy = PolicyRef {

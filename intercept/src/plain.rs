@@ -762,9 +762,13 @@ mod tests {
             .collect()
     }
 
-    /// Waits (bounded) until `pred` holds for the collected events.
+    /// Waits until `pred` holds for the collected events (events are sent
+    /// by the proxy's task, possibly after the client saw its response).
+    /// The bound is generous, 60 s, for a loaded machine: it only stops a
+    /// hung test; the caller's assertions then show what was collected.
     async fn until(events: &Collect, pred: impl Fn(&[HttpEvent]) -> bool) -> Vec<HttpEvent> {
-        for _ in 0..500 {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        while tokio::time::Instant::now() < deadline {
             let e = events.events();
             if pred(&e) {
                 return e;

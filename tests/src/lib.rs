@@ -148,6 +148,15 @@ pub fn run_ok(cmd: &mut Command) -> Result<Output> {
     Ok(out)
 }
 
+/// A log file's content for an error message (empty when unreadable).
+fn read_log(path: &Path) -> String {
+    format!(
+        "--- {} ---\n{}",
+        path.display(),
+        std::fs::read_to_string(path).unwrap_or_default()
+    )
+}
+
 /// `ip ARGS...`, required to succeed.
 fn ip(args: &[&str]) -> Result<()> {
     run_ok(Command::new("ip").args(args)).map(|_| ())
@@ -160,8 +169,13 @@ pub struct Netns {
 }
 
 impl Netns {
-    /// Creates namespace `name` with its loopback up.
+    /// Creates namespace `name` with its loopback up. A namespace of that
+    /// name left by an earlier, killed run (names carry the pid, so a live
+    /// process never owns it) is deleted first.
     pub fn new(name: &str) -> Result<Self> {
+        if Path::new("/run/netns").join(name).exists() {
+            let _ = ip(&["netns", "del", name]);
+        }
         ip(&["netns", "add", name])?;
         let ns = Self {
             name: name.to_string(),
@@ -210,6 +224,31 @@ impl Netns {
             );
         }
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Waits (up to [`STARTUP_WAIT`]) until a socket of `proto` (`"tcp"` or
+    /// `"udp"`) is bound to `addr` in the namespace (`ss` lists it); `what`
+    /// names it in the error, which shows what `ss` listed.
+    pub fn wait_listening(&self, what: &str, proto: &str, addr: &str) -> Result<()> {
+        let flag = if proto == "udp" { "-Hlnu" } else { "-Hlnt" };
+        let mut seen = String::new();
+        wait_until(what, STARTUP_WAIT, || {
+            seen = self
+                .sh(&format!("ss {flag} src {addr}"), 30)
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                .unwrap_or_default();
+            !seen.trim().is_empty()
+        })
+        .with_context(|| {
+            let all = self
+                .sh(&format!("ss {flag}"), 30)
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                .unwrap_or_default();
+            format!(
+                "nothing bound to {proto} {addr} in {}; ss {flag}:\n{all}",
+                self.name
+            )
+        })
     }
 
     /// The `/etc/netns/<name>` directory `ip netns exec` bind-mounts over /etc.
@@ -331,12 +370,20 @@ impl Drop for Proc {
     }
 }
 
-/// Waits until `cond` holds, polling, up to `deadline`.
+/// Bound on the harness's waits for its own services (origin, dnsmasq,
+/// sidecar socket, TAP carrier): generous, because a 2-core CI machine
+/// running two tests with QEMU guests beside them can be very slow; it only
+/// stops a hung start, it measures nothing.
+pub const STARTUP_WAIT: Duration = Duration::from_secs(60);
+
+/// Waits until `cond` holds, polling, up to `deadline`. Not a timing
+/// assertion: the bound only stops a hung test, so give it room (tens of
+/// seconds) for a loaded machine.
 pub fn wait_until(what: &str, deadline: Duration, mut cond: impl FnMut() -> bool) -> Result<()> {
     let start = Instant::now();
     while !cond() {
         if start.elapsed() > deadline {
-            bail!("timed out waiting for {what}");
+            bail!("timed out waiting for {what} (gave up after {deadline:?})");
         }
         thread::sleep(Duration::from_millis(10));
     }
@@ -537,9 +584,12 @@ pub struct World {
 pub struct TempDir(PathBuf);
 
 impl TempDir {
-    /// Creates `/tmp/<name>`.
+    /// Creates `/tmp/<name>`, empty: what an earlier, killed run left
+    /// under that name (names carry the pid) is removed first, so a stale
+    /// ready file or log can never be taken for this run's.
     pub fn new(name: &str) -> Result<Self> {
         let p = std::env::temp_dir().join(name);
+        let _ = std::fs::remove_dir_all(&p);
         std::fs::create_dir_all(&p).with_context(|| format!("creating {}", p.display()))?;
         Ok(Self(p))
     }
@@ -644,7 +694,7 @@ impl World {
             o.args(["--name", &a.to_string()]);
         }
         let mut origin = Proc::spawn("origin", &mut o, &d.join("origin.out"))?;
-        wait_until("the origin", Duration::from_secs(20), || {
+        wait_until("the origin", STARTUP_WAIT, || {
             ready.exists() || origin.check_alive().is_err()
         })?;
         origin.check_alive()?;
@@ -681,7 +731,15 @@ impl World {
             builder: b,
         };
         w.start_sidecar()?;
-        // Wait for dnsmasq to listen (it is quick; the guest retries anyway).
+        // dnsmasq must answer the first query: a query forwarded before it
+        // listens gets an ICMP unreachable and the guest a SERVFAIL.
+        let dns = format!("{DNS_ADDR}:53");
+        w.inet
+            .wait_listening("dnsmasq (UDP)", "udp", &dns)
+            .with_context(|| read_log(&w.dir.path().join("dnsmasq.out")))?;
+        w.inet
+            .wait_listening("dnsmasq (TCP)", "tcp", &dns)
+            .with_context(|| read_log(&w.dir.path().join("dnsmasq.out")))?;
         if w.builder.connect_guest {
             w.connect_guest()?;
         }
@@ -757,7 +815,7 @@ impl World {
         let start = Instant::now();
         let mut p = Proc::spawn("sidecar", &mut c, &d.join("sidecar.log"))?;
         let sock = self.socket.clone();
-        wait_until("the sidecar's socket", Duration::from_secs(20), || {
+        wait_until("the sidecar's socket", STARTUP_WAIT, || {
             sock.exists() || p.check_alive().is_err()
         })
         .with_context(|| self.sidecar_log())?;
@@ -786,7 +844,26 @@ impl World {
         c.args(["--tap", GUEST_TAP])
             .arg("--socket")
             .arg(&self.socket);
-        let bridge = Proc::spawn("tap bridge", &mut c, &d.join("bridge.log"))?;
+        let mut bridge = Proc::spawn("tap bridge", &mut c, &d.join("bridge.log"))?;
+        // The TAP has carrier once the bridge holds it open; frames sent
+        // before that are dropped by the kernel.
+        let guest = &self.guest;
+        let mut link = String::new();
+        wait_until(
+            "the TAP's carrier (the bridge attached)",
+            STARTUP_WAIT,
+            || {
+                link = guest
+                    .sh(&format!("ip link show {GUEST_TAP}"), 30)
+                    .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                    .unwrap_or_default();
+                link.contains("LOWER_UP") || bridge.check_alive().is_err()
+            },
+        )
+        .with_context(|| format!("{link}\n{}", read_log(&d.join("bridge.log"))))?;
+        bridge
+            .check_alive()
+            .with_context(|| read_log(&d.join("bridge.log")))?;
         self.link = Some(GuestLink { bridge });
         self.dhcp()
     }
@@ -811,19 +888,23 @@ impl World {
             ),
         )?;
         run_ok(Command::new("chmod").arg("755").arg(&script))?;
+        // Up to 60 discovers a second apart: the bridge may still be
+        // connecting to the sidecar on a loaded machine (a lost discover
+        // costs one retry, not the test).
         let out = self.guest.sh(
             &format!(
-                "busybox udhcpc -i {GUEST_TAP} -f -q -n -t 10 -T 1 -O mtu -s {}",
+                "busybox udhcpc -i {GUEST_TAP} -f -q -n -t 60 -T 1 -O mtu -s {}",
                 script.display()
             ),
-            60,
+            90,
         )?;
         if !out.status.success() || !env_out.exists() {
             bail!(
-                "DHCP failed ({}): {}\n{}",
+                "DHCP failed ({}): {}\n{}\n--- bridge log ---\n{}",
                 out.status,
                 String::from_utf8_lossy(&out.stderr),
-                self.sidecar_log()
+                self.sidecar_log(),
+                read_log(&d.join("bridge.log"))
             );
         }
         let env: HashMap<String, String> = std::fs::read_to_string(&env_out)?

@@ -50,6 +50,10 @@ macro_rules! gateway_only {
 
 const GATEWAY_ADDR: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 2);
 
+/// Bound on retry loops (UDP has no handshake: resend until answered) and
+/// on waits for an event; only stops a hung test.
+const RETRY_WAIT: Duration = Duration::from_secs(60);
+
 both!(dhcp_lease_and_mtu);
 fn dhcp_lease_and_mtu(s: Sidecar) -> Result<()> {
     for mtu in [1500u32, 65520] {
@@ -75,10 +79,10 @@ fn dhcp_lease_and_mtu(s: Sidecar) -> Result<()> {
             ensure!(lease.dns == vec![GATEWAY_ADDR], "DNS {:?}", lease.dns);
             ensure!(lease.lease_secs.is_some(), "no lease time");
         }
-        let link = w.guest_ok(&format!("ip link show {}", sluice_e2e::GUEST_TAP), 10)?;
+        let link = w.guest_ok(&format!("ip link show {}", sluice_e2e::GUEST_TAP), 30)?;
         ensure!(link.contains(&format!("mtu {mtu} ")), "guest link: {link}");
         // The guest reaches the fake internet over that lease.
-        let body = w.guest_ok(&format!("curl -sS --max-time 30 http://{ORIGIN_ADDR}/"), 40)?;
+        let body = w.guest_ok(&format!("curl -sS --max-time 60 http://{ORIGIN_ADDR}/"), 90)?;
         ensure!(
             body.contains("hello from sluice-test-origin"),
             "body: {body}"
@@ -90,14 +94,14 @@ fn dhcp_lease_and_mtu(s: Sidecar) -> Result<()> {
 both!(dns_udp_and_tcp);
 fn dns_udp_and_tcp(s: Sidecar) -> Result<()> {
     let w = World::builder().sidecar(s).start()?;
-    let udp = w.guest_ok(&format!("dig +short +time=5 +tries=2 {ORIGIN_NAME} A"), 30)?;
+    let udp = w.guest_ok(&format!("dig +short +time=10 +tries=3 {ORIGIN_NAME} A"), 60)?;
     ensure!(
         udp.trim() == ORIGIN_ADDR.to_string(),
         "dig over UDP: {udp:?}"
     );
     let tcp = w.guest_ok(
-        &format!("dig +tcp +short +time=5 +tries=2 {ORIGIN2_NAME} A"),
-        30,
+        &format!("dig +tcp +short +time=10 +tries=3 {ORIGIN2_NAME} A"),
+        60,
     )?;
     ensure!(
         tcp.trim() == ORIGIN2_ADDR.to_string(),
@@ -110,7 +114,7 @@ fn dns_udp_and_tcp(s: Sidecar) -> Result<()> {
         "upstream log: {log}"
     );
     // An unknown name gets an answer (NXDOMAIN here), not a timeout.
-    let out = w.guest_sh("dig +time=5 +tries=1 nosuchname.test A", 30)?;
+    let out = w.guest_sh("dig +time=20 +tries=1 nosuchname.test A", 60)?;
     let text = String::from_utf8_lossy(&out.stdout);
     ensure!(text.contains("status: NXDOMAIN"), "unknown name: {text}");
     Ok(())
@@ -121,20 +125,20 @@ fn http_and_https(s: Sidecar) -> Result<()> {
     let w = World::builder().sidecar(s).start()?;
     let ca = w.ca_pem();
     let ca = ca.display();
-    let plain = w.guest_ok(&format!("curl -sS --max-time 30 http://{ORIGIN_NAME}/"), 40)?;
+    let plain = w.guest_ok(&format!("curl -sS --max-time 60 http://{ORIGIN_NAME}/"), 90)?;
     ensure!(
         plain.contains("hello from sluice-test-origin"),
         "http: {plain}"
     );
     let h1 = w.guest_ok(
-        &format!("curl -sS --http1.1 --max-time 30 --cacert {ca} https://{ORIGIN_NAME}/echo/h1"),
-        40,
+        &format!("curl -sS --http1.1 --max-time 60 --cacert {ca} https://{ORIGIN_NAME}/echo/h1"),
+        90,
     )?;
     let v: serde_json::Value = serde_json::from_str(h1.trim()).context("echo JSON")?;
     ensure!(v["version"] == "HTTP/1.1", "h1: {v}");
     let h2 = w.guest_ok(
-        &format!("curl -sS --http2 --max-time 30 --cacert {ca} https://{ORIGIN2_NAME}/echo/h2"),
-        40,
+        &format!("curl -sS --http2 --max-time 60 --cacert {ca} https://{ORIGIN2_NAME}/echo/h2"),
+        90,
     )?;
     let v: serde_json::Value = serde_json::from_str(h2.trim()).context("echo JSON")?;
     ensure!(v["version"] == "HTTP/2.0", "h2: {v}");
@@ -143,7 +147,7 @@ fn http_and_https(s: Sidecar) -> Result<()> {
         &format!(
             "echo | openssl s_client -connect {ORIGIN_NAME}:443 -servername {ORIGIN_NAME} -CAfile {ca} -verify_return_error"
         ),
-        40,
+        90,
     )?;
     let text = String::from_utf8_lossy(&s_client.stdout);
     ensure!(
@@ -203,7 +207,7 @@ fn parallel_connections(s: Sidecar) -> Result<()> {
     ensure!(ok == n, "{ok} of {n} parallel fetches succeeded: {out}");
     let reqs = w.origin_requests();
     ensure!(reqs.len() >= n, "origin saw {} requests", reqs.len());
-    w.guest_ok("true", 5)?;
+    w.guest_ok("true", 30)?;
     Ok(())
 }
 
@@ -223,7 +227,7 @@ fn half_close(s: Sidecar) -> Result<()> {
             "nc -N {ORIGIN_ADDR} {ECHO_PORT} < {} | sha256sum",
             file.display()
         ),
-        60,
+        120,
     )?;
     ensure!(
         got.split_whitespace().next() == Some(sha256_hex(&data).as_str()),
@@ -239,8 +243,8 @@ gateway_only!(refused_destination_gets_rst);
 fn refused_destination_gets_rst(s: Sidecar) -> Result<()> {
     let w = World::builder().sidecar(s).start()?;
     let direct = w.host.sh(
-        &format!("curl -sS --connect-timeout 20 http://{REFUSING_ADDR}:81/"),
-        40,
+        &format!("curl -sS --connect-timeout 60 http://{REFUSING_ADDR}:81/"),
+        90,
     )?;
     ensure!(
         direct.status.code() == Some(7),
@@ -248,8 +252,8 @@ fn refused_destination_gets_rst(s: Sidecar) -> Result<()> {
     );
     // curl exit 7 = connection refused; 28 would be a timeout.
     let out = w.guest_sh(
-        &format!("curl -sS --connect-timeout 20 http://{REFUSING_ADDR}:81/"),
-        40,
+        &format!("curl -sS --connect-timeout 60 http://{REFUSING_ADDR}:81/"),
+        90,
     )?;
     let code = out.status.code();
     ensure!(
@@ -257,7 +261,7 @@ fn refused_destination_gets_rst(s: Sidecar) -> Result<()> {
         "curl exit {code:?} (want 7, refused): {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    w.guest_ok(&format!("curl -sS --max-time 30 http://{ORIGIN_ADDR}/"), 40)?;
+    w.guest_ok(&format!("curl -sS --max-time 60 http://{ORIGIN_ADDR}/"), 90)?;
     Ok(())
 }
 
@@ -275,16 +279,16 @@ fn publish_tcp(s: Sidecar) -> Result<()> {
         &[&origin.display().to_string(), "--http", "0.0.0.0:8080"],
     )?;
     // Wait for the guest's server, then fetch through the published port.
-    sluice_e2e::wait_until("guest server", Duration::from_secs(10), || {
-        w.guest_sh("nc -z 127.0.0.1 8080", 5)
+    sluice_e2e::wait_until("guest server", Duration::from_secs(60), || {
+        w.guest_sh("nc -z 127.0.0.1 8080", 30)
             .map(|o| o.status.success())
             .unwrap_or(false)
     })?;
     let body = w
         .host
         .sh_ok(
-            "curl -sS --max-time 30 http://127.0.0.1:18080/echo/published",
-            40,
+            "curl -sS --max-time 60 http://127.0.0.1:18080/echo/published",
+            90,
         )
         .with_context(|| w.sidecar_log())?;
     ensure!(body.contains("/echo/published"), "published TCP: {body}");
@@ -305,17 +309,17 @@ fn publish_udp(s: Sidecar) -> Result<()> {
         "guest-udp-echo",
         &["socat", "UDP4-RECVFROM:5353,fork", "EXEC:cat"],
     )?;
-    // UDP has no handshake to wait on: retry until the guest's socat answers.
+    // UDP has no handshake to wait on: retry until the guest's socat answers
+    // (it may still be starting; a datagram before it binds is lost).
     let mut reply = String::new();
-    for _ in 0..10 {
+    let _ = sluice_e2e::wait_until("the published UDP echo", RETRY_WAIT, || {
         reply = w
             .host
-            .sh("echo sluice-udp | socat -t 2 - UDP4:127.0.0.1:15353", 20)
-            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())?;
-        if !reply.is_empty() {
-            break;
-        }
-    }
+            .sh("echo sluice-udp | socat -t 2 - UDP4:127.0.0.1:15353", 30)
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        !reply.is_empty()
+    });
     ensure!(
         reply.trim() == "sluice-udp",
         "published UDP: {reply:?}\n{}",
@@ -374,24 +378,32 @@ fn udp_forwarding(s: Sidecar) -> Result<()> {
         ]),
         &w.dir().join("inet-udp-sink.log"),
     )?;
+    // Both listeners bound before anything is sent: a datagram that leaked
+    // to a listener not yet bound would go unnoticed.
+    w.inet
+        .wait_listening("the UDP echo", "udp", &format!("{ORIGIN_ADDR}:7777"))?;
+    w.inet
+        .wait_listening("the UDP sink", "udp", &format!("{ORIGIN_ADDR}:7778"))?;
     let mut reply = String::new();
-    for i in 0..10 {
+    let mut i = 0;
+    let mut first_lost = false;
+    let _ = sluice_e2e::wait_until("the allowed UDP echo", RETRY_WAIT, || {
+        i += 1;
         // Several datagrams in one guest flow: every one comes back.
-        let out = w.guest_sh(
-            &format!(
-                "(echo udp-{i}-a; sleep 0.2; echo udp-{i}-b) | socat -t 3 - UDP4:{ORIGIN_ADDR}:7777"
-            ),
-            20,
-        )?;
-        reply = String::from_utf8_lossy(&out.stdout).into_owned();
-        if reply.contains(&format!("udp-{i}-b")) {
-            ensure!(
-                reply.contains(&format!("udp-{i}-a")),
-                "first datagram lost: {reply:?}"
-            );
-            break;
-        }
-    }
+        reply = w
+            .guest_sh(
+                &format!(
+                    "(echo udp-{i}-a; sleep 0.2; echo udp-{i}-b) | socat -t 3 - UDP4:{ORIGIN_ADDR}:7777"
+                ),
+                30,
+            )
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        let done = reply.contains(&format!("udp-{i}-b"));
+        first_lost = done && !reply.contains(&format!("udp-{i}-a"));
+        done
+    });
+    ensure!(!first_lost, "first datagram lost: {reply:?}");
     ensure!(
         reply.contains("-b"),
         "allowed UDP echo: {reply:?}\n{}",
@@ -416,7 +428,7 @@ fn udp_forwarding(s: Sidecar) -> Result<()> {
     let mut received = String::new();
     sluice_e2e::wait_until(
         "the sink receives the probe",
-        Duration::from_secs(20),
+        Duration::from_secs(60),
         || {
             received = std::fs::read_to_string(&sink_file).unwrap_or_default();
             received.contains("from-inet")
@@ -428,15 +440,28 @@ fn udp_forwarding(s: Sidecar) -> Result<()> {
     );
 
     // Audit (schema 1): an allowed UDP connection to 7777, denies with the
-    // policy's reason, and (after the 2 s idle expiry) a close with byte counts.
+    // policy's reason, and (after the 2 s idle expiry) a close with byte
+    // counts. Each retry above is a flow of its own, closed on its own: wait
+    // for the close of one whose echo came back whole, not for any close.
     let mut lines = Vec::new();
     let is_udp = |l: &serde_json::Value| l["transport"] == "udp";
-    let closed = sluice_e2e::wait_until("UDP flow close lines", Duration::from_secs(30), || {
-        lines = audit_lines(&w);
-        lines.iter().any(|l| l["kind"] == "flow_close" && is_udp(l))
-    });
+    let echoed_close = |l: &serde_json::Value| {
+        l["kind"] == "flow_close"
+            && is_udp(l)
+            && l["reason"] == "idle_timeout"
+            && l["bytes_up"].as_u64().unwrap_or(0) > 0
+            && l["bytes_down"] == l["bytes_up"]
+    };
+    let closed = sluice_e2e::wait_until(
+        "the echoed UDP flow's close",
+        Duration::from_secs(60),
+        || {
+            lines = audit_lines(&w);
+            lines.iter().any(echoed_close)
+        },
+    );
     let udp: Vec<&serde_json::Value> = lines.iter().filter(|l| is_udp(l)).collect();
-    closed.with_context(|| format!("audit: {udp:?}"))?;
+    closed.with_context(|| format!("no idle close with matching byte counts: {udp:?}"))?;
     let to = |l: &serde_json::Value, ip: Ipv4Addr, port: u16| {
         l["dst"]["ip"] == ip.to_string() && l["dst"]["port"] == port
     };
@@ -460,13 +485,6 @@ fn udp_forwarding(s: Sidecar) -> Result<()> {
             "no {reason} deny for {ip}:{port}: {udp:?}"
         );
     }
-    ensure!(
-        udp.iter().any(|l| l["kind"] == "flow_close"
-            && l["reason"] == "idle_timeout"
-            && l["bytes_up"].as_u64().unwrap_or(0) > 0
-            && l["bytes_down"] == l["bytes_up"]),
-        "no idle close with matching byte counts: {udp:?}"
-    );
     Ok(())
 }
 
@@ -475,7 +493,7 @@ fn garbage_frames(s: Sidecar) -> Result<()> {
     let mut w = World::builder().sidecar(s).start()?;
     w.disconnect_guest();
     let mut sock = UnixStream::connect(w.socket()).context("connecting to the gateway")?;
-    sock.set_read_timeout(Some(Duration::from_secs(30)))?;
+    sock.set_read_timeout(Some(Duration::from_secs(60)))?;
     let mut junk = Vec::new();
     // Well-framed garbage: random bytes, a bad ethertype, a truncated IPv4
     // header, a huge IPv4 total length.
@@ -512,7 +530,7 @@ fn garbage_frames(s: Sidecar) -> Result<()> {
     w.check_alive()?;
     // A new guest connection works.
     w.connect_guest()?;
-    let body = w.guest_ok(&format!("curl -sS --max-time 30 http://{ORIGIN_NAME}/"), 40)?;
+    let body = w.guest_ok(&format!("curl -sS --max-time 60 http://{ORIGIN_NAME}/"), 90)?;
     ensure!(body.contains("hello"), "after garbage: {body}");
     Ok(())
 }
@@ -520,18 +538,28 @@ fn garbage_frames(s: Sidecar) -> Result<()> {
 gateway_only!(sigterm_exits_cleanly);
 fn sigterm_exits_cleanly(s: Sidecar) -> Result<()> {
     let mut w = World::builder().sidecar(s).start()?;
-    w.guest_ok(&format!("curl -sS --max-time 30 http://{ORIGIN_NAME}/"), 40)?;
+    w.guest_ok(&format!("curl -sS --max-time 60 http://{ORIGIN_NAME}/"), 90)?;
     // An idle open flow at the time of the signal.
     let _hold = w.guest_spawn(
         "held-flow",
         &["nc", &ORIGIN_ADDR.to_string(), &ECHO_PORT.to_string()],
     )?;
-    std::thread::sleep(Duration::from_millis(500));
+    // Open once the gateway admitted and connected it (its audit line).
+    let echo = |l: &serde_json::Value| {
+        l["kind"] == "connection"
+            && l["decision"] == "allow"
+            && l["dst"]["ip"] == ORIGIN_ADDR.to_string()
+            && l["dst"]["port"] == ECHO_PORT
+    };
+    sluice_e2e::wait_until("the held flow's connection line", RETRY_WAIT, || {
+        audit_lines(&w).iter().any(echo)
+    })
+    .with_context(|| format!("audit: {:?}", audit_lines(&w)))?;
     let log = w.sidecar_log();
     let st = w
         .sidecar()
         .context("no sidecar")?
-        .signal_and_wait(libc::SIGTERM, Duration::from_secs(30))
+        .signal_and_wait(libc::SIGTERM, Duration::from_secs(60))
         .context(log)?;
     ensure!(
         st.code() == Some(0),

@@ -85,7 +85,7 @@ fn audit(w: &World) -> Vec<Value> {
 /// Waits (generously) for an audit record matching `pred`.
 fn wait_audit(w: &World, what: &str, pred: impl Fn(&Value) -> bool) -> Result<Value> {
     let mut found = None;
-    wait_until(what, Duration::from_secs(20), || {
+    wait_until(what, Duration::from_secs(60), || {
         found = audit(w).into_iter().find(|r| pred(r));
         found.is_some()
     })
@@ -144,7 +144,7 @@ fn kept_alive_requests_to_another_host_get_421() -> Result<()> {
             transfer(&url("ka3"), &format!("-H 'Host: {SHARED_NAME}'")),
             transfer(&url("ka4"), ""),
         ),
-        120,
+        300,
     )?;
     let lines: Vec<&str> = out.lines().collect();
     ensure!(
@@ -204,8 +204,8 @@ fn pipelined_requests_are_each_checked() -> Result<()> {
          GET /echo/p4 HTTP/1.1\\r\\nHost: ORIGIN.Test:80\\r\\nConnection: close\\r\\n\\r\\n"
     );
     let out = w.guest_ok(
-        &format!("printf '{pipeline}' | nc -w 20 {ORIGIN_NAME} 80"),
-        60,
+        &format!("printf '{pipeline}' | nc -w 60 {ORIGIN_NAME} 80"),
+        90,
     )?;
     ensure!(
         statuses(&out) == [200, 421, 421, 200],
@@ -241,8 +241,8 @@ fn pipelined_requests_are_each_checked() -> Result<()> {
          GET /echo/p7 HTTP/1.1\\r\\nHost: {ORIGIN_NAME}\\r\\n\\r\\n"
     );
     let out = w.guest_ok(
-        &format!("printf '{broken}' | nc -w 20 {ORIGIN_NAME} 80"),
-        60,
+        &format!("printf '{broken}' | nc -w 60 {ORIGIN_NAME} 80"),
+        90,
     )?;
     ensure!(statuses(&out) == [200, 400], "responses: {out}");
     ensure!(
@@ -272,7 +272,7 @@ def head(s):
         h += c
     return h.split(b"\r\n")[0].decode()
 
-s = socket.create_connection((host, 80), timeout=30)
+s = socket.create_connection((host, 80), timeout=60)
 s.sendall(("GET /ws HTTP/1.1\r\nHost: %s\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n" % host).encode())
 print(head(s))
 msg = b"ping-through-the-plain-http-proxy"
@@ -286,7 +286,7 @@ while len(got) < len(msg):
 print(got.decode())
 s.close()
 
-s = socket.create_connection((host, 80), timeout=30)
+s = socket.create_connection((host, 80), timeout=60)
 s.sendall(("GET /ws HTTP/1.1\r\nHost: %s\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n" % host).encode())
 print(head(s))
 s.close()
@@ -302,7 +302,7 @@ fn keep_alive_large_transfers_and_websocket_work_through_the_proxy() -> Result<(
             "curl -sS --max-time 60 -w '%{{http_code}} %{{num_connects}}\\n' \
              -o /dev/null http://{ORIGIN_NAME}/echo/n1 -o /dev/null http://{ORIGIN_NAME}/echo/n2"
         ),
-        60,
+        90,
     )?;
     let lines: Vec<&str> = out.lines().collect();
     ensure!(lines == ["200 1", "200 0"], "keep-alive: {lines:?}");
@@ -336,10 +336,23 @@ fn keep_alive_large_transfers_and_websocket_work_through_the_proxy() -> Result<(
         )?;
         ensure!(got.trim() == want, "upload ({chunked:?}): {got} != {want}");
     }
-    let uploads: Vec<Value> = audit(&w)
-        .into_iter()
-        .filter(|r| r["kind"] == "http" && r["path"] == "/upload")
-        .collect();
+    // A request's `http` record is written when its response has been
+    // sent, so possibly after curl returned: wait (bounded) for both.
+    let uploads_in = |w: &World| -> Vec<Value> {
+        audit(w)
+            .into_iter()
+            .filter(|r| r["kind"] == "http" && r["path"] == "/upload")
+            .collect()
+    };
+    let mut uploads = Vec::new();
+    let _ = wait_until(
+        "both uploads' http records",
+        Duration::from_secs(60),
+        || {
+            uploads = uploads_in(&w);
+            uploads.len() >= 2
+        },
+    );
     ensure!(
         uploads.len() == 2 && uploads.iter().all(|r| r["bytes_up"] == up),
         "{uploads:?}"
@@ -348,7 +361,7 @@ fn keep_alive_large_transfers_and_websocket_work_through_the_proxy() -> Result<(
     // ws://: 101, then the splice echoes; h2c is never upgraded to.
     let script = w.dir().join("ws_client.py");
     std::fs::write(&script, WS_CLIENT)?;
-    let out = w.guest_ok(&format!("python3 {} {ORIGIN_NAME}", script.display()), 60)?;
+    let out = w.guest_ok(&format!("python3 {} {ORIGIN_NAME}", script.display()), 150)?;
     let lines: Vec<&str> = out.lines().collect();
     ensure!(
         lines.len() == 3
@@ -396,7 +409,7 @@ fn placeholders_in_later_requests_are_logged_never_substituted() -> Result<()> {
                 &format!("--data-binary 'key={TOK_PLACEHOLDER}&x=1'")
             ),
         ),
-        120,
+        300,
     )?;
     let lines: Vec<&str> = out.lines().collect();
     ensure!(

@@ -95,7 +95,7 @@ fn wait_audit(
     pred: impl Fn(&serde_json::Value) -> bool,
 ) -> Result<serde_json::Value> {
     let mut found = None;
-    wait_until(what, Duration::from_secs(20), || {
+    wait_until(what, Duration::from_secs(60), || {
         found = audit_lines(w).into_iter().find(|r| pred(r));
         found.is_some()
     })
@@ -121,10 +121,19 @@ fn header<'a>(entry: &'a serde_json::Value, name: &str) -> Option<&'a str> {
 }
 
 fn curl(w: &World, args: &str) -> Result<String> {
+    curl_within(w, 60, args)
+}
+
+/// [`curl`] with a transfer bound of `secs` (large transfers through the
+/// interception proxy on a loaded machine need minutes, not seconds).
+fn curl_within(w: &World, secs: u32, args: &str) -> Result<String> {
     let ca = sandbox_ca(w);
     w.guest_ok(
-        &format!("curl -sS --max-time 60 --cacert {} {args}", ca.display()),
-        90,
+        &format!(
+            "curl -sS --max-time {secs} --cacert {} {args}",
+            ca.display()
+        ),
+        secs + 30,
     )
 }
 
@@ -191,7 +200,7 @@ fn placeholders_are_substituted_only_where_bound_and_scrubbed_from_responses() -
         .to_owned();
     let out = w.guest_ok(
         &format!("echo {} | base64 -d", basic.trim_start_matches("Basic ")),
-        10,
+        30,
     )?;
     ensure!(out == format!("user:{TOK_VALUE}"), "basic: {out}");
 
@@ -221,8 +230,8 @@ fn placeholders_are_substituted_only_where_bound_and_scrubbed_from_responses() -
 
     // Plain HTTP: never substituted.
     w.guest_ok(
-        &format!("curl -sS --max-time 30 {auth} http://{ORIGIN_NAME}/echo/plain"),
-        40,
+        &format!("curl -sS --max-time 60 {auth} http://{ORIGIN_NAME}/echo/plain"),
+        90,
     )?;
     let got = origin_got(&w, "/echo/plain");
     ensure!(
@@ -369,10 +378,10 @@ fn authority_must_match_sni_and_websocket_is_spliced() -> Result<()> {
     // HTTP/1.1 domain fronting: Host names another (allowed) host.
     let out = w.guest_ok(
         &format!(
-            "curl -sS --max-time 30 --cacert {} -o /dev/null -w '%{{http_code}}' -H 'Host: {ORIGIN2_NAME}' https://{ORIGIN_NAME}/echo/fronted",
+            "curl -sS --max-time 60 --cacert {} -o /dev/null -w '%{{http_code}}' -H 'Host: {ORIGIN2_NAME}' https://{ORIGIN_NAME}/echo/fronted",
             ca.display()
         ),
-        40,
+        90,
     )?;
     ensure!(out == "421", "fronted request got {out}");
     ensure!(
@@ -391,7 +400,7 @@ fn authority_must_match_sni_and_websocket_is_spliced() -> Result<()> {
             probe.display(),
             ca.display()
         ),
-        60,
+        120,
     )?;
     let statuses: Vec<&str> = out.lines().filter(|l| l.starts_with("STATUS")).collect();
     ensure!(
@@ -416,7 +425,7 @@ fn authority_must_match_sni_and_websocket_is_spliced() -> Result<()> {
             probe.display(),
             ca.display()
         ),
-        60,
+        120,
     )?;
     ensure!(
         out.contains("STATUS 101") && out.contains("WS hello-through-sluice"),
@@ -434,14 +443,19 @@ fn large_streamed_transfers_are_byte_exact() -> Result<()> {
     let n: u64 = 64 * 1024 * 1024;
     let want = sha256_hex(&sluice_e2e::pattern(n));
     // Download (the response is scrubbed on the fly: a secret is bound).
-    let out = curl(&w, &format!("https://{ORIGIN_NAME}/bytes/{n} | sha256sum"))?;
+    let out = curl_within(
+        &w,
+        600,
+        &format!("https://{ORIGIN_NAME}/bytes/{n} | sha256sum"),
+    )?;
     ensure!(out.starts_with(&want), "download sha256 {out} want {want}");
     // Uploads: with a length, and chunked (the body replacer is active).
     let file = w.dir().join("upload.bin");
     std::fs::write(&file, sluice_e2e::pattern(n))?;
     for extra in ["", "-H 'Transfer-Encoding: chunked'"] {
-        let out = curl(
+        let out = curl_within(
             &w,
+            600,
             &format!(
                 "{extra} --data-binary @{} https://{ORIGIN_NAME}/upload",
                 file.display()
@@ -466,10 +480,10 @@ fn untrusted_upstream_certificate_is_refused() -> Result<()> {
     let (w, _secrets) = world(false)?;
     let out = w.guest_sh(
         &format!(
-            "curl -sS --max-time 30 --cacert {} -w '\\n%{{http_code}}' -H 'Authorization: Bearer {TOK_PLACEHOLDER}' https://{ORIGIN_NAME}/echo/untrusted",
+            "curl -sS --max-time 60 --cacert {} -w '\\n%{{http_code}}' -H 'Authorization: Bearer {TOK_PLACEHOLDER}' https://{ORIGIN_NAME}/echo/untrusted",
             sandbox_ca(&w).display()
         ),
-        40,
+        90,
     )?;
     let text = String::from_utf8_lossy(&out.stdout);
     ensure!(text.trim_end().ends_with("502"), "guest got: {text}");
@@ -532,7 +546,7 @@ fn websocket_over_http2_is_substituted_and_spliced() -> Result<()> {
             probe.display(),
             ca.display()
         ),
-        60,
+        120,
     )?;
     ensure!(
         out.contains("CONNECT_PROTOCOL on") && out.contains("STATUS 200"),
@@ -578,7 +592,7 @@ fn websocket_over_http2_is_substituted_and_spliced() -> Result<()> {
             probe.display(),
             ca.display()
         ),
-        60,
+        120,
     )?;
     ensure!(out.contains("STATUS 502"), "{out}");
     ensure!(!out.contains("WS "), "{out}");
@@ -613,7 +627,7 @@ fn trailers_are_substituted_and_scrubbed() -> Result<()> {
                 probe.display(),
                 ca.display()
             ),
-            60,
+            120,
         )?;
         ensure!(out.contains("STATUS 200"), "{alpn}: {out}");
         ensure!(

@@ -177,7 +177,7 @@ async fn main() -> Result<()> {
             recheck: Box::pin(tokio::time::sleep(Duration::from_millis(10))),
         });
         // RFC 8441: no extended CONNECT before the server's SETTINGS say so.
-        match tokio::time::timeout(Duration::from_secs(10), enabled.wait_for(|on| *on)).await {
+        match tokio::time::timeout(Duration::from_secs(60), enabled.wait_for(|on| *on)).await {
             Ok(Ok(_)) => println!("CONNECT_PROTOCOL on"),
             _ => bail!("the server's SETTINGS do not enable extended CONNECT"),
         }

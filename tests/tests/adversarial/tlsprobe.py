@@ -89,7 +89,7 @@ def real(args):
     hello = frame(unframe(hello_records), args.records)
     print("clienthello %d bytes in %d record bytes" % (len(unframe(hello_records)), len(hello)),
           file=sys.stderr)
-    sock = socket.create_connection((args.host, args.port), timeout=30)
+    sock = socket.create_connection((args.host, args.port), timeout=60)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     send(sock, hello, args.split_bytes)
     while True:
@@ -162,7 +162,7 @@ def craft(args):
     hello = crafted_hello(names, args.ech, args.pad)
     data = frame(hello, args.records)
     print("clienthello %d bytes in %d record bytes" % (len(hello), len(data)), file=sys.stderr)
-    sock = socket.create_connection((args.host, args.port), timeout=30)
+    sock = socket.create_connection((args.host, args.port), timeout=60)
     try:
         sock.sendall(data)
         got = sock.recv(4096)
