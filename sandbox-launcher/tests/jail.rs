@@ -26,6 +26,7 @@ const MEMORY: u64 = 256 << 20;
 /// binary, and cgroup limits on all three controllers.
 fn make_spec(test: &str, program: &str, args: &[&str]) -> JailSpec {
     let name = format!("slj-{test}-{}", std::process::id());
+    remove_stale(&name);
     let mut spec = JailSpec::new(name, program);
     spec.args = args.iter().map(|a| (*a).to_owned()).collect();
     spec.env = vec![("PATH".to_owned(), "/bin:/usr/bin".to_owned())];
@@ -72,6 +73,16 @@ fn cgroup_dirs(name: &str) -> Vec<PathBuf> {
         .iter()
         .map(|c| Path::new("/sys/fs/cgroup").join(c).join(name))
         .collect()
+}
+
+/// Removes what a killed earlier run whose pid was ours left under `name`
+/// (empty cgroups and jail dir; names carry the pid, so no live jail owns
+/// them): the jail refuses to reuse an existing cgroup.
+fn remove_stale(name: &str) {
+    for dir in cgroup_dirs(name) {
+        let _ = fs::remove_dir(dir);
+    }
+    let _ = fs::remove_dir(std::env::temp_dir().join(format!("{name}.jail")));
 }
 
 fn assert_no_leftovers(name: &str, pid: u32) {
@@ -464,6 +475,7 @@ fn sigkill_of_the_launcher_leaves_nothing() {
         }
     }
     let name = format!("slj-launcher-{}", std::process::id());
+    remove_stale(&name);
     let mut launcher = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
@@ -532,6 +544,7 @@ fn cgroup_memory_and_pids_limits_bite() {
         JailExit::Signal(SIGKILL)
     );
     spec.name = format!("{}-nolimit", spec.name);
+    remove_stale(&spec.name);
     spec.cgroup.memory_bytes = None;
     assert_eq!(
         jail::spawn(&spec).unwrap().wait().unwrap(),
