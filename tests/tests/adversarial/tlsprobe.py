@@ -91,7 +91,11 @@ def real(args):
           file=sys.stderr)
     sock = socket.create_connection((args.host, args.port), timeout=60)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    started = time.monotonic()
     send(sock, hello, args.split_bytes)
+    # The gateway gives a ClientHello a few seconds to arrive whole: say how
+    # long this one took, for a failure on a loaded machine.
+    print("clienthello sent in %.2f s" % (time.monotonic() - started), file=sys.stderr)
     while True:
         try:
             tls.do_handshake()
