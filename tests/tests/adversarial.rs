@@ -467,7 +467,10 @@ fn client_hello_split_into_one_byte_segments_is_still_allowed() -> Result<()> {
     ensure!(text.contains("/echo/split"), "{text}");
     // How long the byte-by-byte hello took (the gateway's inspection
     // deadline is 5 s): visible with --nocapture.
-    for l in text.lines().filter(|l| l.starts_with("clienthello sent in")) {
+    for l in text
+        .lines()
+        .filter(|l| l.starts_with("clienthello sent in"))
+    {
         eprintln!("split hello: {l}");
     }
     // And re-framed into five TLS records, also byte by byte.
