@@ -279,10 +279,7 @@ fn head(data: &[u8]) {
     // Reflection: scrubbing the substituted headers restores the originals
     // when the originals held nothing that looks like a real value.
     let looks_real = |v: &[u8]| v.contains(&0xf0) || v.windows(3).any(|w| w == b"%F0");
-    if before_headers
-        .values()
-        .any(|v| looks_real(v.as_bytes()))
-    {
+    if before_headers.values().any(|v| looks_real(v.as_bytes())) {
         return;
     }
     let mut headers = parts.headers.clone();
@@ -414,17 +411,33 @@ fn scan(data: &[u8]) {
                 .collect()
         };
         let every = seen_with(&|_| true);
-        assert_eq!(all.mismatched(), every, "placeholder_scanner after {fed} bytes");
+        assert_eq!(
+            all.mismatched(),
+            every,
+            "placeholder_scanner after {fed} bytes"
+        );
         assert!(all.not_allowed().is_empty());
         assert_eq!(all.any(), !every.is_empty());
-        assert_eq!(on_unbound.mismatched(), every, "unbound host after {fed} bytes");
+        assert_eq!(
+            on_unbound.mismatched(),
+            every,
+            "unbound host after {fed} bytes"
+        );
         assert!(on_unbound.not_allowed().is_empty());
         assert_eq!(on_unbound.any(), !every.is_empty());
         if let Some(sc) = &on_api {
             let mismatched = seen_with(&|b| b == Binding::Other);
             let not_allowed = seen_with(&|b| b == Binding::ApiHeaders);
-            assert_eq!(sc.mismatched(), mismatched, "api mismatched after {fed} bytes");
-            assert_eq!(sc.not_allowed(), not_allowed, "api not_allowed after {fed} bytes");
+            assert_eq!(
+                sc.mismatched(),
+                mismatched,
+                "api mismatched after {fed} bytes"
+            );
+            assert_eq!(
+                sc.not_allowed(),
+                not_allowed,
+                "api not_allowed after {fed} bytes"
+            );
             assert_eq!(sc.any(), !mismatched.is_empty() || !not_allowed.is_empty());
         }
     }
