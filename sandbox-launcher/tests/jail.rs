@@ -263,6 +263,36 @@ fn passed_fds_arrive_at_their_numbers_and_nothing_else_does() {
     assert_no_leftovers(&spec.name, pid);
 }
 
+/// A passed fd mapped to a high number: the helper's own copy of it (at a
+/// low number below the target, not a target itself) must not reach the
+/// program too. Before the fix it did, as an extra fd; the test above caught
+/// it only when a concurrent test left fd 3 taken.
+#[test]
+#[ignore = "needs root: run via scripts/test"]
+fn the_helpers_copies_of_passed_fds_do_not_reach_the_program() {
+    let (_ours, theirs) = UnixStream::pair().unwrap();
+    let mut spec = make_spec("fdhigh", BUSYBOX, &["sleep", "1000"]);
+    spec.fds = vec![FdMap {
+        parent: theirs.as_raw_fd(),
+        child: 40,
+    }];
+    let mut jailed = jail::spawn(&spec).unwrap();
+    drop(theirs);
+    let pid = jailed.pid;
+    eventually("sleep to block in nanosleep", || {
+        fs::read_to_string(format!("/proc/{pid}/syscall"))
+            .is_ok_and(|s| s.starts_with("230 ") || s.starts_with("35 "))
+    });
+    let fds = fds_of(pid);
+    let targets: Vec<_> = fds
+        .iter()
+        .map(|fd| fs::read_link(format!("/proc/{pid}/fd/{fd}")))
+        .collect();
+    assert_eq!(fds, BTreeSet::from([0, 1, 2, 40]), "{targets:?}");
+    assert_eq!(jailed.kill().unwrap(), JailExit::Signal(SIGKILL));
+    assert_no_leftovers(&spec.name, pid);
+}
+
 /// The demo that must die with SIGSYS: `unshare` is on the kill list. The
 /// same command without the filter fails politely (EPERM, not root).
 #[test]

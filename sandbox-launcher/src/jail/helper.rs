@@ -441,7 +441,10 @@ fn bind_into(jail: &Path, path: &Path, writable: bool) -> Result<(), String> {
 }
 
 /// Moves each passed fd to its number, points unpassed 0/1/2 at /dev/null,
-/// keeps the error pipe just above the highest, closes everything else.
+/// keeps the error pipe just above the highest, closes everything else: the
+/// numbers above it, and every number below it that is not a target (the
+/// helper's own copies of the passed fds may sit there; left open they would
+/// reach the program as extra fds).
 fn setup_fds(spec: &JailSpec, dev_null: RawFd, err_fd: RawFd) -> Result<(), String> {
     fn io_err(what: &'static str) -> impl Fn(io::Error) -> String {
         move |e| format!("{what}: {e}")
@@ -475,5 +478,10 @@ fn setup_fds(spec: &JailSpec, dev_null: RawFd, err_fd: RawFd) -> Result<(), Stri
     let err_final = max_child + 1;
     sys::dup2(err_tmp, err_final).map_err(io_err("dup2 error pipe"))?;
     sys::set_cloexec(err_final).map_err(io_err("cloexec"))?;
+    for fd in 3..err_final {
+        if !spec.fds.iter().any(|m| m.child == fd) {
+            sys::close(fd);
+        }
+    }
     sys::close_from(err_final + 1).map_err(io_err("close_range"))
 }
