@@ -291,7 +291,7 @@ struct Flow {
     opened: Instant,
     up: u64,
     down: u64,
-    /// Whether a `flow_open` line was written (a close line follows only then).
+    /// Whether the flow's `connection` (allow) line was written (a close line follows only then).
     audited_open: bool,
     /// The SNI or Host that admitted an inspected flow.
     wire: Option<WireName>,
