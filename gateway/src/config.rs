@@ -26,7 +26,7 @@ pub const MIN_FLOW_BUFFER: usize = 64 * 1024;
 #[derive(Debug, Error)]
 pub enum ConfigError {
     /// The subnet is not an IPv4 network with room for gateway, DNS and guest.
-    #[error("subnet {0}: need an IPv4 network of /29 or larger")]
+    #[error("subnet {0}: need an IPv4 network of /27 or larger")]
     Subnet(String),
     /// The MTU is outside what the stream protocol and IPv4 can carry.
     #[error("mtu {0}: must be within {MIN_MTU}..={DEFAULT_MTU}")]
@@ -155,8 +155,12 @@ pub struct Config {
     pub mtu: u16,
     /// DHCP lease time.
     pub lease: Duration,
-    /// Upstream DNS resolvers, tried in order.
+    /// Upstream DNS resolvers, tried in order: the `--dns-upstream` flags, or
+    /// the host's resolvers (policy `dns.upstream: system`, or no policy).
     pub dns_upstreams: Vec<SocketAddr>,
+    /// No `--dns-upstream` flag was given: a `dns.upstream` list in the
+    /// policy in force (after any reload) replaces [`Config::dns_upstreams`].
+    pub dns_upstreams_from_policy: bool,
     /// Published ports.
     pub publish: Vec<PublishSpec>,
     /// Maximum concurrent flows.
@@ -196,6 +200,7 @@ impl Config {
             mtu,
             lease: Duration::from_secs(3600),
             dns_upstreams: Vec::new(),
+            dns_upstreams_from_policy: false,
             publish: Vec::new(),
             max_flows: DEFAULT_MAX_FLOWS,
             connect_timeout: Duration::from_secs(10),

@@ -291,7 +291,7 @@ struct Flow {
     opened: Instant,
     up: u64,
     down: u64,
-    /// Whether a `flow_open` line was written (a close line follows only then).
+    /// Whether the flow's `connection` (allow) line was written (a close line follows only then).
     audited_open: bool,
     /// The SNI or Host that admitted an inspected flow.
     wire: Option<WireName>,
@@ -1085,7 +1085,7 @@ impl Datapath {
         }
         if !dns::forwarded_type(question.qtype)
             || self.dns_in_flight >= MAX_DNS_IN_FLIGHT
-            || self.cfg.dns_upstreams.is_empty()
+            || self.dns_upstreams().is_empty()
         {
             // A local answer that could not be encoded: nothing to send.
             return;
@@ -1100,7 +1100,7 @@ impl Datapath {
         };
         self.dns_in_flight += 1;
         let events = self.events.clone();
-        let upstreams = self.cfg.dns_upstreams.clone();
+        let upstreams = self.dns_upstreams();
         tokio::spawn(async move {
             let reply = dns::forward_udp(&query, &upstreams, DNS_TIMEOUT).await;
             let _ = events.send(Event::DnsUdpReply {
@@ -1109,6 +1109,19 @@ impl Datapath {
                 reply,
             });
         });
+    }
+
+    /// The resolvers for the next forwarded query: the policy's
+    /// `dns.upstream` list when [`Config::dns_upstreams_from_policy`] and the
+    /// policy in force names one (read per query, so a reload applies to the
+    /// next query), else [`Config::dns_upstreams`].
+    fn dns_upstreams(&self) -> Vec<SocketAddr> {
+        if self.cfg.dns_upstreams_from_policy
+            && let Some(servers) = self.decider.policy_dns_upstreams()
+        {
+            return servers;
+        }
+        self.cfg.dns_upstreams.clone()
     }
 
     fn reply_udp(&mut self, mac: [u8; 6], to: SocketAddrV4, payload: &[u8]) {
@@ -1195,7 +1208,7 @@ impl Datapath {
             );
             return sluice_inspect::dns::error_response(question, ResponseCode::NoError);
         }
-        if self.dns_in_flight < MAX_DNS_IN_FLIGHT && !self.cfg.dns_upstreams.is_empty() {
+        if self.dns_in_flight < MAX_DNS_IN_FLIGHT && !self.dns_upstreams().is_empty() {
             return None;
         }
         self.audit_dns(question, ResponseCode::ServFail, &[], "local");
@@ -1612,7 +1625,7 @@ impl Datapath {
             Ok((q, rebuilt))
                 if dns::forwarded_type(q.qtype)
                     && self.dns_in_flight < MAX_DNS_IN_FLIGHT
-                    && !self.cfg.dns_upstreams.is_empty() =>
+                    && !self.dns_upstreams().is_empty() =>
             {
                 (q, rebuilt)
             }
@@ -1638,7 +1651,7 @@ impl Datapath {
         }
         self.dns_in_flight += 1;
         let events = self.events.clone();
-        let upstreams = self.cfg.dns_upstreams.clone();
+        let upstreams = self.dns_upstreams();
         tokio::spawn(async move {
             let reply = dns::forward_tcp(&query, &upstreams, DNS_TIMEOUT).await;
             let _ = events.send(Event::DnsTcpReply {
@@ -2355,6 +2368,63 @@ mod tests {
                 .is_none_or(|e| e.options().as_ref().is_empty()),
             "{m:?}"
         );
+    }
+
+    /// A decider whose policy names `servers` as its `dns.upstream` (`None`:
+    /// `upstream: system`); swapped by the test as a reload would.
+    struct UpstreamDecider(Mutex<Option<Vec<SocketAddr>>>);
+    impl Decider for UpstreamDecider {
+        fn decide_tcp(&self, _flow: &FlowKey, _ctx: &DecideContext<'_>) -> Decision {
+            Decision::Allow
+        }
+        fn decide_udp(&self, _flow: &FlowKey, _ctx: &DecideContext<'_>) -> Decision {
+            Decision::Deny(DenyReason::UdpNotAllowed)
+        }
+        fn policy_dns_upstreams(&self) -> Option<Vec<SocketAddr>> {
+            self.0.lock().unwrap().clone()
+        }
+    }
+
+    #[tokio::test]
+    async fn queries_follow_the_policys_upstream_list_across_a_swap() {
+        let configured = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let first = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let second = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let mut cfg = Config::new(DEFAULT_SUBNET, 1500).unwrap();
+        cfg.dns_upstreams = vec![configured.local_addr().unwrap()];
+        cfg.dns_upstreams_from_policy = true;
+        let decider = Arc::new(UpstreamDecider(Mutex::new(Some(vec![
+            first.local_addr().unwrap(),
+        ]))));
+        let (mut guest, _audit, _task) = start_cfg(cfg, Arc::clone(&decider) as Arc<dyn Decider>);
+        let g = SocketAddrV4::new(Ipv4Addr::new(10, 0, 2, 15), 5353);
+        let gw = SocketAddrV4::new(Ipv4Addr::new(10, 0, 2, 2), 53);
+        let query = |id: u8| {
+            let mut q = vec![id, id, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0];
+            q.extend_from_slice(b"\x06origin\x04test\x00\x00\x01\x00\x01");
+            q
+        };
+        // Which of the three sockets gets query `id` (the others get nothing
+        // before it: each query goes to the first upstream of the list).
+        let mut buf = vec![0u8; 4096];
+        let mut expect = async |id: u8, at: &tokio::net::UdpSocket| {
+            guest.send(&[udp_frame(g, gw, &query(id))]).await;
+            let (n, _) = tokio::time::timeout(Duration::from_secs(30), at.recv_from(&mut buf))
+                .await
+                .unwrap_or_else(|_| panic!("query {id} not forwarded where expected"))
+                .unwrap();
+            assert_eq!(&buf[..2], &[id, id], "{:?}", &buf[..n]);
+        };
+        expect(1, &first).await;
+        *decider.0.lock().unwrap() = Some(vec![second.local_addr().unwrap()]);
+        expect(2, &second).await;
+        *decider.0.lock().unwrap() = None;
+        expect(3, &configured).await;
+        // Nothing went anywhere else.
+        let mut other = [0u8; 512];
+        for s in [&first, &second, &configured] {
+            assert!(s.try_recv_from(&mut other).is_err());
+        }
     }
 
     /// Serves A queries from `upstream`: `alias.example.org` is a CNAME to

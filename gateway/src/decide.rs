@@ -146,6 +146,13 @@ pub trait Decider: Send + Sync {
         false
     }
 
+    /// The DNS resolvers the policy in force names (`dns.upstream: [..]`);
+    /// `None` without a policy or for `upstream: system` (the host's). Asked
+    /// for every forwarded query, so a reload applies to the next one.
+    fn policy_dns_upstreams(&self) -> Option<Vec<SocketAddr>> {
+        None
+    }
+
     /// Decides a guest DNS query on its normalised name before anything is
     /// forwarded: `None` forwards it upstream; `Some((rcode, reason))`
     /// answers `rcode` locally and audits `reason`. The default (no policy)

@@ -326,6 +326,13 @@ fn method_plausible(bytes: &[u8]) -> bool {
 }
 
 impl Decider for PolicyDecider {
+    fn policy_dns_upstreams(&self) -> Option<Vec<std::net::SocketAddr>> {
+        match self.policy.load().upstream_resolvers() {
+            sluice_policy::Upstream::Servers(servers) => Some(servers.clone()),
+            sluice_policy::Upstream::System => None,
+        }
+    }
+
     /// A flow on a TLS port whose SNI has a secret bound to it or matches an
     /// `inspect:` pattern, under the policy in force now.
     fn intercepts(&self, flow: &FlowKey, sni: &str) -> bool {
@@ -1370,6 +1377,24 @@ internal:
         ] {
             assert!(!keep("www.example.com", ip.parse().unwrap()), "{ip}");
         }
+    }
+
+    #[test]
+    fn policy_dns_upstreams_follow_swaps() {
+        let d = decider();
+        assert_eq!(d.policy_dns_upstreams(), None, "no dns.upstream: system");
+        d.swap(compile(
+            "version: 1\nid: up\ndns:\n  upstream: [192.0.2.53, \"198.51.100.7:5353\"]\n",
+        ));
+        assert_eq!(
+            d.policy_dns_upstreams(),
+            Some(vec![
+                "192.0.2.53:53".parse().unwrap(),
+                "198.51.100.7:5353".parse().unwrap()
+            ])
+        );
+        d.swap(compile("version: 1\nid: sys\ndns:\n  upstream: system\n"));
+        assert_eq!(d.policy_dns_upstreams(), None);
     }
 
     #[test]

@@ -65,8 +65,9 @@ struct Args {
     /// (host address defaults to 127.0.0.1). Repeatable.
     #[arg(long)]
     publish: Vec<PublishSpec>,
-    /// Upstream DNS resolver IP[:PORT] (repeatable); default: the host's non-loopback
-    /// resolvers from /etc/resolv.conf or /run/systemd/resolve/resolv.conf.
+    /// Upstream DNS resolver IP[:PORT] (repeatable); overrides the policy's `dns.upstream`.
+    /// Default: the policy's `dns.upstream` list (a reload applies a new one), else the
+    /// host's non-loopback resolvers from /etc/resolv.conf or /run/systemd/resolve/resolv.conf.
     #[arg(long)]
     dns_upstream: Vec<String>,
     /// Write the sandbox CA certificate (PEM, mode 0644) to this path, for the guest's trust
@@ -127,17 +128,6 @@ fn main() -> anyhow::Result<()> {
     cfg.udp.idle = std::time::Duration::from_secs(args.udp_idle_secs.max(1));
     cfg.udp.idle_unanswered = cfg.udp.idle / 2;
     cfg.sandbox_id = args.sandbox_id.clone();
-    cfg.dns_upstreams = if args.dns_upstream.is_empty() {
-        config::host_resolvers()?
-    } else {
-        args.dns_upstream
-            .iter()
-            .map(|s| config::parse_upstream(s))
-            .collect::<Result<_, _>>()?
-    };
-    if cfg.dns_upstreams.iter().any(|u| u.ip().is_loopback()) {
-        bail!("a loopback DNS upstream would expose the host's resolver to the guest");
-    }
     let mut options = CompileOptions::default();
     options.host_addresses = host_addresses();
     let policy = match &args.policy {
@@ -148,6 +138,30 @@ fn main() -> anyhow::Result<()> {
         }
         None => None,
     };
+    // Resolvers: the flags; else the policy's `dns.upstream` list (re-read
+    // on reload); else the host's (also the fallback for `upstream: system`).
+    if args.dns_upstream.is_empty() {
+        let policy_names_servers = policy
+            .as_ref()
+            .is_some_and(|p| matches!(p.upstream_resolvers(), sluice_policy::Upstream::Servers(_)));
+        cfg.dns_upstreams_from_policy = policy.is_some();
+        cfg.dns_upstreams = match config::host_resolvers() {
+            Ok(found) => found,
+            // Needed only while the policy says `system`: a reload to it then
+            // answers SERVFAIL (no resolver), as does a query now without one.
+            Err(_) if policy_names_servers => Vec::new(),
+            Err(e) => return Err(e.into()),
+        };
+    } else {
+        cfg.dns_upstreams = args
+            .dns_upstream
+            .iter()
+            .map(|s| config::parse_upstream(s))
+            .collect::<Result<_, _>>()?;
+    }
+    if cfg.dns_upstreams.iter().any(|u| u.ip().is_loopback()) {
+        bail!("a loopback DNS upstream would expose the host's resolver to the guest");
+    }
 
     let out: Box<dyn Write + Send> = if args.audit == "-" {
         Box::new(std::io::stdout())

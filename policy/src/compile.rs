@@ -1134,10 +1134,21 @@ impl<'o> Compiler<'o> {
                 let mut out = Vec::new();
                 for s in list {
                     let s = s.trim();
-                    if let Ok(sa) = s.parse::<SocketAddr>() {
-                        out.push(sa);
-                    } else if let Ok(ip) = s.parse::<IpAddr>() {
-                        out.push(SocketAddr::new(ip, 53));
+                    let parsed = s
+                        .parse::<SocketAddr>()
+                        .ok()
+                        .or_else(|| s.parse::<IpAddr>().ok().map(|ip| SocketAddr::new(ip, 53)));
+                    if let Some(sa) = parsed {
+                        if sa.ip().is_loopback() || sa.ip().is_unspecified() {
+                            // The guest's queries would reach the host's own
+                            // resolver (threat model: never the host's services).
+                            self.err(
+                                u.referenced,
+                                format!("resolver `{s}` is a loopback or unspecified address: the guest must never reach the host's own resolver; name a resolver on the network"),
+                            );
+                        } else {
+                            out.push(sa);
+                        }
                     } else {
                         self.err(
                             u.referenced,

@@ -262,6 +262,14 @@ const CASES: &[(&str, &[&str])] = &[
         ],
     ),
     (
+        "version: 1\nid: t\ndns:\n  upstream: [127.0.0.53, \"[::1]:5353\", 0.0.0.0, 192.0.2.53]\n",
+        &[
+            "p.yaml:4:13: resolver `127.0.0.53` is a loopback or unspecified address: the guest must never reach the host's own resolver; name a resolver on the network",
+            "p.yaml:4:13: resolver `[::1]:5353` is a loopback or unspecified address: the guest must never reach the host's own resolver; name a resolver on the network",
+            "p.yaml:4:13: resolver `0.0.0.0` is a loopback or unspecified address: the guest must never reach the host's own resolver; name a resolver on the network",
+        ],
+    ),
+    (
         "version: 1\nid: t\ndns:\n  upstream: []\n",
         &[
             "p.yaml:4:13: `upstream` is an empty list; omit it (or write `system`) to use the host's /etc/resolv.conf",

@@ -1074,13 +1074,8 @@ fn spawn_gateway(
     };
     gw_args.push("--policy".into());
     gw_args.push(policy_path.to_string_lossy().into_owned());
-    // The policy's resolvers, handed to the gateway explicitly.
-    if let sluice_policy::Upstream::Servers(servers) = compiled.upstream_resolvers() {
-        for s in servers {
-            gw_args.push("--dns-upstream".into());
-            gw_args.push(s.to_string());
-        }
-    }
+    // The policy's resolvers (`dns.upstream`) are read by the gateway from
+    // the policy itself, so that a reload can change them.
     let secrets = secret_inputs(&compiled)?;
     for (path, why) in &secrets.file_only {
         eprintln!(

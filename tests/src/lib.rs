@@ -579,7 +579,7 @@ pub struct World {
     builder: WorldBuilder,
 }
 
-/// A temporary directory `/tmp/slh-<name>`, removed on drop.
+/// A temporary directory `/tmp/<name>`, removed on drop.
 #[derive(Debug)]
 pub struct TempDir(PathBuf);
 
