@@ -58,6 +58,31 @@ fn fds_of(pid: u32) -> BTreeSet<i32> {
         .collect()
 }
 
+/// Once `pid` is blocked in one of `syscalls` (prefixes of
+/// `/proc/PID/syscall`, e.g. `"230 "` for clock_nanosleep), its open fds
+/// and what each points at (for the failure message). Read any earlier and
+/// a transient fd (the dynamic loader's, a shell's saved copy) is counted.
+fn fds_when_blocked(
+    pid: u32,
+    what: &str,
+    syscalls: &[&str],
+) -> (BTreeSet<i32>, Vec<std::io::Result<PathBuf>>) {
+    eventually(what, || {
+        fs::read_to_string(format!("/proc/{pid}/syscall"))
+            .is_ok_and(|s| syscalls.iter().any(|p| s.starts_with(p)))
+    });
+    let fds = fds_of(pid);
+    let targets = fds
+        .iter()
+        .map(|fd| fs::read_link(format!("/proc/{pid}/fd/{fd}")))
+        .collect();
+    (fds, targets)
+}
+
+/// `/proc/PID/syscall` prefixes of a process sleeping (nanosleep,
+/// clock_nanosleep on x86-64).
+const SLEEPING: [&str; 2] = ["230 ", "35 "];
+
 /// Polls `cond` until true; panics after a generous bound (not a timing
 /// assertion: it only stops a hung test).
 fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
@@ -191,15 +216,7 @@ fn sleep_runs_with_every_layer_and_leaves_nothing_after_kill() {
     // fds: stdio only (pointed at /dev/null). Right after exec the dynamic
     // loader briefly holds a library open (fd 3), so look once `sleep` is
     // blocked in (clock_)nanosleep: a leaked fd would still be there.
-    eventually("sleep to block in nanosleep", || {
-        fs::read_to_string(format!("/proc/{pid}/syscall"))
-            .is_ok_and(|s| s.starts_with("230 ") || s.starts_with("35 "))
-    });
-    let fds = fds_of(pid);
-    let targets: Vec<_> = fds
-        .iter()
-        .map(|fd| fs::read_link(format!("/proc/{pid}/fd/{fd}")))
-        .collect();
+    let (fds, targets) = fds_when_blocked(pid, "sleep to block in nanosleep", &SLEEPING);
     assert_eq!(fds, BTreeSet::from([0, 1, 2]), "{targets:?}");
     assert_eq!(
         fs::read_link(format!("/proc/{pid}/fd/1")).unwrap(),
@@ -249,15 +266,7 @@ fn passed_fds_arrive_at_their_numbers_and_nothing_else_does() {
     let pid = jailed.pid;
     // Wait until sh blocks in poll/read on its stdin, the socket (while
     // `echo >&5` runs, ash keeps a saved copy of fd 1 at fd 10).
-    eventually("sh to block reading stdin", || {
-        fs::read_to_string(format!("/proc/{pid}/syscall"))
-            .is_ok_and(|s| s.starts_with("7 ") || s.starts_with("0 0x0 "))
-    });
-    let fds = fds_of(pid);
-    let targets: Vec<_> = fds
-        .iter()
-        .map(|fd| fs::read_link(format!("/proc/{pid}/fd/{fd}")))
-        .collect();
+    let (fds, targets) = fds_when_blocked(pid, "sh to block reading stdin", &["7 ", "0 0x0 "]);
     assert_eq!(fds, BTreeSet::from([0, 1, 2, 5]), "{targets:?}");
     assert_eq!(jailed.kill().unwrap(), JailExit::Signal(SIGKILL));
     assert_no_leftovers(&spec.name, pid);
@@ -279,15 +288,7 @@ fn the_helpers_copies_of_passed_fds_do_not_reach_the_program() {
     let mut jailed = jail::spawn(&spec).unwrap();
     drop(theirs);
     let pid = jailed.pid;
-    eventually("sleep to block in nanosleep", || {
-        fs::read_to_string(format!("/proc/{pid}/syscall"))
-            .is_ok_and(|s| s.starts_with("230 ") || s.starts_with("35 "))
-    });
-    let fds = fds_of(pid);
-    let targets: Vec<_> = fds
-        .iter()
-        .map(|fd| fs::read_link(format!("/proc/{pid}/fd/{fd}")))
-        .collect();
+    let (fds, targets) = fds_when_blocked(pid, "sleep to block in nanosleep", &SLEEPING);
     assert_eq!(fds, BTreeSet::from([0, 1, 2, 40]), "{targets:?}");
     assert_eq!(jailed.kill().unwrap(), JailExit::Signal(SIGKILL));
     assert_no_leftovers(&spec.name, pid);
