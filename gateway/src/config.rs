@@ -106,6 +106,18 @@ impl FromStr for PublishSpec {
     }
 }
 
+impl std::fmt::Display for PublishSpec {
+    /// The form [`PublishSpec::from_str`] reads: `HOST_ADDR:HOST_PORT:GUEST_PORT/PROTO`
+    /// (an IPv6 host address in brackets).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let proto = match self.proto {
+            Proto::Tcp => "tcp",
+            Proto::Udp => "udp",
+        };
+        write!(f, "{}:{}/{proto}", self.host, self.guest_port)
+    }
+}
+
 /// Parses `IP` or `IP:PORT` (port 53 by default).
 pub fn parse_upstream(s: &str) -> Result<SocketAddr, ConfigError> {
     if let Ok(sa) = s.parse::<SocketAddr>() {

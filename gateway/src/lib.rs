@@ -8,6 +8,7 @@
 //! ([`audit`]). See `docs/gateway.md`.
 #![forbid(unsafe_code)]
 
+pub mod args;
 pub mod audit;
 pub mod config;
 pub mod datapath;
@@ -70,6 +71,32 @@ pub enum GuestSource {
     Connected(UnixStream),
 }
 
+/// The write end of a launcher's readiness pipe (`--ready-fd`).
+///
+/// [`ReadySignal::send`] writes `ready` and a newline, then closes it. If it
+/// is dropped unsent (the gateway stopped before serving), the pipe closes
+/// with nothing written, which the reader sees as "stopped before ready".
+#[derive(Debug, Default)]
+pub struct ReadySignal(Option<std::fs::File>);
+
+impl ReadySignal {
+    /// Signals readiness on `pipe` (none: [`ReadySignal::default`]).
+    pub fn new(pipe: std::fs::File) -> Self {
+        Self(Some(pipe))
+    }
+
+    /// Writes the ready line once and closes the pipe; later calls do nothing.
+    fn send(&mut self) {
+        use std::io::Write as _;
+        if let Some(mut pipe) = self.0.take()
+            && let Err(e) = pipe.write_all(b"ready\n")
+        {
+            // The reader is gone: nobody waits for this gateway to be ready.
+            tracing::warn!(error = %e, "writing the ready line to --ready-fd failed");
+        }
+    }
+}
+
 /// Serves guests until SIGTERM/SIGINT (returns `Ok`) or, for a connected
 /// stream, until the guest disconnects. Must run inside a tokio runtime.
 /// No policy reload: see [`serve_with_reload`].
@@ -79,18 +106,21 @@ pub async fn serve(
     audit: AuditSink,
     source: GuestSource,
 ) -> Result<(), GatewayError> {
-    serve_with_reload(cfg, decider, audit, source, None).await
+    serve_with_reload(cfg, decider, audit, source, None, ReadySignal::default()).await
 }
 
 /// [`serve`], plus policy reload on SIGHUP and on changes of the policy file
 /// when `reload` is given (see [`reload`]). Writes `gateway` audit records
-/// when it starts and stops and when a guest session ends.
+/// when it starts and stops and when a guest session ends. `ready` is
+/// signalled once the published ports and the guest socket are bound (for a
+/// connected stream: once published ports are bound).
 pub async fn serve_with_reload(
     cfg: Config,
     decider: Arc<dyn Decider>,
     mut audit: AuditSink,
     source: GuestSource,
     reload: Option<reload::ReloadSource>,
+    mut ready: ReadySignal,
 ) -> Result<(), GatewayError> {
     let cfg = Arc::new(cfg);
     let (events_tx, mut events) = mpsc::unbounded_channel();
@@ -171,6 +201,7 @@ pub async fn serve_with_reload(
 
     match source {
         GuestSource::Connected(stream) => {
+            ready.send();
             let mut dp = Datapath::new(cfg.clone(), decider.clone(), audit, events_tx.clone());
             let end = dp.run(&stream, &mut events).await;
             log_end(&end);
@@ -186,6 +217,7 @@ pub async fn serve_with_reload(
                 source,
             })?;
             tracing::info!(socket = %path.display(), "ready: waiting for the guest");
+            ready.send();
             let result = loop {
                 let stream = tokio::select! {
                     r = listener.accept() => match r {

@@ -5,105 +5,31 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
-use clap::{Parser, ValueEnum};
+use clap::Parser;
+use sluice_gateway::args::{GatewayArgs, LogFormat};
 use sluice_gateway::audit::AuditSink;
-use sluice_gateway::config::{self, Config, PublishSpec};
+use sluice_gateway::config::{self, Config};
 use sluice_gateway::decide::{Decider, PlatformDecider, PlatformDenySet, host_addresses};
 use sluice_gateway::enforce::PolicyDecider;
 use sluice_gateway::hostaddrs::HostAddresses;
 use sluice_gateway::reload::ReloadSource;
-use sluice_gateway::{GuestSource, serve_with_reload};
+use sluice_gateway::{GuestSource, ReadySignal, serve_with_reload};
 use sluice_intercept::{Interceptor, InterceptorConfig};
 use sluice_policy::{CompileOptions, CompiledPolicy};
 use sluice_secrets::SecretStore;
 
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum LogFormat {
-    Human,
-    Json,
-}
-
-/// The per-VM network sidecar: a userspace network for one QEMU guest in which
-/// every flow is decided before it leaves the host.
-///
-/// Defaults: subnet 10.0.2.0/24, gateway (router, DHCP and DNS server) 10.0.2.2,
-/// guest 10.0.2.15, MTU 65520. IPv6 is off (v6 frames dropped, AAAA withheld).
-#[derive(Debug, Parser)]
-#[command(name = "sluice-gateway", version)]
-struct Args {
-    /// Listen on this unix socket path for the guest (QEMU `-netdev stream,server=off`); one
-    /// guest at a time, re-accepting after a disconnect.
-    #[arg(long, conflicts_with = "fd", required_unless_present = "fd")]
-    socket: Option<PathBuf>,
-    /// Use this inherited, already-connected stream socket fd (e.g. one end of a socketpair);
-    /// the gateway exits when the guest closes it.
-    #[arg(long)]
-    fd: Option<i32>,
-    /// Policy file (YAML), compiled at start (exit non-zero if invalid) and enforced on every
-    /// flow and DNS query. Without it only the platform deny set applies. Reloaded on SIGHUP
-    /// and when the file changes (also by rename); an invalid new file is rejected and the
-    /// running policy stays (audit `reload_rejected`); open flows the new policy denies are
-    /// reset (audit `reload_revoked`).
-    #[arg(long)]
-    policy: Option<PathBuf>,
-    /// Audit JSON lines destination: a file path (appended) or `-` for stdout.
-    #[arg(long, default_value = "-")]
-    audit: String,
-    /// Log format on stderr.
-    #[arg(long, value_enum, default_value = "human")]
-    log_format: LogFormat,
-    /// Sandbox id written in every audit line.
-    #[arg(long, default_value = "sandbox")]
-    sandbox_id: String,
-    /// Virtual IPv4 subnet (/27 or larger); the gateway is .2, the guest .15.
-    #[arg(long, default_value = config::DEFAULT_SUBNET)]
-    subnet: String,
-    /// MTU advertised by DHCP (option 26) and used by the stack, 1280..=65520.
-    #[arg(long, default_value_t = config::DEFAULT_MTU)]
-    mtu: u16,
-    /// Publish a guest port on the host: [HOST_ADDR:]HOST_PORT:GUEST_PORT[/tcp|/udp]
-    /// (host address defaults to 127.0.0.1). Repeatable.
-    #[arg(long)]
-    publish: Vec<PublishSpec>,
-    /// Upstream DNS resolver IP[:PORT] (repeatable); overrides the policy's `dns.upstream`.
-    /// Default: the policy's `dns.upstream` list (a reload applies a new one), else the
-    /// host's non-loopback resolvers from /etc/resolv.conf or /run/systemd/resolve/resolv.conf.
-    #[arg(long)]
-    dns_upstream: Vec<String>,
-    /// Write the sandbox CA certificate (PEM, mode 0644) to this path, for the guest's trust
-    /// store. The CA is generated at start only when the policy inspects some host (a secret
-    /// bound to it, or `inspect:`); otherwise no file is written.
-    #[arg(long)]
-    ca_out: Option<PathBuf>,
-    /// Extra CA certificates (PEM file, may hold several) trusted for the upstreams of
-    /// intercepted connections besides the compiled-in webpki roots. Repeatable.
-    #[arg(long)]
-    upstream_ca: Vec<PathBuf>,
-    /// Maximum concurrent flows; new connections beyond it are refused with RST.
-    #[arg(long, default_value_t = config::DEFAULT_MAX_FLOWS)]
-    max_flows: usize,
-    /// Start even where the kernel enforces no Landlock (the gateway's
-    /// self-restriction then has only its seccomp filter).
-    #[arg(long)]
-    allow_missing_landlock: bool,
-    /// Maximum concurrent forwarded UDP flows (guest endpoint, destination) the policy
-    /// allowed; a new one beyond it is dropped and audited `too_many_flows`.
-    #[arg(long, default_value_t = sluice_gateway::udp::DEFAULT_MAX_UDP_FLOWS)]
-    max_udp_flows: usize,
-    /// Seconds without a datagram after which a forwarded UDP flow closes (a flow the
-    /// destination never answered closes after half of it).
-    #[arg(long, default_value_t = sluice_gateway::udp::DEFAULT_UDP_IDLE.as_secs())]
-    udp_idle_secs: u64,
-    /// Size in KiB of each of a TCP flow's two buffers (receive window towards the guest,
-    /// unacknowledged data to the guest), 64..=16384. Bounds per-flow memory; smaller
-    /// windows cost throughput (docs/gateway.md, "Memory").
-    #[arg(long, default_value_t = config::DEFAULT_FLOW_BUFFER / 1024)]
-    flow_buffer_kib: usize,
-}
-
 fn main() -> anyhow::Result<()> {
     pin_mmap_threshold();
-    let args = Args::parse();
+    let args = GatewayArgs::parse();
+    // Taken first: whatever fails from here on closes it unwritten, which the
+    // launcher reads as "stopped before ready".
+    if args.ready_fd.is_some() && args.ready_fd == args.fd {
+        bail!("--ready-fd and --fd must be different descriptors");
+    }
+    let ready = match args.ready_fd {
+        Some(fd) => ReadySignal::new(std::fs::File::from(adopt_fd(fd, "--ready-fd")?)),
+        None => ReadySignal::default(),
+    };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
@@ -153,11 +79,7 @@ fn main() -> anyhow::Result<()> {
             Err(e) => return Err(e.into()),
         };
     } else {
-        cfg.dns_upstreams = args
-            .dns_upstream
-            .iter()
-            .map(|s| config::parse_upstream(s))
-            .collect::<Result<_, _>>()?;
+        cfg.dns_upstreams = args.dns_upstream.clone();
     }
     if cfg.dns_upstreams.iter().any(|u| u.ip().is_loopback()) {
         bail!("a loopback DNS upstream would expose the host's resolver to the guest");
@@ -216,14 +138,14 @@ fn main() -> anyhow::Result<()> {
         hosts.spawn_refresher();
         let source = match (args.socket, args.fd) {
             (Some(path), _) => GuestSource::Socket(path),
-            (None, Some(fd)) => GuestSource::Connected(adopt_fd(fd)?),
+            (None, Some(fd)) => GuestSource::Connected(adopt_stream(fd)?),
             (None, None) => bail!("one of --socket or --fd is required"),
         };
         tracing::info!(
             gateway = %cfg.gateway_ip, guest = %cfg.guest_ip, mtu = cfg.mtu,
             upstreams = ?cfg.dns_upstreams, "sluice-gateway starting"
         );
-        serve_with_reload(cfg, decider, audit, source, reload).await?;
+        serve_with_reload(cfg, decider, audit, source, reload, ready).await?;
         Ok(())
     })
 }
@@ -271,7 +193,7 @@ fn interceptor(
 /// the policy file's directory (reload re-reads it) and of the directories of
 /// the policy's secret files (reload re-reads them: rotation); TCP bind only on `--publish` ports. With `--socket`,
 /// the socket's directory stays writable (the listener is bound later).
-fn self_restrict(args: &Args, secret_dirs: Vec<PathBuf>) -> anyhow::Result<()> {
+fn self_restrict(args: &GatewayArgs, secret_dirs: Vec<PathBuf>) -> anyhow::Result<()> {
     use sluice_confine::{GatewayConfinement, gateway_self_restrict};
     let mut conf = GatewayConfinement {
         audit_path: (args.audit != "-").then(|| PathBuf::from(&args.audit)),
@@ -343,24 +265,29 @@ fn pin_mmap_threshold() {
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 fn pin_mmap_threshold() {}
 
-/// Adopts the inherited stream socket `fd`.
+/// Takes ownership of the inherited descriptor `fd`, given by `flag`.
 #[allow(unsafe_code)]
-fn adopt_fd(fd: i32) -> anyhow::Result<tokio::net::UnixStream> {
-    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+fn adopt_fd(fd: i32, flag: &str) -> anyhow::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::{FromRawFd, OwnedFd};
     if fd < 3 {
-        bail!("--fd {fd}: refusing to adopt a standard stream");
+        bail!("{flag} {fd}: refusing to adopt a standard stream");
     }
     // Check the fd is open before taking ownership of it (by fcntl, not
     // /proc: the jailed gateway has no /proc).
     // SAFETY: F_GETFD on an integer only reads the descriptor table.
     if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
-        bail!("--fd {fd}: not an open file descriptor");
+        bail!("{flag} {fd}: not an open file descriptor");
     }
     // SAFETY: `fd` is >= 3, open (checked above), was inherited from the parent
-    // for this purpose, and nothing else in this process owns or closes it; the
-    // OwnedFd becomes its only owner.
-    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-    let std_stream = std::os::unix::net::UnixStream::from(owned);
+    // for this purpose, and nothing else in this process owns or closes it
+    // (main adopts each flag's fd once); the OwnedFd becomes its only owner.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Adopts the inherited stream socket `fd` (`--fd`).
+fn adopt_stream(fd: i32) -> anyhow::Result<tokio::net::UnixStream> {
+    use std::os::fd::AsRawFd;
+    let std_stream = std::os::unix::net::UnixStream::from(adopt_fd(fd, "--fd")?);
     std_stream
         .set_nonblocking(true)
         .context("setting --fd non-blocking")?;

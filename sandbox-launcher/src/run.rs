@@ -10,8 +10,9 @@
 //!
 //! Cleanup: QEMU and the gateway run in their own process groups with a
 //! parent-death SIGKILL, and are killed and reaped on every exit path. The
-//! launcher creates no files outside the image cache (all channels are
-//! socketpairs, an inline policy is a memfd), so a SIGKILL of the launcher
+//! launcher's channels are socketpairs and pipes; its only files outside the
+//! image cache are in the run dir (inline policy, CA), which the gateway's
+//! jail helper removes after the gateway ends, so a SIGKILL of the launcher
 //! leaves nothing behind.
 
 use std::collections::BTreeMap;
@@ -36,9 +37,9 @@ use crate::gateway_inputs::{FileView, JAIL_UID, secret_inputs, write_for_jail};
 use crate::image::{self, ImageOptions};
 use crate::jail::{FdMap, Layer};
 use crate::qemu::{self, AGENT_FD, CONSOLE_FD, NET_FD, VmConfig};
-use crate::spawn::{
-    GatewayJail, Isolation, QemuJail, Sidecar, gateway_spec, publish_tcp_host_port, qemu_spec,
-};
+use crate::spawn::{GatewayJail, Isolation, QemuJail, Sidecar, gateway_spec, qemu_spec};
+use sluice_gateway::args::{GatewayArgs, LogFormat};
+use sluice_gateway::config::{Proto, PublishSpec};
 
 /// Exit status when `--timeout` expired.
 pub const EXIT_TIMEOUT: i32 = 124;
@@ -82,9 +83,10 @@ pub struct RunArgs {
     /// Copy a guest file out after the command (repeatable).
     #[arg(long = "copy-out", value_name = "GUEST:HOST")]
     pub copy_out: Vec<String>,
-    /// Publish a guest port on the host (passed to the gateway; repeatable).
+    /// Publish a guest port on the host: [HOST_ADDR:]HOST_PORT:GUEST_PORT[/tcp|/udp]
+    /// (passed to the gateway; repeatable).
     #[arg(long, value_name = "SPEC")]
-    pub publish: Vec<String>,
+    pub publish: Vec<PublishSpec>,
     /// Trust this PEM CA bundle (besides the system roots) for the upstream
     /// leg of intercepted TLS (repeatable; e.g. a private registry's CA).
     /// Copied into the run dir and passed as the gateway's `--upstream-ca`.
@@ -250,10 +252,12 @@ struct GatewayHandles {
     audit: Arc<Mutex<Vec<serde_json::Value>>>,
     audit_reader: Option<thread::JoinHandle<()>>,
     log: Arc<Mutex<Vec<u8>>>,
+    /// `Ok` once the gateway wrote its ready line; disconnected when it
+    /// closed the pipe without one (it stopped first).
     ready: Receiver<()>,
-    /// Where the gateway writes the sandbox CA: `Some` when the policy
-    /// inspects a host.
-    ca_out: Option<PathBuf>,
+    /// Where the gateway writes the sandbox CA if the policy inspects a
+    /// host (the gateway decides; no file otherwise).
+    ca_out: PathBuf,
 }
 
 /// A per-run directory, removed (with its contents) when dropped.
@@ -346,13 +350,7 @@ impl Session {
         let console_guest = OwnedFd::from(console_guest);
         let (qemu_err_read, qemu_err_write) = io::pipe().context("pipe")?;
         let qemu_log = Arc::new(Mutex::new(Vec::new()));
-        spawn_log_reader(
-            qemu_err_read,
-            Arc::clone(&qemu_log),
-            args.debug,
-            "qemu",
-            None,
-        );
+        spawn_log_reader(qemu_err_read, Arc::clone(&qemu_log), args.debug, "qemu");
         let fd = |f: &dyn AsRawFd, child| FdMap {
             parent: f.as_raw_fd(),
             child,
@@ -438,17 +436,14 @@ impl Session {
     }
 
     /// Gives the guest the sandbox CA when the policy inspects a host: waits
-    /// for the gateway to be ready (it writes the CA before serving), then
-    /// sends `InstallCa`. A policy that inspects nothing gets no CA. An
-    /// inspecting policy whose gateway wrote no CA is an error: the guest
-    /// could not verify any inspected connection.
+    /// for the gateway to be ready (it writes the CA, exactly when the policy
+    /// inspects a host, before it serves), then sends `InstallCa`. No CA file
+    /// means the policy inspects nothing: the guest gets no CA.
     fn install_ca(&self) -> Result<bool, Stop> {
         let Some(gw) = &self.gateway else {
             return Ok(false);
         };
-        let Some(ca) = &gw.ca_out else {
-            return Ok(false);
-        };
+        let ca = &gw.ca_out;
         let until = Instant::now() + GATEWAY_READY_WAIT;
         loop {
             if self.interrupted.load(Ordering::Relaxed) {
@@ -471,9 +466,12 @@ impl Session {
                 }
             }
         }
+        if !ca.exists() {
+            return Ok(false);
+        }
         let pem = fs::read(ca).map_err(|e| {
             Stop::Failed(anyhow!(
-                "the policy inspects hosts but the gateway's sandbox CA {} cannot be read: {e}{}",
+                "the gateway's sandbox CA {} cannot be read: {e}{}",
                 ca.display(),
                 log_tail(&gw.log)
             ))
@@ -953,30 +951,35 @@ fn log_tail(log: &Mutex<Vec<u8>>) -> String {
     out
 }
 
-/// Reads a child's stderr: keeps the tail, echoes it under `--debug`, and
-/// signals `ready` once a line contains `ready_line` (the sender is dropped
-/// when the stream ends).
+/// Reads the gateway's `--ready-fd` pipe: sends once when the ready line
+/// arrives; the sender is dropped (the receiver sees "disconnected") when
+/// the pipe closes without it, i.e. the gateway stopped before serving.
+fn spawn_ready_reader(pipe: io::PipeReader) -> Receiver<()> {
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        let mut line = String::new();
+        let read = io::BufRead::read_line(&mut io::BufReader::new(pipe), &mut line);
+        // A message sent before the sender drops is still received first.
+        if read.is_ok() && line == "ready\n" {
+            let _ = tx.send(());
+        }
+    });
+    rx
+}
+
+/// Reads a child's stderr: keeps the tail and echoes it under `--debug`.
 fn spawn_log_reader(
     stream: io::PipeReader,
     keep: Arc<Mutex<Vec<u8>>>,
     debug: bool,
     who: &'static str,
-    ready: Option<(&'static str, mpsc::Sender<()>)>,
 ) {
     thread::spawn(move || {
         let mut lines = io::BufReader::new(stream);
         let mut line = Vec::new();
-        let mut ready = ready;
         while matches!(io::BufRead::read_until(&mut lines, b'\n', &mut line), Ok(n) if n > 0) {
             if debug {
                 eprint!("sluice: {who}: {}", String::from_utf8_lossy(&line));
-            }
-            if let Some((needle, tx)) = &ready
-                && line.windows(needle.len()).any(|w| w == needle.as_bytes())
-            {
-                let _ = tx.send(());
-                // Keep the sender: dropping it would read as "exited".
-                std::mem::forget(ready.take());
             }
             if let Ok(mut k) = keep.lock() {
                 k.extend_from_slice(&line);
@@ -1008,6 +1011,9 @@ fn make_run_dir(sandbox_id: &str) -> anyhow::Result<RunDir> {
     Ok(dir)
 }
 
+/// The gateway's end of its readiness pipe (`--ready-fd`).
+const READY_FD: i32 = 4;
+
 /// Spawns `sluice-gateway --fd 3` in its jail on the host end of the
 /// network socketpair. The policy is `--policy FILE` (its directory bound
 /// read-only into the jail, so reload sees a rename-replace:
@@ -1028,12 +1034,8 @@ fn spawn_gateway(
 ) -> anyhow::Result<(Sidecar, GatewayHandles)> {
     let gateway =
         fs::canonicalize(gateway).with_context(|| format!("resolving {}", gateway.display()))?;
-    let mut gw_args: Vec<String> = vec![
-        "--fd".into(),
-        NET_FD.to_string(),
-        "--sandbox-id".into(),
-        sandbox_id.to_owned(),
-    ];
+    let mut gw_args = GatewayArgs::with_fd(NET_FD);
+    gw_args.sandbox_id = sandbox_id.to_owned();
     let compile = sluice_policy::CompileOptions::default();
     // What the gateway's jail binds read-only: the policy (its directory,
     // so that reload sees a file replaced by rename) and secret files.
@@ -1072,8 +1074,7 @@ fn spawn_gateway(
             (p, compiled)
         }
     };
-    gw_args.push("--policy".into());
-    gw_args.push(policy_path.to_string_lossy().into_owned());
+    gw_args.policy = Some(policy_path);
     // The policy's resolvers (`dns.upstream`) are read by the gateway from
     // the policy itself, so that a reload can change them.
     let secrets = secret_inputs(&compiled)?;
@@ -1085,44 +1086,46 @@ fn spawn_gateway(
         );
     }
     read.extend(secrets.read);
-    // The gateway generates a sandbox CA exactly when the policy inspects a
-    // host (a bound secret or `inspect:`); it writes it before it serves.
-    let ca_out = (!compiled.inspected_patterns().is_empty()).then(|| run_dir.join("ca.pem"));
-    if let Some(ca) = &ca_out {
-        gw_args.push("--ca-out".into());
-        gw_args.push(ca.to_string_lossy().into_owned());
-    }
+    // The gateway decides whether the policy needs a sandbox CA (it inspects
+    // a host: a bound secret or `inspect:`) and writes it before it serves.
+    let ca_out = run_dir.join("ca.pem");
+    gw_args.ca_out = Some(ca_out.clone());
     for (i, pem) in args.upstream_ca.iter().enumerate() {
         let data = fs::read(pem).with_context(|| format!("--upstream-ca {}", pem.display()))?;
         let copy = run_dir.join(format!("upstream-ca-{i}.pem"));
         write_for_jail(&copy, &data)?;
-        gw_args.push("--upstream-ca".into());
-        gw_args.push(copy.to_string_lossy().into_owned());
+        gw_args.upstream_ca.push(copy);
     }
-    gw_args.extend(["--audit".into(), "-".into()]);
-    for p in &args.publish {
-        gw_args.push("--publish".into());
-        gw_args.push(p.clone());
-    }
-    if iso.allow_missing.contains(&Layer::Landlock) {
-        gw_args.push("--allow-missing-landlock".into());
-    }
-    gw_args.extend(["--log-format".into(), "human".into()]);
+    gw_args.audit = "-".to_owned();
+    gw_args.publish.clone_from(&args.publish);
+    gw_args.allow_missing_landlock = iso.allow_missing.contains(&Layer::Landlock);
+    gw_args.log_format = LogFormat::Human;
+    gw_args.ready_fd = Some(READY_FD);
+    let argv = gw_args
+        .to_argv()
+        .into_iter()
+        .map(|a| {
+            a.into_string()
+                .map_err(|a| anyhow!("a gateway argument is not UTF-8: {}", a.display()))
+        })
+        .collect::<anyhow::Result<Vec<String>>>()?;
 
     let (audit_read, audit_write) = io::pipe().context("pipe")?;
     let (log_read, log_write) = io::pipe().context("pipe")?;
+    let (ready_read, ready_write) = io::pipe().context("pipe")?;
     let spec = gateway_spec(
         &GatewayJail {
             name: format!("{sandbox_id}-gateway"),
             gateway: &gateway,
-            args: gw_args,
+            args: argv,
             read,
             env: secrets.env,
             run_dir,
             tcp_bind: args
                 .publish
                 .iter()
-                .filter_map(|p| publish_tcp_host_port(p))
+                .filter(|p| p.proto == Proto::Tcp)
+                .map(|p| p.host.port())
                 .collect(),
             fds: vec![
                 FdMap {
@@ -1137,6 +1140,10 @@ fn spawn_gateway(
                     parent: net.as_raw_fd(),
                     child: NET_FD,
                 },
+                FdMap {
+                    parent: ready_write.as_raw_fd(),
+                    child: READY_FD,
+                },
             ],
             sandbox_id: sandbox_id.to_owned(),
         },
@@ -1145,17 +1152,11 @@ fn spawn_gateway(
     .context("the gateway's jail")?;
     let sidecar = Sidecar::spawn("the gateway", &spec)
         .with_context(|| format!("starting {} in its jail", gateway.display()))?;
-    drop((audit_write, log_write, net));
+    drop((audit_write, log_write, ready_write, net));
 
     let log = Arc::new(Mutex::new(Vec::new()));
-    let (ready_tx, ready) = mpsc::channel();
-    spawn_log_reader(
-        log_read,
-        Arc::clone(&log),
-        args.debug,
-        "gateway",
-        Some(("sluice-gateway starting", ready_tx)),
-    );
+    spawn_log_reader(log_read, Arc::clone(&log), args.debug, "gateway");
+    let ready = spawn_ready_reader(ready_read);
     let audit = Arc::new(Mutex::new(Vec::new()));
     let mut audit_file = match &args.audit {
         Some(p) => Some(

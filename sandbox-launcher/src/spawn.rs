@@ -324,35 +324,9 @@ pub(crate) fn gateway_spec(g: &GatewayJail<'_>, iso: &Isolation) -> Result<JailS
     Ok(spec)
 }
 
-/// The host TCP port of a `--publish` spec
-/// (`[HOST_ADDR:]HOST_PORT:GUEST_PORT[/tcp|/udp]`); `None` for UDP or a spec
-/// the gateway will refuse anyway.
-pub(crate) fn publish_tcp_host_port(spec: &str) -> Option<u16> {
-    let (ports, proto) = match spec.rsplit_once('/') {
-        Some((p, proto)) => (p, proto),
-        None => (spec, "tcp"),
-    };
-    if proto != "tcp" {
-        return None;
-    }
-    let mut parts = ports.rsplitn(3, ':');
-    let _guest = parts.next()?;
-    parts.next()?.parse().ok()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn publish_host_ports() {
-        assert_eq!(publish_tcp_host_port("8080:80"), Some(8080));
-        assert_eq!(publish_tcp_host_port("127.0.0.1:8080:80/tcp"), Some(8080));
-        assert_eq!(publish_tcp_host_port("[::1]:9000:80"), Some(9000));
-        assert_eq!(publish_tcp_host_port("5353:53/udp"), None);
-        assert_eq!(publish_tcp_host_port("80"), None);
-        assert_eq!(publish_tcp_host_port("x:80"), None);
-    }
 
     fn iso() -> Isolation {
         Isolation {

@@ -1,0 +1,253 @@
+//! The gateway's command line, as one type: [`GatewayArgs`]. The binary
+//! parses it; the launcher builds one and renders it with
+//! [`GatewayArgs::to_argv`], so the two can never disagree on a flag's name
+//! or format (a round-trip test holds them together).
+
+use std::ffi::OsString;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Parser, ValueEnum};
+
+use crate::config::{self, PublishSpec};
+
+/// How the gateway's log lines on stderr are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// One human-readable line per event.
+    Human,
+    /// One JSON object per line (tracing's JSON format).
+    Json,
+}
+
+impl LogFormat {
+    fn as_flag(self) -> &'static str {
+        match self {
+            Self::Human => "human",
+            Self::Json => "json",
+        }
+    }
+}
+
+/// The per-VM network sidecar: a userspace network for one QEMU guest in which
+/// every flow is decided before it leaves the host.
+///
+/// Defaults: subnet 10.0.2.0/24, gateway (router, DHCP and DNS server) 10.0.2.2,
+/// guest 10.0.2.15, MTU 65520. IPv6 is off (v6 frames dropped, AAAA withheld).
+#[derive(Debug, Clone, PartialEq, Eq, Parser)]
+#[command(name = "sluice-gateway", version)]
+pub struct GatewayArgs {
+    /// Listen on this unix socket path for the guest (QEMU `-netdev stream,server=off`); one
+    /// guest at a time, re-accepting after a disconnect.
+    #[arg(long, conflicts_with = "fd", required_unless_present = "fd")]
+    pub socket: Option<PathBuf>,
+    /// Use this inherited, already-connected stream socket fd (e.g. one end of a socketpair);
+    /// the gateway exits when the guest closes it.
+    #[arg(long)]
+    pub fd: Option<i32>,
+    /// Write the line `ready` to this inherited fd (the write end of a pipe), then close it,
+    /// once the gateway serves: policy compiled, sandbox CA written, published ports and the
+    /// guest socket bound. A launcher waits on it instead of reading the log. If the gateway
+    /// stops before that, the fd is closed with nothing written.
+    #[arg(long)]
+    pub ready_fd: Option<i32>,
+    /// Policy file (YAML), compiled at start (exit non-zero if invalid) and enforced on every
+    /// flow and DNS query. Without it only the platform deny set applies. Reloaded on SIGHUP
+    /// and when the file changes (also by rename); an invalid new file is rejected and the
+    /// running policy stays (audit `reload_rejected`); open flows the new policy denies are
+    /// reset (audit `reload_revoked`).
+    #[arg(long)]
+    pub policy: Option<PathBuf>,
+    /// Audit JSON lines destination: a file path (appended) or `-` for stdout.
+    #[arg(long, default_value = "-")]
+    pub audit: String,
+    /// Log format on stderr.
+    #[arg(long, value_enum, default_value = "human")]
+    pub log_format: LogFormat,
+    /// Sandbox id written in every audit line.
+    #[arg(long, default_value = "sandbox")]
+    pub sandbox_id: String,
+    /// Virtual IPv4 subnet (/27 or larger); the gateway is .2, the guest .15.
+    #[arg(long, default_value = config::DEFAULT_SUBNET)]
+    pub subnet: String,
+    /// MTU advertised by DHCP (option 26) and used by the stack, 1280..=65520.
+    #[arg(long, default_value_t = config::DEFAULT_MTU)]
+    pub mtu: u16,
+    /// Publish a guest port on the host: [HOST_ADDR:]HOST_PORT:GUEST_PORT[/tcp|/udp]
+    /// (host address defaults to 127.0.0.1). Repeatable.
+    #[arg(long)]
+    pub publish: Vec<PublishSpec>,
+    /// Upstream DNS resolver IP[:PORT] (repeatable); overrides the policy's `dns.upstream`.
+    /// Default: the policy's `dns.upstream` list (a reload applies a new one), else the
+    /// host's non-loopback resolvers from /etc/resolv.conf or /run/systemd/resolve/resolv.conf.
+    #[arg(long, value_parser = parse_upstream_arg)]
+    pub dns_upstream: Vec<SocketAddr>,
+    /// Write the sandbox CA certificate (PEM, mode 0644) to this path, for the guest's trust
+    /// store. The CA is generated at start only when the policy inspects some host (a secret
+    /// bound to it, or `inspect:`); otherwise no file is written.
+    #[arg(long)]
+    pub ca_out: Option<PathBuf>,
+    /// Extra CA certificates (PEM file, may hold several) trusted for the upstreams of
+    /// intercepted connections besides the compiled-in webpki roots. Repeatable.
+    #[arg(long)]
+    pub upstream_ca: Vec<PathBuf>,
+    /// Maximum concurrent flows; new connections beyond it are refused with RST.
+    #[arg(long, default_value_t = config::DEFAULT_MAX_FLOWS)]
+    pub max_flows: usize,
+    /// Start even where the kernel enforces no Landlock (the gateway's
+    /// self-restriction then has only its seccomp filter).
+    #[arg(long)]
+    pub allow_missing_landlock: bool,
+    /// Maximum concurrent forwarded UDP flows (guest endpoint, destination) the policy
+    /// allowed; a new one beyond it is dropped and audited `too_many_flows`.
+    #[arg(long, default_value_t = crate::udp::DEFAULT_MAX_UDP_FLOWS)]
+    pub max_udp_flows: usize,
+    /// Seconds without a datagram after which a forwarded UDP flow closes (a flow the
+    /// destination never answered closes after half of it).
+    #[arg(long, default_value_t = crate::udp::DEFAULT_UDP_IDLE.as_secs())]
+    pub udp_idle_secs: u64,
+    /// Size in KiB of each of a TCP flow's two buffers (receive window towards the guest,
+    /// unacknowledged data to the guest), 64..=16384. Bounds per-flow memory; smaller
+    /// windows cost throughput (docs/gateway.md, "Memory").
+    #[arg(long, default_value_t = config::DEFAULT_FLOW_BUFFER / 1024)]
+    pub flow_buffer_kib: usize,
+}
+
+fn parse_upstream_arg(s: &str) -> Result<SocketAddr, config::ConfigError> {
+    config::parse_upstream(s)
+}
+
+impl GatewayArgs {
+    /// The arguments of a gateway serving the guest on the inherited stream
+    /// socket `fd`, every other setting at its default.
+    pub fn with_fd(fd: i32) -> Self {
+        Self {
+            socket: None,
+            fd: Some(fd),
+            ready_fd: None,
+            policy: None,
+            audit: "-".to_owned(),
+            log_format: LogFormat::Human,
+            sandbox_id: "sandbox".to_owned(),
+            subnet: config::DEFAULT_SUBNET.to_owned(),
+            mtu: config::DEFAULT_MTU,
+            publish: Vec::new(),
+            dns_upstream: Vec::new(),
+            ca_out: None,
+            upstream_ca: Vec::new(),
+            max_flows: config::DEFAULT_MAX_FLOWS,
+            allow_missing_landlock: false,
+            max_udp_flows: crate::udp::DEFAULT_MAX_UDP_FLOWS,
+            udp_idle_secs: crate::udp::DEFAULT_UDP_IDLE.as_secs(),
+            flow_buffer_kib: config::DEFAULT_FLOW_BUFFER / 1024,
+        }
+    }
+
+    /// The command line (without the program name) that parses back to
+    /// `self`. Every field is written, defaults included, so a reader of the
+    /// jail's argv sees the whole configuration.
+    pub fn to_argv(&self) -> Vec<OsString> {
+        let mut argv: Vec<OsString> = Vec::new();
+        let mut flag = |name: &str, value: OsString| {
+            argv.push(format!("--{name}").into());
+            argv.push(value);
+        };
+        if let Some(path) = &self.socket {
+            flag("socket", path.into());
+        }
+        if let Some(fd) = self.fd {
+            flag("fd", fd.to_string().into());
+        }
+        if let Some(fd) = self.ready_fd {
+            flag("ready-fd", fd.to_string().into());
+        }
+        if let Some(path) = &self.policy {
+            flag("policy", path.into());
+        }
+        flag("audit", self.audit.clone().into());
+        flag("log-format", self.log_format.as_flag().into());
+        flag("sandbox-id", self.sandbox_id.clone().into());
+        flag("subnet", self.subnet.clone().into());
+        flag("mtu", self.mtu.to_string().into());
+        for p in &self.publish {
+            flag("publish", p.to_string().into());
+        }
+        for u in &self.dns_upstream {
+            flag("dns-upstream", u.to_string().into());
+        }
+        if let Some(path) = &self.ca_out {
+            flag("ca-out", path.into());
+        }
+        for path in &self.upstream_ca {
+            flag("upstream-ca", path.into());
+        }
+        flag("max-flows", self.max_flows.to_string().into());
+        flag("max-udp-flows", self.max_udp_flows.to_string().into());
+        flag("udp-idle-secs", self.udp_idle_secs.to_string().into());
+        flag("flow-buffer-kib", self.flow_buffer_kib.to_string().into());
+        if self.allow_missing_landlock {
+            argv.push("--allow-missing-landlock".into());
+        }
+        argv
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(argv: Vec<OsString>) -> GatewayArgs {
+        let mut full: Vec<OsString> = vec!["sluice-gateway".into()];
+        full.extend(argv);
+        GatewayArgs::try_parse_from(full).expect("argv parses")
+    }
+
+    #[test]
+    fn with_fd_equals_the_parsed_defaults() {
+        assert_eq!(
+            GatewayArgs::with_fd(3),
+            parse(vec!["--fd".into(), "3".into()])
+        );
+    }
+
+    #[test]
+    fn every_field_round_trips_through_the_argv() {
+        let mut a = GatewayArgs::with_fd(3);
+        a.ready_fd = Some(5);
+        a.policy = Some("/p/policy.yaml".into());
+        a.audit = "/a/audit.jsonl".into();
+        a.log_format = LogFormat::Json;
+        a.sandbox_id = "sb-1".into();
+        a.subnet = "10.9.0.0/24".into();
+        a.mtu = 1500;
+        a.publish = vec![
+            "8080:80".parse().expect("spec"),
+            "[::1]:9000:90/udp".parse().expect("spec"),
+        ];
+        a.dns_upstream = vec!["192.0.2.53:5353".parse().expect("addr")];
+        a.ca_out = Some("/run/ca.pem".into());
+        a.upstream_ca = vec!["/x/1.pem".into(), "/x/2.pem".into()];
+        a.max_flows = 7;
+        a.allow_missing_landlock = true;
+        a.max_udp_flows = 9;
+        a.udp_idle_secs = 11;
+        a.flow_buffer_kib = 128;
+        assert_eq!(parse(a.to_argv()), a);
+
+        let mut s = GatewayArgs::with_fd(3);
+        s.fd = None;
+        s.socket = Some("/tmp/g.sock".into());
+        assert_eq!(parse(s.to_argv()), s);
+    }
+
+    #[test]
+    fn a_bare_upstream_ip_gets_port_53() {
+        let a = parse(vec![
+            "--fd".into(),
+            "3".into(),
+            "--dns-upstream".into(),
+            "192.0.2.1".into(),
+        ]);
+        assert_eq!(a.dns_upstream, vec!["192.0.2.1:53".parse().expect("addr")]);
+    }
+}
