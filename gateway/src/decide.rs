@@ -224,8 +224,9 @@ impl PlatformDenySet {
     /// Whether `ip` may never be reached from the guest: the always-denied
     /// classes of [`sluice_policy::platform::classify`] (loopback,
     /// unspecified incl. `0.0.0.0/8`, link-local incl. `169.254.169.254`,
-    /// multicast, broadcast; IPv6 forms embedding an IPv4 address are
-    /// classified by that address), the host's own addresses, and the
+    /// cloud host services such as `168.63.129.16`, multicast, broadcast;
+    /// IPv6 forms embedding an IPv4 address are classified by that
+    /// address), the host's own addresses, and the
     /// virtual network's gateway and broadcast addresses. The gateway
     /// address itself counts as denied: DHCP and DNS are served before flows
     /// are decided.

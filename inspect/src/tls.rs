@@ -17,11 +17,18 @@
 //!   hello is only a public name (or absent), so the real destination cannot
 //!   be checked (see [`is_encrypted_hello_extension`]).
 //!
-//! The parser follows smoltcp's shape: every read goes through a bounds-checked
-//! cursor (`Cursor`) that returns `None` past the end, so no length field in
-//! the input can cause an out-of-bounds access or a panic. Extensions other
-//! than server_name, ALPN and ECH are skipped unread, except that two
-//! extensions of the same type make the hello unreadable (RFC 8446 4.2).
+//! Record framing and reassembly are ours (`tls-parser` answers `Incomplete`
+//! on a partial record and buffers nothing); the reassembled ClientHello body
+//! is parsed by `tls-parser`, and our rules are applied on top of what it
+//! returns (`parse_client_hello`): every byte of the body, the extension
+//! block, the server_name list and the ALPN list must be accounted for, where
+//! `tls-parser` alone would stop silently or ignore trailing bytes.
+//! Extensions other than server_name, ALPN and ECH are framed but their
+//! contents are not read, except that two extensions of the same type make
+//! the hello unreadable (RFC 8446 4.2). The hand-written parser this replaced
+//! is kept as a test-only reference, and a differential test (`differential`)
+//! holds the two to the same verdict on the fuzz corpus, the test vectors and
+//! their mutations.
 //!
 //! Assumptions: only TLS 1.0-1.3 record framing (major version 3) is
 //! accepted; SSLv2-compatible hellos and any record other than handshake
@@ -30,6 +37,8 @@
 //! `NotTls`; a broken extension block is [`Reject::SniUnreadable`].
 
 use std::collections::HashSet;
+
+use tls_parser::{SNIType, TlsExtension};
 
 use crate::name::normalize_host;
 
@@ -58,8 +67,6 @@ pub const EXT_ENCRYPTED_SERVER_NAME: u16 = 0xffce;
 /// the final 0xfe0d (draft-ietf-tls-esni-08 used 0xfe08, drafts -09 to -12
 /// 0xfe09..=0xfe0c; draft -13 onward and RFC 9849 use 0xfe0d).
 pub const EXT_ECH_DRAFTS: std::ops::RangeInclusive<u16> = 0xfe08..=0xfe0c;
-/// server_name entry type host_name.
-const NAME_TYPE_HOST_NAME: u8 = 0;
 
 /// Why a first flight was refused. Each variant maps to one audit reason
 /// ([`Reject::reason`]).
@@ -147,6 +154,9 @@ pub struct ClientHelloReader {
     handshake: Vec<u8>,
     finished: Option<Reject>,
     allow_ech_outer: bool,
+    /// The parser of the reassembled body: [`parse_client_hello`], or the
+    /// reference parser in the differential test.
+    parse_body: BodyParser,
 }
 
 impl Default for ClientHelloReader {
@@ -165,7 +175,16 @@ impl ClientHelloReader {
             handshake: Vec::new(),
             finished: None,
             allow_ech_outer: false,
+            parse_body: parse_client_hello,
         }
+    }
+
+    /// The same reader with another body parser (the differential test's
+    /// reference).
+    #[cfg(test)]
+    fn with_body_parser(mut self, parse_body: BodyParser) -> Self {
+        self.parse_body = parse_body;
+        self
     }
 
     /// Accept ClientHellos with an encrypted_client_hello extension,
@@ -277,7 +296,7 @@ impl ClientHelloReader {
                 rest.get(..u24(header[1], header[2], header[3]))
             })
             .unwrap_or_default();
-        match parse_client_hello(body, self.allow_ech_outer) {
+        match (self.parse_body)(body, self.allow_ech_outer) {
             Ok(hello) => Progress::Done(ClientHelloInfo {
                 server_name: hello.server_name,
                 alpn: hello.alpn,
@@ -319,52 +338,8 @@ fn check_record_header(header: &[u8]) -> Result<usize, Reject> {
     Ok(length)
 }
 
-/// A bounds-checked reader over a byte slice: every accessor returns `None`
-/// instead of reading past the end.
-struct Cursor<'a> {
-    bytes: &'a [u8],
-}
-
-impl<'a> Cursor<'a> {
-    fn new(bytes: &'a [u8]) -> Self {
-        Self { bytes }
-    }
-
-    fn is_empty(&self) -> bool {
-        self.bytes.is_empty()
-    }
-
-    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
-        if n > self.bytes.len() {
-            return None;
-        }
-        let (head, tail) = self.bytes.split_at(n);
-        self.bytes = tail;
-        Some(head)
-    }
-
-    fn u8(&mut self) -> Option<u8> {
-        self.take(1).map(|b| b[0])
-    }
-
-    fn u16(&mut self) -> Option<u16> {
-        self.take(2).map(|b| u16::from_be_bytes([b[0], b[1]]))
-    }
-
-    /// A vector with a one-byte length prefix.
-    fn vec8(&mut self) -> Option<&'a [u8]> {
-        let n = self.u8()?;
-        self.take(usize::from(n))
-    }
-
-    /// A vector with a two-byte length prefix.
-    fn vec16(&mut self) -> Option<&'a [u8]> {
-        let n = self.u16()?;
-        self.take(usize::from(n))
-    }
-}
-
 /// The parts of a ClientHello body we keep.
+#[derive(Debug)]
 struct Hello {
     legacy_version: u16,
     server_name: String,
@@ -372,40 +347,46 @@ struct Hello {
     ech: bool,
 }
 
-/// Parses a complete ClientHello body (after the handshake header).
+/// A parser of a complete ClientHello body (after the handshake header);
+/// the second argument is [`ClientHelloReader::allow_ech_outer`].
+type BodyParser = fn(&[u8], bool) -> Result<Hello, Reject>;
+
+/// Parses a complete ClientHello body (after the handshake header) with
+/// `tls-parser`, then applies our rules.
+///
+/// `tls-parser` reads the fixed fields and cuts out the extension block; it
+/// tolerates what we refuse (no cipher suite or compression method, bytes
+/// after the extension block), so those are checked here. The extension list
+/// is read one extension at a time with its framing parser
+/// (`parse_tls_extension_unknown`): its typed list parser stops silently at
+/// the first extension it cannot read and fails on malformed contents of
+/// extensions we never look at, so it could neither prove that every byte
+/// was read nor keep accepting hellos we accept today.
 fn parse_client_hello(body: &[u8], allow_ech_outer: bool) -> Result<Hello, Reject> {
-    let mut c = Cursor::new(body);
-    let legacy_version = c.u16().ok_or(Reject::NotTls)?;
-    c.take(32).ok_or(Reject::NotTls)?; // random
-    let session_id = c.vec8().ok_or(Reject::NotTls)?;
-    if session_id.len() > 32 {
+    let (rest, hello) =
+        tls_parser::parse_tls_handshake_client_hello(body).map_err(|_| Reject::NotTls)?;
+    if hello.ciphers.is_empty() || hello.comp.is_empty() {
         return Err(Reject::NotTls);
     }
-    let suites = c.vec16().ok_or(Reject::NotTls)?;
-    if suites.is_empty() || suites.len() % 2 != 0 {
-        return Err(Reject::NotTls);
-    }
-    let compression = c.vec8().ok_or(Reject::NotTls)?;
-    if compression.is_empty() {
-        return Err(Reject::NotTls);
-    }
-    if c.is_empty() {
-        // No extensions at all: no SNI.
-        return Err(Reject::SniAbsent);
-    }
-    let extensions = c.vec16().ok_or(Reject::SniUnreadable)?;
-    if !c.is_empty() {
-        return Err(Reject::SniUnreadable);
-    }
+    // The extension block is optional, but nothing may follow it; a block
+    // whose length runs past the body is left unparsed in `rest`.
+    let extensions = match (hello.ext, rest.is_empty()) {
+        (Some(block), true) => block,
+        (None, true) => return Err(Reject::SniAbsent),
+        (_, false) => return Err(Reject::SniUnreadable),
+    };
 
     let mut seen = HashSet::new();
     let mut sni: Option<&[u8]> = None;
     let mut alpn = Vec::new();
     let mut ech = false;
-    let mut ext = Cursor::new(extensions);
-    while !ext.is_empty() {
-        let kind = ext.u16().ok_or(Reject::SniUnreadable)?;
-        let data = ext.vec16().ok_or(Reject::SniUnreadable)?;
+    let mut rest = extensions;
+    while !rest.is_empty() {
+        let (tail, kind, data) = match tls_parser::parse_tls_extension_unknown(rest) {
+            Ok((tail, TlsExtension::Unknown(kind, data))) => (tail, kind.0, data),
+            _ => return Err(Reject::SniUnreadable),
+        };
+        rest = tail;
         if !seen.insert(kind) {
             return Err(if kind == EXT_SERVER_NAME {
                 Reject::SniMultiple
@@ -425,7 +406,7 @@ fn parse_client_hello(body: &[u8], allow_ech_outer: bool) -> Result<Hello, Rejec
     }
     let server_name = parse_server_name(sni.ok_or(Reject::SniAbsent)?)?;
     Ok(Hello {
-        legacy_version,
+        legacy_version: hello.version.0,
         server_name,
         alpn,
         ech,
@@ -443,50 +424,70 @@ pub fn is_encrypted_hello_extension(kind: u16) -> bool {
         || EXT_ECH_DRAFTS.contains(&kind)
 }
 
+/// How many bytes of a vector's content `tls-parser` left unread, given the
+/// extension data and what its parser returned: the data is a two-byte
+/// length, the list, then `after` (bytes past the list); `used` is what the
+/// parsed entries account for.
+fn unread(data: &[u8], after: &[u8], used: usize) -> Option<usize> {
+    let list = data.len().checked_sub(2 + after.len())?;
+    list.checked_sub(used)
+}
+
 /// Parses the server_name extension data: exactly one host_name entry.
+///
+/// `tls-parser` reads the entries but stops silently at one it cannot
+/// read, ignores bytes after the list and takes empty data for an empty
+/// list; every byte must be accounted for here, and the first entry that
+/// is not a single host_name decides, as RFC 6066 reads.
 fn parse_server_name(data: &[u8]) -> Result<String, Reject> {
-    let mut c = Cursor::new(data);
-    let list = c.vec16().ok_or(Reject::SniUnreadable)?;
-    if !c.is_empty() {
+    // Empty data parses as an empty list; `unread` then finds no room for
+    // the list's length and refuses it.
+    let (after, entries) = match tls_parser::parse_tls_extension_sni_content(data) {
+        Ok((after, TlsExtension::SNI(entries))) => (after, entries),
+        _ => return Err(Reject::SniUnreadable),
+    };
+    if !after.is_empty() {
         return Err(Reject::SniUnreadable);
     }
-    let mut entries = Cursor::new(list);
-    let mut name = None;
-    while !entries.is_empty() {
-        let kind = entries.u8().ok_or(Reject::SniUnreadable)?;
-        let value = entries.vec16().ok_or(Reject::SniUnreadable)?;
-        if name.is_some() {
-            return Err(Reject::SniMultiple);
-        }
-        if kind != NAME_TYPE_HOST_NAME {
-            return Err(Reject::SniUnreadable);
-        }
-        name = Some(value);
-    }
-    let name = name.ok_or(Reject::SniAbsent)?;
+    let used = entries.iter().map(|(_, name)| 3 + name.len()).sum();
+    let left = unread(data, after, used).ok_or(Reject::SniUnreadable)?;
+    let name = match entries.as_slice() {
+        [] if left == 0 => return Err(Reject::SniAbsent),
+        [] => return Err(Reject::SniUnreadable),
+        [(kind, _), ..] if *kind != SNIType::HostName => return Err(Reject::SniUnreadable),
+        [_, _, ..] => return Err(Reject::SniMultiple),
+        // A second entry that does not parse.
+        [_] if left != 0 => return Err(Reject::SniUnreadable),
+        [(_, name)] => *name,
+    };
     // RFC 6066: "The hostname is represented ... without a trailing dot."
     // We tolerate one and normalise it away, as the policy does.
     normalize_host(name).map_err(|_| Reject::SniUnreadable)
 }
 
 /// Parses the ALPN extension data: a non-empty list of non-empty names.
+///
+/// As for server_name, `tls-parser` stops silently at a name it cannot read
+/// and ignores trailing bytes; both are refused here.
 fn parse_alpn(data: &[u8]) -> Result<Vec<Vec<u8>>, Reject> {
-    let mut c = Cursor::new(data);
-    let list = c.vec16().ok_or(Reject::SniUnreadable)?;
-    if !c.is_empty() || list.is_empty() {
+    let (after, names) = match tls_parser::parse_tls_extension_alpn_content(data) {
+        Ok((after, TlsExtension::ALPN(names))) => (after, names),
+        _ => return Err(Reject::SniUnreadable),
+    };
+    let used = names.iter().map(|name| 1 + name.len()).sum();
+    if !after.is_empty()
+        || names.is_empty()
+        || names.iter().any(|name| name.is_empty())
+        || unread(data, after, used) != Some(0)
+    {
         return Err(Reject::SniUnreadable);
     }
-    let mut names = Cursor::new(list);
-    let mut out = Vec::new();
-    while !names.is_empty() {
-        let name = names.vec8().ok_or(Reject::SniUnreadable)?;
-        if name.is_empty() {
-            return Err(Reject::SniUnreadable);
-        }
-        out.push(name.to_vec());
-    }
-    Ok(out)
+    Ok(names.iter().map(|name| name.to_vec()).collect())
 }
 
+#[cfg(test)]
+mod differential;
+#[cfg(test)]
+mod reference;
 #[cfg(test)]
 mod tests;

@@ -9,6 +9,14 @@
 //! `64:ff9b:1::/48`, 6to4 `2002::/16`) are classified by the embedded IPv4
 //! address, so `::ffff:127.0.0.1` is loopback. Teredo (`2001::/32`) obfuscates
 //! its embedded address and is classified [`AddressClass::Reserved`].
+//!
+//! Cloud providers serve instance metadata, DNS, time and host agents on
+//! fixed addresses. Those inside `169.254.0.0/16` or `fe80::/10` are already
+//! link-local; the others ([`CLOUD_HOST_SERVICES_V4`],
+//! [`CLOUD_HOST_SERVICES_V6`]: public addresses such as Azure's WireServer
+//! `168.63.129.16`, CGNAT, reserved and unique-local ones) are classified
+//! [`AddressClass::CloudHostService`] before any other class, and are as
+//! unreachable as link-local. docs/threat-model.md lists each with its source.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -25,9 +33,14 @@ pub enum AddressClass {
     Loopback,
     /// `0.0.0.0/8` ("this network"), `::`. Always denied.
     Unspecified,
-    /// `169.254.0.0/16`, `fe80::/10`, and the cloud metadata address
-    /// `fd00:ec2::254`. Always denied (covers `169.254.169.254`).
+    /// `169.254.0.0/16`, `fe80::/10`. Always denied (covers the metadata
+    /// address `169.254.169.254` of most clouds).
     LinkLocal,
+    /// A cloud provider's host service outside link-local space (metadata,
+    /// DNS, time, host agent: [`CLOUD_HOST_SERVICES_V4`],
+    /// [`CLOUD_HOST_SERVICES_V6`]). Always denied, even where the address is
+    /// public.
+    CloudHostService,
     /// `224.0.0.0/4`, `ff00::/8`. Always denied.
     Multicast,
     /// `255.255.255.255`. Always denied.
@@ -53,8 +66,8 @@ pub enum AddressClass {
 
 impl AddressClass {
     /// Whether the class is in the non-overridable platform deny set
-    /// (loopback, unspecified, link-local, multicast, broadcast): no policy
-    /// rule can make it reachable.
+    /// (loopback, unspecified, link-local, cloud host services, multicast,
+    /// broadcast): no policy rule can make it reachable.
     #[must_use]
     pub const fn is_always_denied(self) -> bool {
         matches!(
@@ -62,6 +75,7 @@ impl AddressClass {
             Self::Loopback
                 | Self::Unspecified
                 | Self::LinkLocal
+                | Self::CloudHostService
                 | Self::Multicast
                 | Self::Broadcast
         )
@@ -82,6 +96,7 @@ impl AddressClass {
             Self::Loopback => "loopback",
             Self::Unspecified => "unspecified",
             Self::LinkLocal => "link_local",
+            Self::CloudHostService => "cloud_host_service",
             Self::Multicast => "multicast",
             Self::Broadcast => "broadcast",
             Self::Private => "private",
@@ -109,9 +124,72 @@ pub fn classify(ip: IpAddr) -> AddressClass {
     }
 }
 
+/// Cloud host services on IPv4 addresses outside `169.254.0.0/16`, as
+/// (network, prefix length). The sources are in docs/threat-model.md.
+pub const CLOUD_HOST_SERVICES_V4: &[(Ipv4Addr, u8)] = &[
+    // Azure WireServer: DNS, DHCP, health probes, the VM agent's channel.
+    (Ipv4Addr::new(168, 63, 129, 16), 32),
+    // Alibaba Cloud instance metadata.
+    (Ipv4Addr::new(100, 100, 100, 200), 32),
+    // Alibaba Cloud DNS (PrivateZone resolvers).
+    (Ipv4Addr::new(100, 100, 2, 136), 32),
+    (Ipv4Addr::new(100, 100, 2, 138), 32),
+    // Tailscale's host-local resolver and service address ("quad100").
+    (Ipv4Addr::new(100, 100, 100, 100), 32),
+    // Tencent Cloud private-network DNS.
+    (Ipv4Addr::new(183, 60, 83, 19), 32),
+    (Ipv4Addr::new(183, 60, 82, 98), 32),
+    // Oracle Compute Cloud@Customer (and OCI Classic) instance metadata.
+    (Ipv4Addr::new(192, 0, 0, 192), 32),
+    // IBM Cloud service network: DNS, NTP, package mirrors, metadata
+    // helpers for classic infrastructure.
+    (Ipv4Addr::new(161, 26, 0, 0), 16),
+    // IBM Cloud private service endpoints (cloud service APIs reachable
+    // only from inside IBM Cloud).
+    (Ipv4Addr::new(166, 8, 0, 0), 14),
+];
+
+/// Cloud host services on IPv6 addresses outside `fe80::/10`, as (network,
+/// prefix length). The sources are in docs/threat-model.md.
+pub const CLOUD_HOST_SERVICES_V6: &[(Ipv6Addr, u8)] = &[
+    // AWS: instance metadata, Route 53 Resolver (DNS), Time Sync (NTP),
+    // EKS Pod Identity agent.
+    (Ipv6Addr::new(0xfd00, 0x0ec2, 0, 0, 0, 0, 0, 0x0254), 128),
+    (Ipv6Addr::new(0xfd00, 0x0ec2, 0, 0, 0, 0, 0, 0x0253), 128),
+    (Ipv6Addr::new(0xfd00, 0x0ec2, 0, 0, 0, 0, 0, 0x0123), 128),
+    (Ipv6Addr::new(0xfd00, 0x0ec2, 0, 0, 0, 0, 0, 0x0023), 128),
+    // Google Cloud metadata server (IPv6).
+    (Ipv6Addr::new(0xfd20, 0x00ce, 0, 0, 0, 0, 0, 0x0254), 128),
+    // Akamai (Linode) metadata service (IPv6).
+    (Ipv6Addr::new(0xfd00, 0xa9fe, 0xa9fe, 0, 0, 0, 0, 1), 128),
+    // Scaleway instance metadata (IPv6).
+    (Ipv6Addr::new(0xfd00, 0x0042, 0, 0, 0, 0, 0, 0x0042), 128),
+];
+
+/// Whether `ip` lies in one of [`CLOUD_HOST_SERVICES_V4`].
+fn is_cloud_host_service_v4(ip: Ipv4Addr) -> bool {
+    let ip = u32::from(ip);
+    CLOUD_HOST_SERVICES_V4.iter().any(|&(net, len)| {
+        let mask = u32::MAX.checked_shl(32 - u32::from(len)).unwrap_or(0);
+        ip & mask == u32::from(net) & mask
+    })
+}
+
+/// Whether `ip` lies in one of [`CLOUD_HOST_SERVICES_V6`].
+fn is_cloud_host_service_v6(ip: Ipv6Addr) -> bool {
+    let ip = u128::from(ip);
+    CLOUD_HOST_SERVICES_V6.iter().any(|&(net, len)| {
+        let mask = u128::MAX.checked_shl(128 - u32::from(len)).unwrap_or(0);
+        ip & mask == u128::from(net) & mask
+    })
+}
+
 /// Classify an IPv4 address.
 #[must_use]
 pub fn classify_v4(ip: Ipv4Addr) -> AddressClass {
+    if is_cloud_host_service_v4(ip) {
+        return AddressClass::CloudHostService;
+    }
     let o = ip.octets();
     match o {
         [255, 255, 255, 255] => AddressClass::Broadcast,
@@ -130,9 +208,6 @@ pub fn classify_v4(ip: Ipv4Addr) -> AddressClass {
     }
 }
 
-/// The cloud metadata service's IPv6 address (AWS IMDS).
-const METADATA_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x0ec2, 0, 0, 0, 0, 0, 0x0254);
-
 /// Classify an IPv6 address, looking through IPv4 embeddings.
 #[must_use]
 pub fn classify_v6(ip: Ipv6Addr) -> AddressClass {
@@ -146,8 +221,8 @@ pub fn classify_v6(ip: Ipv6Addr) -> AddressClass {
     if ip == Ipv6Addr::LOCALHOST {
         return AddressClass::Loopback;
     }
-    if ip == METADATA_V6 {
-        return AddressClass::LinkLocal;
+    if is_cloud_host_service_v6(ip) {
+        return AddressClass::CloudHostService;
     }
     match s[0] {
         0xff00..=0xffff => AddressClass::Multicast,
@@ -225,8 +300,22 @@ mod tests {
             ("::", C::Unspecified),
             ("::1", C::Loopback),
             ("fe80::1", C::LinkLocal),
-            ("fd00:ec2::254", C::LinkLocal),
-            ("fd00:ec2::253", C::UniqueLocal),
+            ("fd00:ec2::254", C::CloudHostService),
+            ("fd00:ec2::253", C::CloudHostService),
+            ("fd00:ec2::252", C::UniqueLocal),
+            ("168.63.129.16", C::CloudHostService),
+            ("168.63.129.17", C::Public),
+            ("100.100.100.200", C::CloudHostService),
+            ("100.100.100.201", C::SharedCgnat),
+            ("192.0.0.192", C::CloudHostService),
+            ("192.0.0.191", C::Reserved),
+            ("161.26.0.10", C::CloudHostService),
+            ("161.27.0.0", C::Public),
+            ("166.11.255.255", C::CloudHostService),
+            ("166.12.0.0", C::Public),
+            ("::ffff:168.63.129.16", C::CloudHostService),
+            ("64:ff9b::a83f:8110", C::CloudHostService),
+            ("2002:a83f:8110::1", C::CloudHostService),
             ("fc00::1", C::UniqueLocal),
             ("ff02::1", C::Multicast),
             ("fec0::1", C::Private),
@@ -262,6 +351,7 @@ mod tests {
             C::Loopback,
             C::Unspecified,
             C::LinkLocal,
+            C::CloudHostService,
             C::Multicast,
             C::Broadcast,
         ] {
@@ -281,5 +371,52 @@ mod tests {
         }
         assert!(!C::Public.is_always_denied());
         assert!(!C::Public.is_non_public());
+    }
+
+    /// The first and last address of a network given as (address, prefix).
+    fn ends(net: u128, len: u8, bits: u32) -> (u128, u128) {
+        let host = bits - u32::from(len);
+        let size = 1u128.checked_shl(host).map_or(u128::MAX, |s| s - 1);
+        (net, net | size)
+    }
+
+    #[test]
+    fn every_cloud_host_service_is_always_denied_and_its_neighbours_are_not() {
+        for &(net, len) in CLOUD_HOST_SERVICES_V4 {
+            let (first, last) = ends(u128::from(u32::from(net)), len, 32);
+            for inside in [first, last, first + (last - first) / 2] {
+                let ip = Ipv4Addr::from(u32::try_from(inside).unwrap());
+                assert_eq!(classify_v4(ip), C::CloudHostService, "{ip}");
+                assert!(classify(IpAddr::V4(ip)).is_always_denied(), "{ip}");
+                // The embedded forms too.
+                assert!(classify_v6(ip.to_ipv6_mapped()).is_always_denied());
+            }
+            for outside in [first - 1, last + 1] {
+                let ip = Ipv4Addr::from(u32::try_from(outside).unwrap());
+                if is_cloud_host_service_v4(ip) {
+                    continue; // the next entry of the table
+                }
+                let class = classify_v4(ip);
+                assert_ne!(class, C::CloudHostService, "{ip}");
+                assert!(!class.is_always_denied(), "{ip} is {class}");
+            }
+        }
+        for &(net, len) in CLOUD_HOST_SERVICES_V6 {
+            let (first, last) = ends(u128::from(net), len, 128);
+            for inside in [first, last] {
+                let ip = Ipv6Addr::from(inside);
+                assert_eq!(classify_v6(ip), C::CloudHostService, "{ip}");
+                assert!(classify(IpAddr::V6(ip)).is_always_denied(), "{ip}");
+            }
+            for outside in [first - 1, last + 1] {
+                let ip = Ipv6Addr::from(outside);
+                if is_cloud_host_service_v6(ip) {
+                    continue; // the next entry of the table
+                }
+                let class = classify_v6(ip);
+                assert_ne!(class, C::CloudHostService, "{ip}");
+                assert!(!class.is_always_denied(), "{ip} is {class}");
+            }
+        }
     }
 }

@@ -123,8 +123,8 @@ reasons! {
         /// A deny rule matches the name; deny rules win over allow rules.
         Denylisted = "denylisted",
         /// The address is in the non-overridable platform deny set (loopback,
-        /// unspecified, link-local, multicast, broadcast, the host's own
-        /// addresses).
+        /// unspecified, link-local, cloud host services such as
+        /// `168.63.129.16`, multicast, broadcast, the host's own addresses).
         PlatformDenied = "platform_denied",
         /// The destination is in a non-public range (RFC 1918, CGNAT, ULA,
         /// benchmarking, documentation, reserved) that no CIDR allow rule or

@@ -242,6 +242,18 @@ const CASES: &[(&str, &[&str])] = &[
             "p.yaml:4:5: internal network `169.254.169.254/32` lies entirely in the platform deny set (link_local), which no rule can open; remove it",
         ],
     ),
+    (
+        "version: 1\nid: t\nallow:\n  - cidr: 168.63.129.16/32\n",
+        &[
+            "p.yaml:4:11: allow network `168.63.129.16/32` lies entirely in the platform deny set (cloud_host_service), which no rule can open; remove it",
+        ],
+    ),
+    (
+        "version: 1\nid: t\ninternal:\n  - 161.26.0.0/16\n",
+        &[
+            "p.yaml:4:5: internal network `161.26.0.0/16` lies entirely in the platform deny set (cloud_host_service), which no rule can open; remove it",
+        ],
+    ),
     // --- dns ---
     (
         "version: 1\nid: t\ndns:\n  upstream: 5\n",

@@ -773,3 +773,84 @@ fn name_table_agrees_with_a_naive_walk() {
         }
     }
 }
+
+/// Cloud host services: a `cidr` rule or `internal` entry around them opens
+/// their neighbours, never them; a DNS answer pointing at them is refused
+/// like a link-local one.
+#[test]
+fn cloud_host_services_cannot_be_opened_by_any_rule() {
+    const CLOUD: &str = r#"
+version: 1
+id: cloud
+allow:
+  - cidrs: [168.63.0.0/16, 161.0.0.0/8, 166.0.0.0/8, 183.60.0.0/16, 192.0.0.0/24]
+    ports: [80, 443, 32526]
+    udp_ports: [53, 123]
+  - cidrs: ["fd00::/8", "fd20::/16"]
+    ports: [80]
+internal:
+  - 100.64.0.0/10
+  - fd00::/8
+"#;
+    let p = from_yaml_str(CLOUD, "cloud.yaml", &CompileOptions::default()).unwrap();
+    let services = [
+        "168.63.129.16",
+        "100.100.100.200",
+        "100.100.2.136",
+        "100.100.2.138",
+        "100.100.100.100",
+        "183.60.83.19",
+        "183.60.82.98",
+        "192.0.0.192",
+        "161.26.0.10",
+        "161.26.255.255",
+        "166.8.0.1",
+        "166.11.255.254",
+        "fd00:ec2::254",
+        "fd00:ec2::253",
+        "fd00:ec2::123",
+        "fd00:ec2::23",
+        "fd20:ce::254",
+        "fd00:a9fe:a9fe::1",
+        "fd00:42::42",
+        // Embedded forms are classified by the IPv4 address.
+        "::ffff:168.63.129.16",
+        "64:ff9b::a83f:8110",
+    ];
+    for a in services {
+        let addr = ip(a);
+        for port in [80, 443, 32526] {
+            let v = p.check_destination(addr, port, &["anything.example"]);
+            assert_eq!(v.reason, Reason::PlatformDenied, "{a}:{port}");
+            assert_eq!(v.decision, Decision::Deny, "{a}:{port}");
+        }
+        assert_eq!(p.check_udp(addr, 53, &[]).reason, Reason::PlatformDenied);
+        assert_eq!(p.check_dns_answer(addr).reason, Reason::PlatformDenied);
+        assert!(p.is_platform_denied(addr), "{a}");
+    }
+    // The neighbours are opened by the same rules.
+    for a in [
+        "168.63.129.15",
+        "168.63.129.17",
+        "161.25.255.255",
+        "161.27.0.0",
+        "166.7.255.255",
+        "166.12.0.0",
+        "183.60.83.18",
+        "192.0.0.193",
+    ] {
+        let v = p.check_destination(ip(a), 443, &[]);
+        assert_eq!(v.reason, Reason::CidrAllowed, "{a}");
+        assert!(!p.is_platform_denied(ip(a)), "{a}");
+    }
+    for a in ["fd00:ec2::255", "fd00:ec2::252", "fd20:ce::253"] {
+        assert_eq!(
+            p.check_destination(ip(a), 80, &[]).reason,
+            Reason::CidrAllowed,
+            "{a}"
+        );
+    }
+    for a in ["100.100.100.201", "100.100.2.137", "fd00:ec2::255"] {
+        assert_eq!(p.check_dns_answer(ip(a)).reason, Reason::DnsAnswered, "{a}");
+    }
+}

@@ -4,14 +4,14 @@
 
 use super::*;
 
-const CURL: &[u8] = include_bytes!("../../testdata/tls/curl-https.bin");
-const CURL_H11: &[u8] = include_bytes!("../../testdata/tls/curl-http11.bin");
-const OPENSSL_SNI: &[u8] = include_bytes!("../../testdata/tls/openssl-sni.bin");
-const OPENSSL_NOSNI: &[u8] = include_bytes!("../../testdata/tls/openssl-nosni.bin");
-const OPENSSL_TLS12: &[u8] = include_bytes!("../../testdata/tls/openssl-tls12.bin");
-const OPENSSL_GROUPS: &[u8] = include_bytes!("../../testdata/tls/openssl-pq.bin");
-const OPENSSL_BIG: &[u8] = include_bytes!("../../testdata/tls/openssl-big-alpn.bin");
-const PYTHON: &[u8] = include_bytes!("../../testdata/tls/python-ssl.bin");
+pub(super) const CURL: &[u8] = include_bytes!("../../testdata/tls/curl-https.bin");
+pub(super) const CURL_H11: &[u8] = include_bytes!("../../testdata/tls/curl-http11.bin");
+pub(super) const OPENSSL_SNI: &[u8] = include_bytes!("../../testdata/tls/openssl-sni.bin");
+pub(super) const OPENSSL_NOSNI: &[u8] = include_bytes!("../../testdata/tls/openssl-nosni.bin");
+pub(super) const OPENSSL_TLS12: &[u8] = include_bytes!("../../testdata/tls/openssl-tls12.bin");
+pub(super) const OPENSSL_GROUPS: &[u8] = include_bytes!("../../testdata/tls/openssl-pq.bin");
+pub(super) const OPENSSL_BIG: &[u8] = include_bytes!("../../testdata/tls/openssl-big-alpn.bin");
+pub(super) const PYTHON: &[u8] = include_bytes!("../../testdata/tls/python-ssl.bin");
 
 fn read_whole(bytes: &[u8]) -> Progress {
     ClientHelloReader::default().push(bytes)
@@ -123,18 +123,18 @@ fn bytes_after_the_hello_are_kept_for_replay() {
 
 // ---- crafted hellos ----
 
-fn u16be(n: usize) -> [u8; 2] {
+pub(super) fn u16be(n: usize) -> [u8; 2] {
     u16::try_from(n).unwrap().to_be_bytes()
 }
 
-fn ext(kind: u16, data: &[u8]) -> Vec<u8> {
+pub(super) fn ext(kind: u16, data: &[u8]) -> Vec<u8> {
     let mut out = kind.to_be_bytes().to_vec();
     out.extend_from_slice(&u16be(data.len()));
     out.extend_from_slice(data);
     out
 }
 
-fn sni(entries: &[(u8, &[u8])]) -> Vec<u8> {
+pub(super) fn sni(entries: &[(u8, &[u8])]) -> Vec<u8> {
     let mut list = Vec::new();
     for (kind, name) in entries {
         list.push(*kind);
@@ -146,12 +146,12 @@ fn sni(entries: &[(u8, &[u8])]) -> Vec<u8> {
     ext(EXT_SERVER_NAME, &data)
 }
 
-fn host(name: &str) -> Vec<u8> {
+pub(super) fn host(name: &str) -> Vec<u8> {
     sni(&[(0, name.as_bytes())])
 }
 
 /// A handshake message (header + ClientHello body) with these extensions.
-fn handshake(extensions: &[Vec<u8>]) -> Vec<u8> {
+pub(super) fn handshake(extensions: &[Vec<u8>]) -> Vec<u8> {
     let mut body = vec![0x03, 0x03];
     body.extend_from_slice(&[0x42; 32]);
     body.push(32);
@@ -168,7 +168,7 @@ fn handshake(extensions: &[Vec<u8>]) -> Vec<u8> {
 }
 
 /// Wraps a handshake message into records of at most `fragment` bytes.
-fn records(message: &[u8], fragment: usize) -> Vec<u8> {
+pub(super) fn records(message: &[u8], fragment: usize) -> Vec<u8> {
     let mut out = Vec::new();
     for chunk in message.chunks(fragment) {
         out.extend_from_slice(&[CONTENT_HANDSHAKE, 0x03, 0x01]);
@@ -178,12 +178,12 @@ fn records(message: &[u8], fragment: usize) -> Vec<u8> {
     out
 }
 
-fn hello(extensions: &[Vec<u8>]) -> Vec<u8> {
+pub(super) fn hello(extensions: &[Vec<u8>]) -> Vec<u8> {
     records(&handshake(extensions), MAX_RECORD_LEN)
 }
 
 /// A 1216-byte X25519MLKEM768 key share plus an X25519 one.
-fn pq_key_share() -> Vec<u8> {
+pub(super) fn pq_key_share() -> Vec<u8> {
     let mut shares = Vec::new();
     shares.extend_from_slice(&[0x11, 0xec]);
     shares.extend_from_slice(&u16be(1216));
@@ -195,7 +195,7 @@ fn pq_key_share() -> Vec<u8> {
     ext(51, &data)
 }
 
-fn alpn(names: &[&[u8]]) -> Vec<u8> {
+pub(super) fn alpn(names: &[&[u8]]) -> Vec<u8> {
     let mut list = Vec::new();
     for name in names {
         list.push(u8::try_from(name.len()).unwrap());
