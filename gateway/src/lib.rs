@@ -21,6 +21,9 @@ pub mod packet;
 pub mod reload;
 pub mod udp;
 
+#[cfg(test)]
+mod name_corpus_tests;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 
