@@ -2330,12 +2330,14 @@ mod tests {
         let mut cfg = Config::new(DEFAULT_SUBNET, 1500).unwrap();
         cfg.dns_upstreams = vec![upstream.local_addr().unwrap()];
         let (mut guest, _audit, _task) = start_cfg(cfg, Arc::new(TestDecider));
-        // One question whose first label holds a dot ("x.Origin", "TeSt":
-        // the policy sees x.origin.test), an additional record and an EDNS
-        // option carrying data.
+        // One question in mixed case ("X", "Origin", "TeSt": the policy sees
+        // x.origin.test), an additional record and an EDNS option carrying
+        // data.
         let mut q = vec![0x42, 0x42, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 2];
-        q.push(8);
-        q.extend_from_slice(b"x.Origin");
+        q.push(1);
+        q.extend_from_slice(b"X");
+        q.push(6);
+        q.extend_from_slice(b"Origin");
         q.push(4);
         q.extend_from_slice(b"TeSt");
         q.extend_from_slice(&[0, 0, 1, 0, 1]);

@@ -100,13 +100,18 @@ impl DnsTable {
     }
 
     /// Records that `name` resolved to `ip` with `ttl` (clamped to the TTL bounds).
-    /// Names are stored lower-case without the trailing dot. A pair already
+    /// Names are stored in the one normaliser's canonical form
+    /// ([`sluice_name::normalize_name`]); a name that does not normalise is
+    /// not recorded (no connection can be allowed through it). A pair already
     /// held keeps the later of its two expiries.
     pub fn insert(&mut self, ip: IpAddr, name: &str, ttl: Duration, now: Instant) {
-        let name = normalise(name);
+        let Ok(name) = sluice_name::normalize_name(name) else {
+            return;
+        };
+        let name = name.as_str();
         let expires = now + ttl.clamp(self.min_ttl, self.max_ttl);
         if let Some(list) = self.by_ip.get_mut(&ip)
-            && let Some(e) = list.iter_mut().find(|e| *e.name == *name)
+            && let Some(e) = list.iter_mut().find(|e| &*e.name == name)
         {
             if expires > e.expires {
                 e.expires = expires;
@@ -144,11 +149,14 @@ impl DnsTable {
             .map(|e| &*e.name)
     }
 
-    /// Whether `ip` was resolved for `name` (normalised comparison) and is still valid.
+    /// Whether `ip` was resolved for `name` and is still valid: `name` is
+    /// normalised with [`sluice_name::normalize_name`] and compared exactly;
+    /// a name that does not normalise was resolved for nothing.
     pub fn resolved_for(&self, ip: IpAddr, name: &str, now: Instant) -> bool {
-        let name = name.trim_end_matches('.');
-        self.names_for(ip, now)
-            .any(|n| n.eq_ignore_ascii_case(name))
+        let Ok(name) = sluice_name::normalize_name(name) else {
+            return false;
+        };
+        self.names_for(ip, now).any(|n| n == name.as_str())
     }
 
     /// Number of (address, name) pairs held, expired or not.
@@ -233,10 +241,6 @@ impl DnsTable {
     }
 }
 
-fn normalise(name: &str) -> String {
-    name.trim_end_matches('.').to_ascii_lowercase()
-}
-
 /// A validated guest query (sluice-inspect's reader: one IN question, opcode
 /// QUERY, the name normalised exactly as the policy normalises names).
 pub use sluice_inspect::dns::Query as Question;
@@ -253,9 +257,9 @@ pub fn forwarded_type(qtype: RecordType) -> bool {
 /// The query the gateway sends upstream for a validated guest `question`,
 /// built afresh rather than forwarding the guest's bytes: the guest's id,
 /// RD and CD bits, and one question with the *normalised* name (the name the
-/// policy checked: lowercase, so no bits ride in the letter case; labels
-/// re-split at dots, so a label holding a dot cannot make upstream resolve
-/// another name than the one allowed) and the guest's type, IN class; an
+/// policy checked: lowercase, so no bits ride in the letter case; a label
+/// holding a dot never gets this far, the reader refuses it) and the
+/// guest's type, IN class; an
 /// EDNS OPT record with the gateway's payload size and no options; nothing
 /// else (the guest's other sections, EDNS options such as client subnet or
 /// padding, never leave the machine). `None` if it cannot be encoded (a

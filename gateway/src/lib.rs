@@ -22,6 +22,9 @@ pub mod packet;
 pub mod reload;
 pub mod udp;
 
+#[cfg(test)]
+mod name_corpus_tests;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 

@@ -5,8 +5,9 @@
 //!
 //! - [`parse_query`] accepts a guest query with exactly one question for the
 //!   IN class and opcode QUERY, whose name normalises like the policy's
-//!   ([`crate::name::normalize_host`]: ASCII `[a-z0-9-_]` labels, lowercase,
-//!   no trailing dot). Undecodable input (truncation, compression loops,
+//!   ([`sluice_name::normalize_labels`], the one normaliser: ASCII
+//!   `[a-z0-9-_]` labels, lowercase, no trailing dot; a label holding a dot
+//!   is refused). Undecodable input (truncation, compression loops,
 //!   over-long names) and odd names get [`DnsReject`] with the response code
 //!   to answer ([`DnsReject::rcode`]), built by [`reject_response`] or
 //!   [`formerr_response`].
@@ -35,7 +36,7 @@ use std::ops::RangeInclusive;
 use hickory_proto::op::{Edns, Message, MessageType, OpCode, Query as Question, ResponseCode};
 use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};
 
-use crate::name::{NameError, normalize_host};
+use crate::name::NameError;
 
 /// The EDNS UDP payload size the gateway advertises in its answers.
 pub const EDNS_PAYLOAD: u16 = 1232;
@@ -143,21 +144,11 @@ impl Query {
     }
 }
 
-/// Normalises a hickory name like the policy does.
+/// Normalises a hickory name with the one normaliser, label by label
+/// ([`sluice_name::normalize_labels`]): a label holding a dot is refused,
+/// not re-split, since the policy could only ever see the re-split name.
 pub fn normalize_name(name: &Name) -> Result<String, NameError> {
-    let mut joined = Vec::with_capacity(name.len());
-    for label in name.iter() {
-        if !joined.is_empty() {
-            joined.push(b'.');
-        }
-        // An empty label inside a name cannot come off the wire, but keep
-        // the rule explicit.
-        if label.is_empty() {
-            return Err(NameError::EmptyLabel);
-        }
-        joined.extend_from_slice(label);
-    }
-    normalize_host(&joined)
+    sluice_name::normalize_labels(name.iter()).map(String::from)
 }
 
 /// Parses and validates a guest query.

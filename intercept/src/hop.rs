@@ -3,10 +3,13 @@
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
-/// Lower case, no trailing dot; `:port` removed when it is `port`. `None`
-/// when the value is not a host name (or names another port).
+/// The host of an authority (`Host` value or `:authority`) in the one
+/// normaliser's canonical form ([`sluice_name::normalize_name`]), after the
+/// a `:port` (decimal digits) equal to `port` is removed. `None` when the
+/// value is not a valid host name (white space included: hyper has already
+/// removed the field's surrounding white space) or names another port: the
+/// caller treats that as a mismatch.
 pub(crate) fn authority_host(value: &str, port: u16) -> Option<String> {
-    let value = value.trim();
     if value.starts_with('[') {
         // An IPv6 literal is never a server name.
         return None;
@@ -16,12 +19,11 @@ pub(crate) fn authority_host(value: &str, port: u16) -> Option<String> {
         None => (value, None),
     };
     if let Some(p) = p
-        && p.parse::<u16>().ok() != Some(port)
+        && !(p.bytes().all(|b| b.is_ascii_digit()) && p.parse::<u16>().ok() == Some(port))
     {
         return None;
     }
-    let host = host.trim_end_matches('.').to_ascii_lowercase();
-    (!host.is_empty()).then_some(host)
+    sluice_name::normalize_name(host).ok().map(String::from)
 }
 
 /// Removes hop-by-hop headers (and those `Connection` names). With

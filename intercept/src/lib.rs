@@ -22,6 +22,9 @@ pub mod plain;
 pub mod proxy;
 mod trailers;
 
+#[cfg(test)]
+mod name_corpus_tests;
+
 pub use ca::{CaError, CaOptions, SandboxCa};
 pub use event::{AuditOut, HttpEvent};
 pub use plain::{PlainFlow, PlainProxy};

@@ -278,9 +278,13 @@ impl Conn {
     }
 }
 
-/// Lower case, no trailing dot, surrounding white space trimmed.
-fn normalise_host(host: &str) -> String {
-    host.trim().trim_end_matches('.').to_ascii_lowercase()
+/// The admitted host in the one normaliser's canonical form
+/// ([`sluice_name::normalize_name`]); empty when it does not normalise, which
+/// no request's host equals (every request is then refused as a mismatch).
+pub(crate) fn normalise_host(host: &str) -> String {
+    sluice_name::normalize_name(host)
+        .map(String::from)
+        .unwrap_or_default()
 }
 
 /// Checks the request's authority against the validated host: `Ok` with the

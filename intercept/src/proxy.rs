@@ -253,7 +253,7 @@ impl Interceptor {
         let hello = start.client_hello();
         let sni_ok = hello
             .server_name()
-            .is_some_and(|n| n.trim_end_matches('.').eq_ignore_ascii_case(&flow.sni));
+            .is_some_and(|n| sluice_name::wire_equals(n.as_bytes(), &flow.sni));
         if !sni_ok {
             return fail(
                 Reason::InspectFailed,

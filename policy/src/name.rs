@@ -1,121 +1,16 @@
-//! Domain names: the runtime normaliser (allocation-free, for names seen on
-//! the wire) and the policy-time pattern parser (IDN, wildcards, public
-//! suffixes).
+//! Domain patterns as the policy writes them (IDN, wildcards, public
+//! suffixes), on top of the one name normaliser, [`sluice_name`].
 //!
-//! The two agree: a name written in the policy and the same name seen in a
-//! DNS query, SNI or Host header normalise to the same bytes.
-//!
-//! Runtime names ([`normalize_name`]) must already be ASCII, as they are on
-//! the wire (DNS labels, SNI host_name per RFC 6066, Host per RFC 9110 use
-//! A-labels). They are lower-cased, one trailing dot is removed, and each
-//! label must be 1..=63 bytes of `a-z 0-9 - _` with the whole name at most
-//! 253 bytes. Anything else is rejected, never guessed at.
+//! A pattern's base name is converted to A-labels with IDNA (UTS 46) and then
+//! normalised by [`sluice_name::normalize_name`], the function every wire
+//! path (DNS question, SNI, Host) calls: so a name written in the policy and
+//! the same name seen on the wire normalise to the same bytes. A pattern is
+//! matched against names already normalised ([`DomainPattern::matches`]).
 
 use std::fmt;
 use std::net::IpAddr;
 
-/// The longest name accepted, in bytes, without the trailing dot (RFC 1035).
-pub const MAX_NAME_LEN: usize = 253;
-/// The longest label accepted, in bytes (RFC 1035).
-pub const MAX_LABEL_LEN: usize = 63;
-
-/// A normalised name held inline (no heap): lower-case ASCII, no trailing
-/// dot, valid labels. Obtain one with [`normalize_name`].
-#[derive(Clone, Copy)]
-pub struct NormalName {
-    buf: [u8; MAX_NAME_LEN],
-    len: u8,
-}
-
-impl NormalName {
-    /// The normalised name.
-    #[must_use]
-    pub fn as_str(&self) -> &str {
-        let bytes = self.buf.get(..usize::from(self.len)).unwrap_or_default();
-        // Only ASCII bytes are ever written into `buf`.
-        std::str::from_utf8(bytes).unwrap_or_default()
-    }
-}
-
-impl fmt::Debug for NormalName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(self.as_str(), f)
-    }
-}
-
-impl fmt::Display for NormalName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// Why a name seen at runtime could not be normalised.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum NameError {
-    /// The name is empty (or only a dot).
-    #[error("empty name")]
-    Empty,
-    /// The name is longer than 253 bytes.
-    #[error("name longer than 253 bytes")]
-    TooLong,
-    /// A label is empty (two dots in a row, or a leading dot).
-    #[error("empty label")]
-    EmptyLabel,
-    /// A label is longer than 63 bytes.
-    #[error("label longer than 63 bytes")]
-    LabelTooLong,
-    /// A byte other than `A-Z a-z 0-9 - _ .` (including any non-ASCII byte).
-    #[error("invalid character: only A-Z a-z 0-9 - _ and . are allowed")]
-    InvalidChar,
-}
-
-/// Normalise a name seen on the wire: ASCII-lowercase, strip one trailing
-/// dot, check label syntax. Never allocates.
-///
-/// # Errors
-/// A [`NameError`] saying which rule the name breaks.
-pub fn normalize_name(name: &str) -> Result<NormalName, NameError> {
-    let bytes = name.as_bytes();
-    let bytes = bytes.strip_suffix(b".").unwrap_or(bytes);
-    if bytes.is_empty() {
-        return Err(NameError::Empty);
-    }
-    if bytes.len() > MAX_NAME_LEN {
-        return Err(NameError::TooLong);
-    }
-    let mut out = NormalName {
-        buf: [0; MAX_NAME_LEN],
-        len: 0,
-    };
-    let mut label_len = 0usize;
-    for (slot, &b) in out.buf.iter_mut().zip(bytes) {
-        let c = match b {
-            b'.' => {
-                if label_len == 0 {
-                    return Err(NameError::EmptyLabel);
-                }
-                label_len = 0;
-                b'.'
-            }
-            b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' => b,
-            b'A'..=b'Z' => b.to_ascii_lowercase(),
-            _ => return Err(NameError::InvalidChar),
-        };
-        if c != b'.' {
-            label_len += 1;
-            if label_len > MAX_LABEL_LEN {
-                return Err(NameError::LabelTooLong);
-            }
-        }
-        *slot = c;
-    }
-    if label_len == 0 {
-        return Err(NameError::EmptyLabel);
-    }
-    out.len = u8::try_from(bytes.len()).map_err(|_| NameError::TooLong)?;
-    Ok(out)
-}
+pub use sluice_name::{MAX_LABEL_LEN, MAX_NAME_LEN, NameError, NormalName, normalize_name};
 
 /// What a domain pattern matches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -216,8 +111,9 @@ pub(crate) fn parse_pattern(src: &str, usage: PatternUse) -> Result<DomainPatter
     let ascii = idna::domain_to_ascii(rest).map_err(|_| {
         format!("`{src}` is not a valid domain name (IDNA conversion failed); {DOMAIN_SHAPE}")
     })?;
-    let ascii = ascii.strip_suffix('.').unwrap_or(&ascii).to_owned();
-    if looks_like_ip(&ascii) {
+    // The IP check ignores the root dot; the normaliser below removes
+    // exactly one, as it does for wire names (so `a.com..` is refused).
+    if looks_like_ip(ascii.strip_suffix('.').unwrap_or(&ascii)) {
         return Err(format!(
             "`{src}` is an IP address, not a domain; use a `cidr:` rule for addresses"
         ));
@@ -283,37 +179,6 @@ fn ip_hint(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn runtime_normalisation_table() {
-        let ok: &[(&str, &str)] = &[
-            ("Example.COM", "example.com"),
-            ("example.com.", "example.com"),
-            ("a-b_c.example.com", "a-b_c.example.com"),
-            ("xn--bcher-kva.example", "xn--bcher-kva.example"),
-            ("localhost", "localhost"),
-        ];
-        for (input, want) in ok {
-            assert_eq!(normalize_name(input).unwrap().as_str(), *want, "{input}");
-        }
-        let long_label = "a".repeat(64);
-        let long_name = ["a"; 127].join(".") + ".bb";
-        let bad: &[(&str, NameError)] = &[
-            ("", NameError::Empty),
-            (".", NameError::Empty),
-            ("a..b", NameError::EmptyLabel),
-            (".a", NameError::EmptyLabel),
-            ("a.b..", NameError::EmptyLabel),
-            ("bücher.example", NameError::InvalidChar),
-            ("a b.example", NameError::InvalidChar),
-            ("*.example.com", NameError::InvalidChar),
-            (&long_label, NameError::LabelTooLong),
-            (&long_name, NameError::TooLong),
-        ];
-        for (input, want) in bad {
-            assert_eq!(normalize_name(input).unwrap_err(), *want, "{input}");
-        }
-    }
 
     #[test]
     fn pattern_parsing_table() {
@@ -400,6 +265,52 @@ mod tests {
         for (pat, name, want) in table {
             let p = parse_pattern(pat, PatternUse::Allow).unwrap();
             assert_eq!(p.matches(name), *want, "{pat} vs {name}");
+        }
+    }
+
+    /// The shared corpus through the policy's two name paths: compiling a
+    /// rule name (`parse_pattern`, IDNA then the one normaliser) gives the
+    /// corpus's policy column, and matching a wire name
+    /// (`CompiledPolicy::check_name`) accepts exactly the names the wire
+    /// column accepts.
+    #[test]
+    fn corpus_through_compile_and_matching() {
+        use crate::{CompileOptions, Reason, from_yaml_str};
+        use sluice_name::corpus::{Expect, cases};
+
+        let cases = cases().unwrap();
+        assert!(!cases.is_empty());
+        let policy = from_yaml_str(
+            "version: 1\nid: corpus\nallow: []\ndeny:\n  - \"**.com\"\n  - \"**.de\"\n  - localhost\n",
+            "corpus.yaml",
+            &CompileOptions::default(),
+        )
+        .unwrap();
+        let covered = |n: &str| n == "localhost" || n.ends_with(".com") || n.ends_with(".de");
+        for case in &cases {
+            let Ok(text) = std::str::from_utf8(&case.input) else {
+                // Not writable in a policy file: must be refused everywhere.
+                assert_eq!(case.policy.name(), None, "line {}", case.line);
+                continue;
+            };
+            let compiled = parse_pattern(text, PatternUse::Allow)
+                .ok()
+                .map(|p| p.to_string());
+            assert_eq!(
+                compiled.as_deref(),
+                case.policy.name(),
+                "line {}: compile {text:?}",
+                case.line
+            );
+            let want = case.wire.name().is_some_and(covered);
+            let got = policy.check_name(text).reason == Reason::Denylisted;
+            assert_eq!(got, want, "line {}: match {text:?}", case.line);
+            if let Expect::Name(n) = &case.wire {
+                assert_eq!(
+                    normalize_name(text).map(String::from).as_deref(),
+                    Ok(n.as_str())
+                );
+            }
         }
     }
 }

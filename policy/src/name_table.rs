@@ -15,7 +15,8 @@
 //! ASCII case, which is exact because only `A-Z a-z 0-9 - _ .` pass the
 //! byte check.
 //!
-//! The answer is the one [`crate::normalize_name`] followed by a walk from
+//! The answer is the one [`sluice_name::normalize_name`] (the one
+//! normaliser, with its limits) followed by a walk from
 //! the full name down to its shortest suffix gives: the full name's node
 //! contributes its deny and allow rules for the exact name, every shorter
 //! suffix's node its rules for strict subdomains; any deny wins over any
@@ -37,16 +38,17 @@ const DOT: u8 = SPECIAL | b'.';
 const INVALID: u8 = 0xff;
 
 /// Byte to its lower-case form for `A-Z a-z 0-9 - _`, [`DOT`] for `.`,
-/// [`INVALID`] for any other byte.
+/// [`INVALID`] for any other byte: [`sluice_name::label_byte`] as a table.
 const FOLD: [u8; 256] = {
     let mut table = [INVALID; 256];
     let mut b: u8 = 0;
     loop {
-        table[b as usize] = match b {
-            b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' => b,
-            b'A'..=b'Z' => b + (b'a' - b'A'),
-            b'.' => DOT,
-            _ => INVALID,
+        // The byte rule is sluice-name's, the one normaliser's; this table
+        // only caches it for the walk.
+        table[b as usize] = match sluice_name::label_byte(b) {
+            Some(c) => c,
+            None if b == b'.' => DOT,
+            None => INVALID,
         };
         if b == u8::MAX {
             break;

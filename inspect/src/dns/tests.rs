@@ -159,6 +159,11 @@ fn odd_queries_are_refused_with_formerr() {
             raw_query(0x0100, 1, &question(&[b"a b", b"example"])),
             DnsReject::BadName(NameError::InvalidChar),
         ),
+        // A label holding a dot: another name than `x` then `origin`.
+        (
+            raw_query(0x0100, 1, &question(&[b"x.Origin", b"test"])),
+            DnsReject::BadName(NameError::InvalidChar),
+        ),
         // The root name.
         (
             raw_query(0x0100, 1, &question(&[])),
