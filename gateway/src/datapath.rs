@@ -27,7 +27,6 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use hickory_proto::op::ResponseCode;
 use smoltcp::iface::{Config as IfaceConfig, Interface, SocketHandle, SocketSet};
 use smoltcp::phy::{Device, DeviceCapabilities, Medium, RxToken, TxToken};
 use smoltcp::socket::tcp;
@@ -44,7 +43,7 @@ use crate::decide::{
     DecideContext, Decider, Decision, DenyReason, FlowKey, InspectVerdict, Transport,
 };
 use crate::dhcp::{self, DhcpServer};
-use crate::dns::{self, DnsTable, Question};
+use crate::dns::{self, Asker, Delivery, DnsServer, DnsTable, Outcome, Served, UpstreamReply};
 use crate::enforce::{WireName, sniff_wire_name};
 use crate::frames::{FrameError, FrameReader, TxBatch};
 use crate::packet::{self, Addresses, Class, DropReason};
@@ -68,8 +67,6 @@ const EGRESS_ROUNDS: usize = 4;
 const TX_TRIM_IDLE: Duration = Duration::from_secs(1);
 /// DNS-over-TCP connection buffers.
 const DNS_TCP_BUF: usize = 64 * 1024 + 2;
-/// DNS queries forwarded at once; beyond it the guest gets SERVFAIL.
-const MAX_DNS_IN_FLIGHT: usize = 256;
 /// DNS table capacity (address, name pairs).
 const DNS_TABLE_CAPACITY: usize = 65536;
 /// Per-upstream DNS timeout.
@@ -91,24 +88,8 @@ pub enum Event {
         /// The connected stream or the error.
         result: io::Result<TcpStream>,
     },
-    /// An upstream answer (or none) for a guest DNS query over UDP.
-    DnsUdpReply {
-        /// The guest endpoint that asked.
-        guest: SocketAddrV4,
-        /// The question asked.
-        question: Question,
-        /// The upstream response, `None` on timeout.
-        reply: Option<Vec<u8>>,
-    },
-    /// An upstream answer for a guest DNS query over TCP flow `id`.
-    DnsTcpReply {
-        /// The DNS-over-TCP flow.
-        id: u64,
-        /// The question asked.
-        question: Question,
-        /// The upstream response, `None` on failure.
-        reply: Option<Vec<u8>>,
-    },
+    /// The upstream answer (or none) to a question guest DNS queries wait on.
+    DnsUpstream(UpstreamReply),
     /// A host connection to a published TCP port.
     PublishTcp {
         /// The accepted host connection.
@@ -174,6 +155,10 @@ pub struct Counters {
     /// DNS queries denied by the policy (name refused or every answer
     /// address refused).
     pub dns_denied: u64,
+    /// DNS queries answered from the sandbox's cache.
+    pub dns_cached: u64,
+    /// Upstream DNS datagrams dropped: wrong source, id or question.
+    pub dns_upstream_dropped: u64,
     /// UDP datagrams denied.
     pub udp_denied: u64,
     /// UDP flows opened (allowed and given a host socket).
@@ -198,6 +183,8 @@ impl Counters {
             syn_not_taken = self.syn_not_taken,
             dns_queries = self.dns_queries,
             dns_denied = self.dns_denied,
+            dns_cached = self.dns_cached,
+            dns_upstream_dropped = self.dns_upstream_dropped,
             udp_denied = self.udp_denied,
             udp_flows_opened = self.udp_flows_opened,
             "counters"
@@ -321,7 +308,7 @@ pub struct Datapath {
     decider: Arc<dyn Decider>,
     audit: AuditSink,
     counters: Counters,
-    dns: DnsTable,
+    dns: DnsServer,
     iface: Interface,
     sockets: SocketSet<'static>,
     tx: TxBatch,
@@ -331,7 +318,6 @@ pub struct Datapath {
     by_key: HashMap<FlowKey, u64>,
     next_id: u64,
     next_publish_port: u16,
-    dns_in_flight: usize,
     /// Published UDP: gateway-side port -> (host socket, host peer).
     udp_published: HashMap<u16, (Arc<tokio::net::UdpSocket>, SocketAddr)>,
     /// Published UDP: (host socket address, host peer) -> gateway-side port.
@@ -340,6 +326,9 @@ pub struct Datapath {
     udp: UdpFlows,
     /// When idle UDP flows were last expired.
     udp_swept: Instant,
+    /// Where UDP DNS answers go until the guest's MAC is known (the MAC of
+    /// the last query; broadcast before any).
+    dns_reply_mac: [u8; 6],
     events: mpsc::UnboundedSender<Event>,
     epoch: Instant,
 }
@@ -385,9 +374,9 @@ impl Datapath {
         });
         let _ = iface.routes_mut().add_default_ipv4_route(cfg.gateway_ip);
         iface.set_any_ip(true);
-        let mut dns = DnsTable::new(DNS_TABLE_CAPACITY);
+        let mut dns = DnsServer::new(DNS_TABLE_CAPACITY);
         if let Some((min, max)) = decider.dns_ttl_bounds() {
-            dns.set_ttl_bounds(min, max);
+            dns.table_mut().set_ttl_bounds(min, max);
         }
         let udp_limits = cfg.udp;
         Self {
@@ -405,11 +394,11 @@ impl Datapath {
             by_key: HashMap::new(),
             next_id: 1,
             next_publish_port: PUBLISH_PORT_BASE,
-            dns_in_flight: 0,
             udp_published: HashMap::new(),
             udp_published_by_peer: HashMap::new(),
             udp: UdpFlows::new(udp_limits),
             udp_swept: epoch,
+            dns_reply_mac: [0xff; 6],
             events,
             epoch,
         }
@@ -427,7 +416,7 @@ impl Datapath {
 
     /// The DNS table.
     pub fn dns_table(&self) -> &DnsTable {
-        &self.dns
+        self.dns.table()
     }
 
     fn now(&self) -> SmolInstant {
@@ -547,7 +536,7 @@ impl Datapath {
             if last_counters.elapsed() >= COUNTER_LOG_INTERVAL {
                 last_counters = Instant::now();
                 self.counters.log(self.flows.len());
-                self.dns.purge_expired(Instant::now());
+                self.dns.table_mut().purge_expired(Instant::now());
             }
             // 6. Wait for anything to do.
             let now = self.now();
@@ -800,7 +789,7 @@ impl Datapath {
         }
         let decision = {
             let ctx = DecideContext {
-                dns: &self.dns,
+                dns: self.dns.table(),
                 now: Instant::now(),
             };
             self.decider.decide_tcp(&key, &ctx)
@@ -974,7 +963,7 @@ impl Datapath {
         }
         let decision = {
             let ctx = DecideContext {
-                dns: &self.dns,
+                dns: self.dns.table(),
                 now,
             };
             self.decider.decide_udp(&key, &ctx)
@@ -1012,8 +1001,19 @@ impl Datapath {
         }
         self.next_id += 1;
         self.counters.udp_flows_opened += 1;
-        let names: Vec<&str> = self.dns.names_for(key.dst.ip(), now).take(8).collect();
+        let owned: Vec<String> = self
+            .dns
+            .table()
+            .names_for(key.dst.ip(), now)
+            .take(8)
+            .map(str::to_owned)
+            .collect();
+        let names: Vec<&str> = owned.iter().map(String::as_str).collect();
         self.udp.set_names(&key, &names);
+        // The names the flow was admitted with stay in the table while it lives.
+        self.dns
+            .table_mut()
+            .pin(id, key.dst.ip(), names.iter().copied());
         self.audit.record(&AuditEvent::FlowOpen {
             flow: id,
             proto: "udp",
@@ -1060,6 +1060,7 @@ impl Datapath {
     /// Audits the close of a UDP flow; `end` is [`crate::udp::UdpEnd::as_str`]
     /// or, at session end, why the session ended.
     fn audit_udp_close(&mut self, c: &ClosedUdpFlow, end: &'static str) {
+        self.dns.table_mut().unpin(c.id);
         self.counters.flows_closed += 1;
         self.audit.record(&AuditEvent::FlowClose {
             totals: c.totals(),
@@ -1068,47 +1069,76 @@ impl Datapath {
     }
 
     fn on_dns_udp(&mut self, frame: &[u8], src: SocketAddrV4, payload: &[u8]) {
+        if self.guest_mac.is_none() {
+            // Until DHCP has told us the guest's MAC, answers go to the one that asked.
+            self.dns_reply_mac = Self::frame_src_mac(frame);
+        }
+        self.serve_dns(payload, Asker::Udp(src));
+    }
+
+    /// Serves one guest DNS query (UDP or TCP): answers it now, or leaves
+    /// it waiting on an upstream question (sending a new one).
+    fn serve_dns(&mut self, query: &[u8], asker: Asker) {
         self.counters.dns_queries += 1;
-        let mac = Self::frame_src_mac(frame);
-        let question = match sluice_inspect::dns::parse_query(payload) {
-            Ok(q) => q,
-            Err(e) => {
-                if let Some(b) = self.dns_reject(payload, &e) {
-                    self.reply_udp(mac, src, &b);
+        let can_forward = !self.dns_upstreams().is_empty();
+        let served = self.dns.query(
+            query,
+            asker,
+            self.decider.as_ref(),
+            can_forward,
+            Instant::now(),
+        );
+        match served {
+            Served::Now(delivery) => self.deliver_dns(delivery),
+            Served::Joined => {}
+            Served::Ask(key) => {
+                let events = self.events.clone();
+                let upstreams = self.dns_upstreams();
+                tokio::spawn(async move {
+                    let reply = dns::upstream::resolve(key, upstreams, DNS_TIMEOUT).await;
+                    let _ = events.send(Event::DnsUpstream(reply));
+                });
+            }
+        }
+    }
+
+    /// Hands an upstream reply to the queries waiting on it.
+    fn on_dns_upstream(&mut self, reply: UpstreamReply) {
+        self.counters.dns_upstream_dropped += u64::from(reply.dropped);
+        let deliveries = self
+            .dns
+            .answered(reply, self.decider.as_ref(), Instant::now());
+        for d in deliveries {
+            self.deliver_dns(d);
+        }
+    }
+
+    /// Audits one answered DNS query and sends the answer: a datagram, or a
+    /// length-prefixed message on the DNS-over-TCP flow (which then reads
+    /// the next query).
+    fn deliver_dns(&mut self, d: Delivery) {
+        self.audit_dns(&d);
+        match d.to {
+            Asker::Udp(guest) => {
+                if let Some(bytes) = &d.bytes {
+                    self.reply_udp(self.dns_reply_mac, guest, bytes);
                 }
-                return;
             }
-        };
-        if let Some(local) = self.dns_local(&question) {
-            self.reply_udp(mac, src, &local);
-            return;
-        }
-        if !dns::forwarded_type(question.qtype)
-            || self.dns_in_flight >= MAX_DNS_IN_FLIGHT
-            || self.dns_upstreams().is_empty()
-        {
-            // A local answer that could not be encoded: nothing to send.
-            return;
-        }
-        // Never the guest's bytes: a query rebuilt from what was checked.
-        let Some(query) = dns::upstream_query(&question) else {
-            if let Some(b) = sluice_inspect::dns::error_response(&question, ResponseCode::ServFail)
-            {
-                self.reply_udp(mac, src, &b);
+            Asker::Tcp(id) => {
+                if let Some(Flow {
+                    state:
+                        FlowState::DnsTcp {
+                            handle, waiting, ..
+                        },
+                    ..
+                }) = self.flows.get_mut(&id)
+                {
+                    *waiting = false;
+                    let sock = self.sockets.get_mut::<tcp::Socket<'_>>(*handle);
+                    dns::server::send_tcp_reply(sock, d.bytes.as_deref());
+                }
             }
-            return;
-        };
-        self.dns_in_flight += 1;
-        let events = self.events.clone();
-        let upstreams = self.dns_upstreams();
-        tokio::spawn(async move {
-            let reply = dns::forward_udp(&query, &upstreams, DNS_TIMEOUT).await;
-            let _ = events.send(Event::DnsUdpReply {
-                guest: src,
-                question,
-                reply,
-            });
-        });
+        }
     }
 
     /// The resolvers for the next forwarded query: the policy's
@@ -1136,138 +1166,40 @@ impl Datapath {
         );
     }
 
-    fn audit_dns(
-        &mut self,
-        q: &Question,
-        rcode: ResponseCode,
-        answers: &[IpAddr],
-        outcome: &'static str,
-    ) {
-        self.audit_dns_reason(q, rcode, answers, outcome, None);
-    }
-
-    fn audit_dns_reason(
-        &mut self,
-        q: &Question,
-        rcode: ResponseCode,
-        answers: &[IpAddr],
-        outcome: &'static str,
-        reason: Option<&'static str>,
-    ) {
-        let qtype = q.qtype.to_string();
+    /// The `dns` audit line and the counters for one answered query: the
+    /// typed outcome mapped to the audit record's fields here, once.
+    fn audit_dns(&mut self, d: &Delivery) {
+        if d.outcome.is_denial() {
+            self.counters.dns_denied += 1;
+        }
+        if matches!(d.outcome, Outcome::Answered { cached: true, .. }) {
+            self.counters.dns_cached += 1;
+        }
+        let (outcome, reason, answers): (&'static str, Option<&'static str>, &[IpAddr]) =
+            match &d.outcome {
+                Outcome::Unreadable(_) => ("denied", Some("dns_formerr"), &[]),
+                Outcome::Denied { reason, .. } | Outcome::ChainDenied { reason } => {
+                    ("denied", Some(*reason), &[])
+                }
+                Outcome::TypeWithheld => ("denied", Some("dns_type_withheld"), &[]),
+                Outcome::PrivateAnswer => ("denied", Some("private_answer"), &[]),
+                Outcome::Busy => ("local", None, &[]),
+                Outcome::Answered { addresses, .. } => ("forwarded", None, addresses.as_slice()),
+                Outcome::Failed => ("failed", None, &[]),
+            };
+        let qtype = d
+            .question
+            .as_ref()
+            .map(|q| q.qtype.to_string())
+            .unwrap_or_default();
         self.audit.record(&AuditEvent::Dns {
-            qname: &q.name,
+            qname: d.question.as_ref().map_or("", |q| q.name.as_str()),
             qtype: &qtype,
-            rcode: crate::audit::rcode_mnemonic(rcode),
+            rcode: crate::audit::rcode_mnemonic(d.outcome.rcode()),
             answers,
             outcome,
             reason,
         });
-    }
-
-    /// The answer for guest bytes sluice-inspect's reader refused (FORMERR
-    /// for undecodable messages and names that do not normalise, NOTIMP for
-    /// other opcodes, REFUSED for other classes), audited `dns_formerr`.
-    /// `None` when nothing may be answered (no header, or a response).
-    fn dns_reject(
-        &mut self,
-        payload: &[u8],
-        e: &sluice_inspect::dns::DnsReject,
-    ) -> Option<Vec<u8>> {
-        tracing::debug!(error = %e, "bad DNS query from guest");
-        self.counters.dns_denied += 1;
-        self.audit.record(&AuditEvent::Dns {
-            qname: "",
-            qtype: "",
-            rcode: crate::audit::rcode_mnemonic(e.rcode()),
-            answers: &[],
-            outcome: "denied",
-            reason: Some("dns_formerr"),
-        });
-        sluice_inspect::dns::reject_response(payload, e)
-    }
-
-    /// The local answer for a query the guest must not get forwarded: a
-    /// policy denial of the name (audited with its reason), a withheld type
-    /// (anything but A, see [`dns::forwarded_type`]: an empty NOERROR,
-    /// audited `dns_type_withheld`), or SERVFAIL when no upstream / too busy.
-    /// `None` when the query is to be forwarded.
-    fn dns_local(&mut self, question: &Question) -> Option<Vec<u8>> {
-        if let Some((rcode, reason)) = self.decider.dns_query(&question.name) {
-            self.counters.dns_denied += 1;
-            self.audit_dns_reason(question, rcode, &[], "denied", Some(reason));
-            return sluice_inspect::dns::error_response(question, rcode);
-        }
-        if !dns::forwarded_type(question.qtype) {
-            self.audit_dns_reason(
-                question,
-                ResponseCode::NoError,
-                &[],
-                "denied",
-                Some("dns_type_withheld"),
-            );
-            return sluice_inspect::dns::error_response(question, ResponseCode::NoError);
-        }
-        if self.dns_in_flight < MAX_DNS_IN_FLIGHT && !self.dns_upstreams().is_empty() {
-            return None;
-        }
-        self.audit_dns(question, ResponseCode::ServFail, &[], "local");
-        sluice_inspect::dns::error_response(question, ResponseCode::ServFail)
-    }
-
-    /// Filters an upstream reply into the table; the bytes for the guest.
-    fn dns_answer(&mut self, question: &Question, reply: Option<Vec<u8>>) -> Option<Vec<u8>> {
-        let decider = Arc::clone(&self.decider);
-        let keep = move |ip: IpAddr| decider.keep_dns_answer(ip);
-        let ttl = match self.decider.dns_ttl_bounds() {
-            Some((min, max)) => {
-                let secs = |d: Duration| u32::try_from(d.as_secs()).unwrap_or(u32::MAX);
-                secs(min)..=secs(max)
-            }
-            None => 0..=u32::MAX,
-        };
-        let filtered = reply.map(|r| dns::sanitize(question, &r, keep, ttl));
-        // A chain through a denied name is refused before anything is recorded.
-        let chain_denied = match &filtered {
-            Some(Ok(ans)) => ans
-                .cname_chain
-                .iter()
-                .find_map(|target| self.decider.dns_cname_target(target)),
-            _ => None,
-        };
-        if let Some(reason) = chain_denied {
-            self.counters.dns_denied += 1;
-            self.audit_dns_reason(question, ResponseCode::Refused, &[], "denied", Some(reason));
-            return sluice_inspect::dns::refused_response(question);
-        }
-        if let Some(Ok(ans)) = &filtered {
-            dns::record(question, ans, &mut self.dns, Instant::now());
-        }
-        match filtered {
-            Some(Ok(ans)) if ans.private_answer() => {
-                self.counters.dns_denied += 1;
-                self.audit_dns_reason(
-                    question,
-                    ResponseCode::Refused,
-                    &[],
-                    "denied",
-                    Some("private_answer"),
-                );
-                sluice_inspect::dns::refused_response(question)
-            }
-            Some(Ok(ans)) => {
-                let addresses: Vec<IpAddr> = ans.answers.iter().map(|(_, ip, _)| *ip).collect();
-                self.audit_dns(question, ans.rcode, &addresses, "forwarded");
-                Some(ans.bytes)
-            }
-            other => {
-                if let Some(Err(e)) = other {
-                    tracing::debug!(error = %e, name = %question.name, "upstream DNS answer rejected");
-                }
-                self.audit_dns(question, ResponseCode::ServFail, &[], "failed");
-                sluice_inspect::dns::error_response(question, ResponseCode::ServFail)
-            }
-        }
     }
 
     /// Handles one event; true when the session must stop.
@@ -1278,52 +1210,7 @@ impl Datapath {
             Event::Reload(reload) => self.on_reload(*reload),
             Event::Intercept(event) => self.on_intercept_event(&event),
             Event::Connected { id, result } => self.on_connected(id, result),
-            Event::DnsUdpReply {
-                guest,
-                question,
-                reply,
-            } => {
-                self.dns_in_flight = self.dns_in_flight.saturating_sub(1);
-                if let Some(bytes) = self.dns_answer(&question, reply) {
-                    // Too big for the guest's UDP payload: TC, retry over TCP.
-                    let bytes = if bytes.len() > question.max_udp_payload() {
-                        sluice_inspect::dns::truncated(&question)
-                    } else {
-                        Some(bytes)
-                    };
-                    if let Some(bytes) = bytes {
-                        self.reply_udp([0xff; 6], guest, &bytes);
-                    }
-                }
-            }
-            Event::DnsTcpReply {
-                id,
-                question,
-                reply,
-            } => {
-                self.dns_in_flight = self.dns_in_flight.saturating_sub(1);
-                let bytes = self.dns_answer(&question, reply);
-                if let Some(Flow {
-                    state:
-                        FlowState::DnsTcp {
-                            handle, waiting, ..
-                        },
-                    ..
-                }) = self.flows.get_mut(&id)
-                {
-                    *waiting = false;
-                    let sock = self.sockets.get_mut::<tcp::Socket<'_>>(*handle);
-                    match bytes.and_then(|b| u16::try_from(b.len()).ok().map(|l| (l, b))) {
-                        Some((len, b))
-                            if sock.send_capacity() - sock.send_queue() >= b.len() + 2 =>
-                        {
-                            let _ = sock.send_slice(&len.to_be_bytes());
-                            let _ = sock.send_slice(&b);
-                        }
-                        _ => sock.abort(),
-                    }
-                }
-            }
+            Event::DnsUpstream(reply) => self.on_dns_upstream(reply),
             Event::PublishTcp { stream, guest_port } => self.on_publish(stream, guest_port),
             Event::PublishUdp {
                 socket,
@@ -1420,6 +1307,8 @@ impl Datapath {
         }
         if let Some(wire) = &flow.wire {
             flow.names = vec![wire.as_str().into()];
+            // The name the flow was admitted with stays in the table while it lives.
+            self.dns.table_mut().pin(id, key.dst.ip(), [wire.as_str()]);
             self.audit.record(&AuditEvent::InspectedOpen {
                 flow: id,
                 src: key.src,
@@ -1431,6 +1320,7 @@ impl Datapath {
         let now = Instant::now();
         let names: Vec<&str> = self
             .dns
+            .table()
             .names_for(key.dst.ip(), now)
             .take(crate::enforce::MAX_NAMES_PER_IP)
             .collect();
@@ -1442,6 +1332,9 @@ impl Datapath {
             dst: key.dst,
             names: &names,
         });
+        self.dns
+            .table_mut()
+            .pin(id, key.dst.ip(), flow.names.iter().map(|n| &**n));
     }
 
     fn on_publish(&mut self, stream: TcpStream, guest_port: u16) {
@@ -1562,22 +1455,20 @@ impl Datapath {
                     let handle = *handle;
                     let sock = self.sockets.get_mut::<tcp::Socket<'_>>(handle);
                     if !*waiting {
-                        while sock.can_recv() && inbuf.len() < dns::MAX_TCP_MESSAGE + 2 {
-                            let room = dns::MAX_TCP_MESSAGE + 2 - inbuf.len();
+                        while sock.can_recv() && inbuf.len() < dns::server::TCP_INBUF_MAX {
+                            let room = dns::server::TCP_INBUF_MAX - inbuf.len();
                             let _ = sock.recv(|b| {
                                 let n = b.len().min(room);
                                 inbuf.extend_from_slice(&b[..n]);
                                 (n, ())
                             });
                         }
-                        if inbuf.len() >= 2 {
-                            let len = usize::from(u16::from_be_bytes([inbuf[0], inbuf[1]]));
-                            if inbuf.len() >= 2 + len {
-                                let query: Vec<u8> = inbuf.drain(..2 + len).skip(2).collect();
-                                *waiting = true;
-                                self.start_dns_tcp(id, query);
-                                continue;
-                            }
+                        if let Some(query) = dns::server::tcp_message(inbuf) {
+                            // One query at a time per connection: the next
+                            // is read once this one is answered.
+                            *waiting = true;
+                            self.serve_dns(&query, Asker::Tcp(id));
+                            continue;
                         }
                         if guest_finished(sock) {
                             sock.close();
@@ -1591,75 +1482,6 @@ impl Datapath {
                 FlowState::Connecting { .. } | FlowState::InspectConnecting { .. } => {}
             }
         }
-    }
-
-    fn start_dns_tcp(&mut self, id: u64, query: Vec<u8>) {
-        self.counters.dns_queries += 1;
-        let Some(Flow {
-            state: FlowState::DnsTcp {
-                handle, waiting, ..
-            },
-            ..
-        }) = self.flows.get_mut(&id)
-        else {
-            return;
-        };
-        let handle = *handle;
-        *waiting = false;
-        let local = match sluice_inspect::dns::parse_query(&query) {
-            Ok(question) => match self.dns_local(&question) {
-                Some(b) => Err(Some(b)),
-                None => Ok(question),
-            },
-            Err(e) => Err(self.dns_reject(&query, &e)),
-        };
-        // Never the guest's bytes upstream: a query rebuilt from what was checked.
-        let local = local.and_then(|q| match dns::upstream_query(&q) {
-            Some(rebuilt) => Ok((q, rebuilt)),
-            None => Err(sluice_inspect::dns::error_response(
-                &q,
-                ResponseCode::ServFail,
-            )),
-        });
-        let (question, query) = match local {
-            Ok((q, rebuilt))
-                if dns::forwarded_type(q.qtype)
-                    && self.dns_in_flight < MAX_DNS_IN_FLIGHT
-                    && !self.dns_upstreams().is_empty() =>
-            {
-                (q, rebuilt)
-            }
-            other => {
-                let reply = other.err().flatten();
-                let sock = self.sockets.get_mut::<tcp::Socket<'_>>(handle);
-                match reply.and_then(|b| u16::try_from(b.len()).ok().map(|l| (l, b))) {
-                    Some((l, b)) => {
-                        let _ = sock.send_slice(&l.to_be_bytes());
-                        let _ = sock.send_slice(&b);
-                    }
-                    None => sock.abort(),
-                }
-                return;
-            }
-        };
-        if let Some(Flow {
-            state: FlowState::DnsTcp { waiting, .. },
-            ..
-        }) = self.flows.get_mut(&id)
-        {
-            *waiting = true;
-        }
-        self.dns_in_flight += 1;
-        let events = self.events.clone();
-        let upstreams = self.dns_upstreams();
-        tokio::spawn(async move {
-            let reply = dns::forward_tcp(&query, &upstreams, DNS_TIMEOUT).await;
-            let _ = events.send(Event::DnsTcpReply {
-                id,
-                question,
-                reply,
-            });
-        });
     }
 
     /// Puts an inspected flow's first bytes to the decider, only when more
@@ -1686,7 +1508,7 @@ impl Datapath {
         let verdict = match sock.peek(max_bytes) {
             Ok(bytes) if !bytes.is_empty() && queued != peeked => {
                 let ctx = DecideContext {
-                    dns: &self.dns,
+                    dns: self.dns.table(),
                     now: Instant::now(),
                 };
                 self.decider.inspect(&key, bytes, &ctx)
@@ -1759,6 +1581,7 @@ impl Datapath {
         let Some(flow) = self.flows.remove(&id) else {
             return;
         };
+        self.dns.table_mut().unpin(id);
         self.by_key.remove(&flow.key);
         let handle = match flow.state {
             FlowState::Open { handle, .. }
@@ -2332,8 +2155,8 @@ mod tests {
         let (mut guest, _audit, _task) = start_cfg(cfg, Arc::new(TestDecider));
         // One question in mixed case ("X", "Origin", "TeSt": the policy sees
         // x.origin.test), an additional record and an EDNS option carrying
-        // data.
-        let mut q = vec![0x42, 0x42, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 2];
+        // data; RD clear and CD set.
+        let mut q = vec![0x42, 0x42, 0x00, 0x10, 0, 1, 0, 0, 0, 0, 0, 2];
         q.push(1);
         q.extend_from_slice(b"X");
         q.push(6);
@@ -2358,11 +2181,13 @@ mod tests {
         let has = |needle: &[u8]| sent.windows(needle.len()).any(|w| w == needle);
         assert!(!has(b"EXFILTRATE") && !has(b"SEKR"), "{sent:?}");
         let m = Message::from_vec(sent).unwrap();
-        assert_eq!(m.metadata.id, 0x4242);
+        // The gateway's header bits, not the guest's.
+        assert!(m.metadata.recursion_desired && !m.metadata.checking_disabled);
         assert_eq!(m.queries.len(), 1);
         let name = &m.queries[0].name;
         assert_eq!(name.num_labels(), 3, "{name:?}");
-        assert_eq!(name.to_ascii(), "x.origin.test.");
+        // The letter case is the gateway's (random), the name the normalised one.
+        assert_eq!(name.to_ascii().to_ascii_lowercase(), "x.origin.test.");
         assert!(m.additionals.is_empty(), "{m:?}");
         assert!(
             m.edns
@@ -2401,9 +2226,13 @@ mod tests {
         let (mut guest, _audit, _task) = start_cfg(cfg, Arc::clone(&decider) as Arc<dyn Decider>);
         let g = SocketAddrV4::new(Ipv4Addr::new(10, 0, 2, 15), 5353);
         let gw = SocketAddrV4::new(Ipv4Addr::new(10, 0, 2, 2), 53);
+        // A distinct name per query (identical questions in flight would
+        // share one upstream query).
         let query = |id: u8| {
             let mut q = vec![id, id, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0];
-            q.extend_from_slice(b"\x06origin\x04test\x00\x00\x01\x00\x01");
+            q.extend_from_slice(b"\x07origin");
+            q.push(b'0' + id);
+            q.extend_from_slice(b"\x04test\x00\x00\x01\x00\x01");
             q
         };
         // Which of the three sockets gets query `id` (the others get nothing
@@ -2415,7 +2244,9 @@ mod tests {
                 .await
                 .unwrap_or_else(|_| panic!("query {id} not forwarded where expected"))
                 .unwrap();
-            assert_eq!(&buf[..2], &[id, id], "{:?}", &buf[..n]);
+            let m = hickory_proto::op::Message::from_vec(&buf[..n]).unwrap();
+            let name = m.queries[0].name.to_ascii().to_ascii_lowercase();
+            assert_eq!(name, format!("origin{id}.test."), "{m:?}");
         };
         expect(1, &first).await;
         *decider.0.lock().unwrap() = Some(vec![second.local_addr().unwrap()]);
@@ -2441,7 +2272,7 @@ mod tests {
             while let Ok((n, peer)) = upstream.recv_from(&mut buf).await {
                 let q = Message::from_vec(&buf[..n]).unwrap();
                 let qname = q.queries[0].name.clone();
-                let target = if qname.to_ascii().starts_with("alias.") {
+                let target = if qname.to_ascii().to_ascii_lowercase().starts_with("alias.") {
                     "bad.example.org."
                 } else {
                     "cdn.example.net."
@@ -2466,7 +2297,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_answer_whose_cname_chain_reaches_a_denied_name_is_refused() {
-        use hickory_proto::op::{Message, Query};
+        use hickory_proto::op::{Message, Query, ResponseCode};
         use hickory_proto::rr::{Name, RecordType};
         const POLICY: &str = "version: 1\nid: cname-test\nallow:\n  - domain: \"*.example.org\"\n    ports: [443]\ndeny:\n  - \"bad.example.org\"\n";
         let policy = sluice_policy::from_yaml_str(POLICY, "p.yaml", &Default::default()).unwrap();

@@ -51,10 +51,10 @@
 //! is the address predicate for `sluice_inspect::dns::sanitize_response`, and
 //! [`ttl_range`] its TTL clamp. The datapath reaches them through the
 //! [`Decider`] DNS hooks this type implements (`dns_query`,
-//! `keep_dns_answer`, `dns_ttl_bounds`) and filters answers with
-//! `dns::sanitize_and_record` (sluice-inspect's `sanitize_response_clamped`
-//! plus the table update), which applies the same address predicate and
-//! clamp. Only A questions are forwarded; other types (AAAA while IPv6 is
+//! `keep_dns_answer`, `dns_ttl_bounds`) and `dns::server` filters answers
+//! with `dns::server::sanitize` (sluice-inspect's `sanitize_response_clamped`)
+//! and `dns::server::record` (the table update), which apply the same
+//! address predicate and clamp. Only A questions are forwarded; other types (AAAA while IPv6 is
 //! off, HTTPS/SVCB which could carry ECH configurations, TXT, ...) get an
 //! empty answer locally (`dns_type_withheld`).
 //!

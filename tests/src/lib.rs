@@ -431,6 +431,7 @@ pub struct WorldBuilder {
     extra_args: Vec<String>,
     iperf: bool,
     connect_guest: bool,
+    dns_upstream: Ipv4Addr,
 }
 
 impl Default for WorldBuilder {
@@ -447,6 +448,7 @@ impl Default for WorldBuilder {
             extra_args: Vec::new(),
             iperf: false,
             connect_guest: true,
+            dns_upstream: DNS_ADDR,
         }
     }
 }
@@ -467,6 +469,14 @@ impl WorldBuilder {
         self.publish.push(p);
         self
     }
+    /// The resolver the gateway is given (`--dns-upstream`; default
+    /// [`DNS_ADDR`], dnsmasq). Another address is added to the fake
+    /// internet, where the test runs its own resolver.
+    pub fn dns_upstream(mut self, addr: Ipv4Addr) -> Self {
+        self.dns_upstream = addr;
+        self
+    }
+
     /// Adds an A record to the fake internet's DNS (the origin's certificate
     /// is valid for every such name).
     pub fn dns_record(mut self, name: &str, addr: Ipv4Addr) -> Self {
@@ -640,6 +650,10 @@ impl World {
         for a in [ORIGIN_ADDR, ORIGIN2_ADDR, DNS_ADDR, REFUSING_ADDR] {
             inet.ip(&["addr", "add", &format!("{a}/32"), "dev", "lo"])?;
         }
+        if b.dns_upstream != DNS_ADDR {
+            let a = b.dns_upstream;
+            inet.ip(&["addr", "add", &format!("{a}/32"), "dev", "lo"])?;
+        }
         inet.ip(&[
             "route",
             "add",
@@ -756,7 +770,7 @@ impl World {
                 c.arg("--socket")
                     .arg(&self.socket)
                     .args(["--mtu", &self.mtu.to_string()])
-                    .args(["--dns-upstream", &DNS_ADDR.to_string()])
+                    .args(["--dns-upstream", &self.builder.dns_upstream.to_string()])
                     .args(["--log-format", "json"])
                     .arg("--audit")
                     .arg(d.join("audit.jsonl"));
@@ -978,9 +992,14 @@ impl World {
         self.dir.path().join("audit.jsonl")
     }
 
-    /// Everything dnsmasq logged (queries that reached the fake upstream).
+    /// Everything dnsmasq logged (queries that reached the fake upstream),
+    /// in lower case: the gateway sends every name in a random letter case
+    /// of its own ("0x20", docs/gateway.md), so only the case-folded name
+    /// can be searched for.
     pub fn dns_log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("dns-queries.log")).unwrap_or_default()
+        std::fs::read_to_string(self.dir.path().join("dns-queries.log"))
+            .unwrap_or_default()
+            .to_ascii_lowercase()
     }
 
     /// The origin's request log (one JSON value per request).

@@ -71,6 +71,9 @@ const REBINDS: [(&str, Ipv4Addr); 6] = [
 
 const TLSPROBE: &str = include_str!("adversarial/tlsprobe.py");
 
+#[path = "adversarial/dns.rs"]
+mod dns;
+
 /// The world every test starts: the gateway with [`POLICY`] and the extra
 /// upstream records.
 fn world() -> Result<World> {

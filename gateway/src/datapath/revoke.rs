@@ -34,10 +34,13 @@ impl Datapath {
         self.audit.set_policy(Some(Arc::clone(&policy)));
         let intercept_note = self.reload_intercept(&policy);
         let bounds = policy.ttl_bounds();
-        self.dns.set_ttl_bounds(bounds.min, bounds.max);
+        self.dns.table_mut().set_ttl_bounds(bounds.min, bounds.max);
         let purged = self
             .dns
+            .table_mut()
             .retain_names(|name| policy.check_name(name).is_allowed());
+        // Cached answers were sanitised and clamped under the old policy.
+        self.dns.clear_cache();
 
         // Decide every flow under the new policy before touching any.
         let now = Instant::now();
@@ -56,6 +59,7 @@ impl Datapath {
                 FlowState::Connecting { .. } => {
                     table_names = self
                         .dns
+                        .table()
                         .names_for(flow.key.dst.ip(), now)
                         .take(MAX_NAMES_PER_IP)
                         .collect();
@@ -143,6 +147,7 @@ impl Datapath {
         // Their host sockets are closed already; the guest side of UDP has
         // no connection to reset.
         for (c, reason) in udp_revoked {
+            self.dns.table_mut().unpin(c.id);
             self.audit.record(&AuditEvent::Revoked {
                 totals: c.totals(),
                 why: reason.as_str(),
