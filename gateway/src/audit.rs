@@ -20,16 +20,22 @@
 //!   costs one lookup per line.
 //!
 //! # Flood bounding
-//! Deny records are rate-limited **per reason**: at most
-//! [`DENY_LINES_PER_SEC`] lines of one reason per one-second window. What is
-//! suppressed is counted per reason and written as one `summary` record
-//! (`reason: rate_limit_summary`, `suppressed: [{reason, count}]`) when the
-//! window ends: on the next record or [`AuditSink::tick`] after it (the
-//! datapath ticks on every loop turn, and its loop wakes at least once a
-//! second), and on [`AuditSink::flush`]. Allow records, flow closes, reloads
-//! and gateway records are never suppressed. So under a flood the log grows
-//! by at most `DENY_LINES_PER_SEC` lines per reason per second plus one
-//! summary, and every suppressed attempt is still counted.
+//! Every record (allow or deny, of every kind) passes the window limiter
+//! of module [`limit`]: per one-second window, the first line of each
+//! (kind, reason) is always written, then up to [`LINES_PER_REASON`] lines
+//! of each (kind, reason) and up to [`FIRST_SEEN_PER_WINDOW`] first
+//! occurrences of a (kind, reason, name), under a ceiling of
+//! [`LINES_PER_WINDOW`]. What is suppressed is counted per (kind, reason)
+//! and written as one `summary` record (`reason: rate_limit_summary`,
+//! `suppressed: [{kind, reason, count}]`) when the window ends: on the next
+//! record or [`AuditSink::tick`] after it (the datapath ticks on every loop
+//! turn, and its loop wakes at least once a second), and on
+//! [`AuditSink::flush`]. Every line but a summary is at most
+//! [`MAX_LINE_BYTES`] long (longer ones are written with their
+//! guest-controlled fields cut, see [`clamp`]); a summary at most
+//! [`MAX_SUMMARY_BYTES`]. So a window writes at most
+//! [`MAX_LINES_PER_WINDOW`] lines, and every suppressed record is still
+//! counted.
 //!
 //! Write errors are logged once and counted, never fatal.
 
@@ -40,13 +46,41 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hickory_proto::op::ResponseCode;
-use sluice_policy::audit::{AuditRecord, Kind, PolicyRef, RuleRef, Suppressed, Timestamp};
+use sluice_policy::audit::{AuditRecord, Kind, PolicyRef, RuleRef, Timestamp};
 use sluice_policy::{CompiledPolicy, Reason, Transport, Verdict};
 
 use crate::enforce::WireName;
 
-/// Deny lines of one reason written per second before suppression starts.
-pub const DENY_LINES_PER_SEC: u32 = 50;
+mod limit;
+
+use limit::Limiter;
+pub use limit::{
+    FIRST_SEEN_PER_WINDOW, LIMITED_KINDS, LINES_PER_REASON, LINES_PER_WINDOW, MAX_LINES_PER_WINDOW,
+    WINDOW,
+};
+
+/// The longest line written but a summary, in bytes with its newline,
+/// provided the operator's own strings (sandbox id, policy id and label)
+/// total under 1 KiB. A longer record is written with its guest-controlled
+/// strings cut ([`clamp`]).
+pub const MAX_LINE_BYTES: usize = 8 * 1024;
+
+/// The longest summary line in bytes (same proviso as [`MAX_LINE_BYTES`]):
+/// one entry of at most [`SUMMARY_ENTRY_BYTES`] per (kind, reason) pair
+/// plus the record's own fields.
+pub const MAX_SUMMARY_BYTES: usize =
+    1024 + 1024 + LIMITED_KINDS * Reason::ALL.len() * SUMMARY_ENTRY_BYTES;
+
+/// The longest `suppressed` entry: `{"kind":"policy_reload","reason":R,"count":u64::MAX},`
+/// with the longest reason spelling.
+pub const SUMMARY_ENTRY_BYTES: usize = 100;
+
+/// Strings a guest controls are cut to this many characters in a record
+/// that would be longer than [`MAX_LINE_BYTES`].
+const CLAMP_CHARS: usize = 128;
+
+/// Lists (answers, secrets) are cut to this many entries in such a record.
+const CLAMP_ENTRIES: usize = 16;
 
 /// The policy reference written when the gateway runs without a policy
 /// (platform deny set only).
@@ -216,7 +250,7 @@ impl FlowTotals {
 /// Writes schema-1 audit lines (see the module docs).
 pub struct AuditSink {
     writer: LineWriter,
-    limiter: DenyLimiter,
+    limiter: Limiter,
     sandbox: String,
     policy: Option<Arc<CompiledPolicy>>,
 }
@@ -234,16 +268,6 @@ struct LineWriter {
 /// A line buffer that grew past this (a huge `detail`) is shrunk back after
 /// its line, so one large record does not pin memory.
 const LINE_BUFFER_KEEP: usize = 64 * 1024;
-
-/// The per-reason deny budget of the current one-second window.
-struct DenyLimiter {
-    window_start: Instant,
-    /// Deny lines written in this window, per reason.
-    in_window: Vec<(Reason, u32)>,
-    /// Deny lines suppressed since the last summary, per reason (in order of
-    /// first suppression).
-    suppressed: Vec<Suppressed>,
-}
 
 impl std::fmt::Debug for AuditSink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -313,14 +337,6 @@ fn set_wire<'a>(rec: &mut AuditRecord<'a>, wire: Option<&'a WireName>) {
 }
 
 /// The reference to `policy`, or to [`NO_POLICY_ID`].
-/// Whether `rec` is a deny record over its reason's budget for this window
-/// (then counted for the window's summary instead of written).
-fn suppress(limiter: &mut DenyLimiter, rec: &AuditRecord<'_>) -> bool {
-    rec.decision == sluice_policy::Decision::Deny
-        && matches!(rec.kind, Kind::Connection | Kind::Dns | Kind::Http)
-        && !limiter.admit(rec.reason)
-}
-
 fn policy_ref(policy: Option<&CompiledPolicy>) -> PolicyRef<'_> {
     match policy {
         Some(p) => PolicyRef::of(p),
@@ -343,11 +359,7 @@ impl AuditSink {
                 write_errors: 0,
                 lines: 0,
             },
-            limiter: DenyLimiter {
-                window_start: Instant::now(),
-                in_window: Vec::new(),
-                suppressed: Vec::new(),
-            },
+            limiter: Limiter::new(Instant::now()),
             sandbox: sandbox.to_owned(),
             policy: None,
         }
@@ -374,27 +386,26 @@ impl AuditSink {
         &self.sandbox
     }
 
-    /// Writes `event` as one record (deny records rate-limited per reason).
+    /// Writes `event` as one record, unless the window's limits suppress
+    /// it (module docs, "Flood bounding"); then it is counted.
     pub fn record(&mut self, event: &AuditEvent<'_>) {
         self.tick();
         let rec = build(&self.sandbox, self.policy.as_deref(), event);
-        if suppress(&mut self.limiter, &rec) {
-            return;
+        if self.limiter.admit(&rec) {
+            self.writer.write(&rec);
         }
-        self.writer.write(&rec);
     }
 
     /// Writes a record built elsewhere (e.g. `http` records of an
     /// intercepting or plain-HTTP proxy; start from [`AuditSink::skeleton`]),
-    /// unchanged. Deny records are rate-limited per reason like
-    /// [`AuditSink::record`]'s, so a guest repeating a refused request on a
+    /// unchanged but for [`clamp`], under the same limits as
+    /// [`AuditSink::record`]'s, so a guest repeating a request on a
     /// kept-alive connection cannot flood the log.
     pub fn write_record(&mut self, rec: &AuditRecord<'_>) {
         self.tick();
-        if suppress(&mut self.limiter, rec) {
-            return;
+        if self.limiter.admit(rec) {
+            self.writer.write(rec);
         }
-        self.writer.write(rec);
     }
 
     /// A record skeleton with this sink's sandbox and policy reference.
@@ -407,18 +418,17 @@ impl AuditSink {
     /// summary of what it suppressed. Cheap; call it often.
     pub fn tick(&mut self) {
         let now = Instant::now();
-        if now.duration_since(self.limiter.window_start) >= Duration::from_secs(1) {
-            self.limiter.window_start = now;
-            self.limiter.in_window.clear();
+        if self.limiter.window_ended(now) {
+            self.limiter.next_window(now);
             self.write_summary();
         }
     }
 
     fn write_summary(&mut self) {
-        if self.limiter.suppressed.is_empty() {
+        let suppressed = self.limiter.take_suppressed();
+        if suppressed.is_empty() {
             return;
         }
-        let suppressed = std::mem::take(&mut self.limiter.suppressed);
         let pref = policy_ref(self.policy.as_deref());
         let mut rec = AuditRecord::new(
             Timestamp::now(),
@@ -438,30 +448,6 @@ impl AuditSink {
     }
 }
 
-impl DenyLimiter {
-    /// Counts a deny line of `reason`; false when it is to be suppressed.
-    fn admit(&mut self, reason: Reason) -> bool {
-        let i = match self.in_window.iter().position(|(r, _)| *r == reason) {
-            Some(i) => i,
-            None => {
-                self.in_window.push((reason, 0));
-                self.in_window.len() - 1
-            }
-        };
-        if let Some((_, written)) = self.in_window.get_mut(i)
-            && *written < DENY_LINES_PER_SEC
-        {
-            *written += 1;
-            return true;
-        }
-        match self.suppressed.iter_mut().find(|s| s.reason == reason) {
-            Some(s) => s.count += 1,
-            None => self.suppressed.push(Suppressed { reason, count: 1 }),
-        }
-        false
-    }
-}
-
 impl LineWriter {
     /// Serialises `rec` into the line buffer, then writes the whole line
     /// with one `write_all` and flushes. serde_json writes a record token by
@@ -469,12 +455,21 @@ impl LineWriter {
     /// token, about a hundred system calls per line (docs/benchmarks.md,
     /// "Enforcement cost"). Now a line is one system call, and a line is
     /// never interleaved with another writer's at the token level.
+    ///
+    /// A record whose line would be longer than [`MAX_LINE_BYTES`] (a
+    /// summary: [`MAX_SUMMARY_BYTES`]) is written [`clamp`]ed instead.
     fn write(&mut self, rec: &AuditRecord<'_>) {
-        self.line.clear();
-        let res = rec
-            .write_line(&mut self.line)
-            .and_then(|()| self.out.write_all(&self.line))
-            .and_then(|()| self.out.flush());
+        let res = self.serialise(rec).and_then(|()| {
+            if self.line.len() > MAX_LINE_BYTES && rec.kind != Kind::Summary {
+                let cut = clamp(rec);
+                self.serialise(&cut)?;
+                if self.line.len() > MAX_LINE_BYTES {
+                    self.serialise(&bare(rec))?;
+                }
+            }
+            self.out.write_all(&self.line)?;
+            self.out.flush()
+        });
         if self.line.capacity() > LINE_BUFFER_KEEP {
             self.line = Vec::with_capacity(1024);
         }
@@ -488,6 +483,75 @@ impl LineWriter {
             }
         }
     }
+}
+
+impl LineWriter {
+    fn serialise(&mut self, rec: &AuditRecord<'_>) -> std::io::Result<()> {
+        self.line.clear();
+        rec.write_line(&mut self.line)
+    }
+}
+
+/// `s` cut to [`CLAMP_CHARS`] characters (escaped by JSON, each is at most
+/// 6 bytes), marked with a trailing `...` when cut.
+fn cut<'a>(s: &Cow<'a, str>) -> Cow<'a, str> {
+    match s.char_indices().nth(CLAMP_CHARS) {
+        Some((at, _)) => Cow::Owned(format!("{}...", &s[..at])),
+        None => s.clone(),
+    }
+}
+
+/// `rec` with every guest-controlled string (`qname`, `qtype`, `rcode`,
+/// `sni`, `host`, `method`, `path`, the rule's matched `name`, `detail`)
+/// cut to [`CLAMP_CHARS`] characters and its lists (`answers`, `secrets`)
+/// to [`CLAMP_ENTRIES`] entries: with the other fields' fixed sizes, under
+/// [`MAX_LINE_BYTES`]. Only records that would be longer are clamped (an
+/// HTTP path of kilobytes, a reload's every error: the whole text is in
+/// the gateway's log).
+pub fn clamp<'a>(rec: &AuditRecord<'a>) -> AuditRecord<'a> {
+    let mut r = rec.clone();
+    for f in [
+        &mut r.qname,
+        &mut r.qtype,
+        &mut r.rcode,
+        &mut r.sni,
+        &mut r.host,
+        &mut r.method,
+        &mut r.path,
+        &mut r.detail,
+    ] {
+        if let Some(s) = f.as_ref() {
+            *f = Some(cut(s));
+        }
+    }
+    if let Some(rule) = r.rule.as_mut() {
+        rule.id = cut(&rule.id);
+        rule.pattern = cut(&rule.pattern);
+        rule.name = rule.name.as_ref().map(cut);
+    }
+    r.answers.truncate(CLAMP_ENTRIES);
+    r.secrets.truncate(CLAMP_ENTRIES);
+    for s in &mut r.secrets {
+        s.name = cut(&s.name);
+    }
+    r
+}
+
+/// `rec` with only its mandatory fields, flow and endpoints, and a
+/// `detail` saying the rest was dropped: the last resort when even the
+/// clamped record is too long (operator strings over the proviso of
+/// [`MAX_LINE_BYTES`]).
+fn bare<'a>(rec: &AuditRecord<'a>) -> AuditRecord<'a> {
+    let mut r = AuditRecord::new(rec.ts, "", rec.kind, rec.reason, rec.policy.clone());
+    r.sandbox = rec.sandbox.clone();
+    r.flow = rec.flow;
+    r.transport = rec.transport;
+    r.src = rec.src;
+    r.dst = rec.dst;
+    r.detail = Some(Cow::Borrowed(
+        "record over the line size bound; fields dropped",
+    ));
+    r
 }
 
 /// `rec` with a closed flow's id, endpoints and totals.
@@ -693,6 +757,9 @@ pub(crate) mod tests {
     use super::*;
     use std::sync::Mutex;
 
+    use std::collections::BTreeMap;
+
+    use sluice_policy::audit::Suppressed;
     use sluice_policy::{CompileOptions, Decision, from_yaml_str};
 
     /// A writer tests can read back.
@@ -996,7 +1063,9 @@ pub(crate) mod tests {
             assert!(c.ends_with(b"\n"));
             AuditRecord::from_json(std::str::from_utf8(&c[..c.len() - 1]).unwrap()).unwrap();
         }
-        assert!(chunks[3].len() > 3 * LINE_BUFFER_KEEP);
+        // The huge detail was cut to keep the line within its bound.
+        assert!(chunks[3].len() <= MAX_LINE_BYTES, "{}", chunks[3].len());
+        assert!(String::from_utf8_lossy(&chunks[3]).contains("xxx...\""));
         // The buffer a huge line grew is given back.
         assert!(sink.writer.line.capacity() <= LINE_BUFFER_KEEP);
         assert_eq!(sink.lines_written(), 6);
@@ -1029,43 +1098,6 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn proxy_deny_records_are_rate_limited_too() {
-        let buf = Shared::default();
-        let mut sink = AuditSink::new(Box::new(buf.clone()), "sb1");
-        // One window for the whole loop, however slowly a loaded machine
-        // runs it (a window that ended mid-loop would admit more lines).
-        sink.limiter.window_start = Instant::now() + Duration::from_secs(3600);
-        let n = DENY_LINES_PER_SEC + 10;
-        let record = |reason| {
-            let policy = PolicyRef {
-                id: NO_POLICY_ID.into(),
-                version: NO_POLICY_ID.into(),
-                label: None,
-            };
-            AuditRecord::new(Timestamp::now(), "sb1", Kind::Http, reason, policy)
-        };
-        for _ in 0..n {
-            sink.write_record(&record(Reason::HostMismatch));
-        }
-        // An allow record is never suppressed.
-        sink.write_record(&record(Reason::Allowlisted));
-        sink.flush();
-        let lines = parse_all(&buf.text());
-        let denied = lines
-            .iter()
-            .filter(|l| l["kind"] == "http" && l["reason"] == "host_mismatch")
-            .count() as u64;
-        assert_eq!(denied, u64::from(DENY_LINES_PER_SEC));
-        assert_eq!(
-            lines
-                .iter()
-                .filter(|l| l["kind"] == "http" && l["reason"] == "allowlisted")
-                .count(),
-            1
-        );
-    }
-
-    #[test]
     fn hosts_the_running_ca_cannot_sign_for_are_inspect_failed_with_the_cause() {
         for code in ["outside_sandbox_ca", "no_sandbox_ca"] {
             let (reason, detail) = reason_of(code);
@@ -1078,52 +1110,351 @@ pub(crate) mod tests {
         }
     }
 
-    #[test]
-    fn denies_are_rate_limited_per_reason_with_a_summary() {
+    /// A sink whose current window lasts until `ended` is called.
+    fn held_sink() -> (AuditSink, Shared) {
         let buf = Shared::default();
         let mut sink = AuditSink::new(Box::new(buf.clone()), "sb1");
-        let src: SocketAddr = "10.0.2.15:1000".parse().unwrap();
-        let dst: SocketAddr = "127.0.0.1:22".parse().unwrap();
-        let n = DENY_LINES_PER_SEC + 25;
-        for _ in 0..n {
-            sink.record(&AuditEvent::FlowDeny {
-                proto: "tcp",
+        sink.set_policy(Some(policy()));
+        // One window however slowly a loaded machine runs the test.
+        sink.limiter
+            .hold_window(Instant::now() + Duration::from_secs(3600));
+        (sink, buf)
+    }
+
+    /// Ends the sink's current window at its next record or tick.
+    fn end_window(sink: &mut AuditSink) {
+        let past = Instant::now().checked_sub(WINDOW).unwrap();
+        sink.limiter.hold_window(past);
+    }
+
+    /// Written lines per (kind, reason) and suppressed counts per (kind,
+    /// reason) from the summaries.
+    /// Counts per (kind, reason).
+    type Tally = BTreeMap<(String, String), u64>;
+
+    fn tally(lines: &[serde_json::Value]) -> (Tally, Tally) {
+        let mut written = BTreeMap::new();
+        let mut suppressed = BTreeMap::new();
+        for l in lines {
+            if l["kind"] == "summary" {
+                for s in l["suppressed"].as_array().unwrap() {
+                    let key = (
+                        s["kind"].as_str().unwrap().to_owned(),
+                        s["reason"].as_str().unwrap().to_owned(),
+                    );
+                    *suppressed.entry(key).or_insert(0) += s["count"].as_u64().unwrap();
+                }
+            } else {
+                let key = (
+                    l["kind"].as_str().unwrap().to_owned(),
+                    l["reason"].as_str().unwrap().to_owned(),
+                );
+                *written.entry(key).or_insert(0) += 1;
+            }
+        }
+        (written, suppressed)
+    }
+
+    /// An `http` record as the proxies write it (through
+    /// [`AuditSink::write_record`]).
+    fn http_record(reason: Reason, host: &str) -> AuditRecord<'_> {
+        let policy = PolicyRef {
+            id: NO_POLICY_ID.into(),
+            version: NO_POLICY_ID.into(),
+            label: None,
+        };
+        let mut r = AuditRecord::new(Timestamp::now(), "sb1", Kind::Http, reason, policy);
+        r.host = Some(Cow::Borrowed(host));
+        r.method = Some(Cow::Borrowed("GET"));
+        r.path = Some(Cow::Borrowed("/"));
+        r
+    }
+
+    /// One event of each kind and decision the datapath writes, about
+    /// `name` (`i` varies the flow and ports).
+    fn flood_event<'a>(
+        which: usize,
+        name: &'a str,
+        wire: &'a WireName,
+        answers: &'a [IpAddr],
+        i: u64,
+    ) -> AuditEvent<'a> {
+        let port = 1000 + u16::try_from(i % 50_000).unwrap();
+        let src: SocketAddr = SocketAddr::new("10.0.2.15".parse().unwrap(), port);
+        let dst: SocketAddr = "93.184.216.34:443".parse().unwrap();
+        let totals = FlowTotals {
+            flow: i,
+            proto: "tcp",
+            src,
+            dst,
+            bytes_up: 1,
+            bytes_down: 2,
+            duration_ms: 3,
+        };
+        match which {
+            0 => AuditEvent::Dns {
+                qname: name,
+                qtype: "A",
+                rcode: "NOERROR",
+                answers,
+                outcome: "forwarded",
+                reason: None,
+            },
+            1 => AuditEvent::Dns {
+                qname: name,
+                qtype: "A",
+                rcode: "REFUSED",
+                answers: &[],
+                outcome: "denied",
+                reason: Some("not_allowlisted"),
+            },
+            2 => AuditEvent::InspectedOpen {
+                flow: i,
                 src,
                 dst,
-                reason: "platform_denied",
-            });
-            // Another reason has its own budget.
-            sink.record(&AuditEvent::FlowDeny {
-                proto: "tcp",
+                wire,
+            },
+            3 => AuditEvent::InspectedDeny {
+                flow: i,
                 src,
                 dst,
-                reason: "ip_not_resolved_for_name",
-            });
+                reason: "denylisted",
+                wire: Some(wire),
+            },
+            4 => AuditEvent::FlowClose {
+                totals,
+                end: "closed",
+            },
+            5 => AuditEvent::Reload {
+                applied: false,
+                trigger: "sighup",
+                detail: name,
+            },
+            _ => AuditEvent::Gateway {
+                reason: Reason::FrameError,
+                detail: name,
+            },
+        }
+    }
+
+    const FLOOD_KINDS: usize = 7;
+
+    /// A flood of one record, repeated, of each kind (allow and deny): one
+    /// window writes [`LINES_PER_REASON`] lines of it, and one summary
+    /// counts every other one exactly.
+    #[test]
+    fn a_flood_of_one_record_of_each_kind_is_bounded_and_counted() {
+        let answers = ["93.184.216.34".parse().unwrap()];
+        let wire = WireName::Sni("www.example.com".into());
+        let n: u64 = 1000;
+        for which in 0..FLOOD_KINDS {
+            let (mut sink, buf) = held_sink();
+            for i in 0..n {
+                sink.record(&flood_event(which, "www.example.com", &wire, &answers, i));
+            }
+            sink.flush();
+            let lines = parse_all(&buf.text());
+            let (written, suppressed) = tally(&lines);
+            assert_eq!(written.len(), 1, "{which}: {written:?}");
+            let (key, w) = written.iter().next().unwrap();
+            assert_eq!(*w, u64::from(LINES_PER_REASON), "{which}: {key:?}");
+            assert_eq!(
+                suppressed.get(key).copied(),
+                Some(n - w),
+                "{which}: {suppressed:?}"
+            );
+            assert_eq!(lines.iter().filter(|l| l["kind"] == "summary").count(), 1);
+        }
+        // `http` records written by the proxies: the same bound.
+        for reason in [Reason::Allowlisted, Reason::HostMismatch] {
+            let (mut sink, buf) = held_sink();
+            let rec = http_record(reason, "www.example.com");
+            for _ in 0..n {
+                sink.write_record(&rec);
+            }
+            sink.flush();
+            let (written, suppressed) = tally(&parse_all(&buf.text()));
+            let key = ("http".to_owned(), reason.as_str().to_owned());
+            assert_eq!(
+                written.get(&key).copied(),
+                Some(u64::from(LINES_PER_REASON))
+            );
+            assert_eq!(
+                suppressed.get(&key).copied(),
+                Some(n - u64::from(LINES_PER_REASON))
+            );
+        }
+    }
+
+    /// Past the per-reason budget, the first record about each name is
+    /// still written (up to [`FIRST_SEEN_PER_WINDOW`] of them), repeats are
+    /// not, and a reason not yet seen in the window is always written.
+    #[test]
+    fn the_first_record_of_each_name_and_reason_is_written() {
+        let answers = ["93.184.216.34".parse().unwrap()];
+        let wire = WireName::Sni("www.example.com".into());
+        let (mut sink, buf) = held_sink();
+        // 60 names, each asked 10 times, round robin.
+        let names: Vec<String> = (0..60).map(|i| format!("n{i}.example.com")).collect();
+        for round in 0..10 {
+            for name in &names {
+                sink.record(&flood_event(0, name, &wire, &answers, round));
+            }
+        }
+        let lines = parse_all(&buf.text());
+        for name in &names {
+            assert!(
+                lines.iter().any(|l| l["qname"] == name.as_str()),
+                "{name} never written"
+            );
+        }
+        // 20 by the per-reason budget, then the 40 names not seen yet.
+        assert_eq!(lines.len(), 60);
+
+        // Many more distinct names: the first-seen allowance runs out.
+        for i in 0..1000 {
+            let name = format!("m{i}.example.com");
+            sink.record(&flood_event(0, &name, &wire, &answers, i));
+        }
+        let dns = parse_all(&buf.text()).len();
+        assert_eq!(
+            dns,
+            LINES_PER_REASON as usize + FIRST_SEEN_PER_WINDOW as usize
+        );
+
+        // Other reasons and kinds are written however flooded the window.
+        sink.record(&flood_event(1, "bad.example.com", &wire, &answers, 0));
+        sink.record(&flood_event(4, "", &wire, &answers, 0));
+        let lines = parse_all(&buf.text());
+        assert_eq!(lines.len(), dns + 2);
+        assert_eq!(lines[dns]["reason"], "not_allowlisted");
+        assert_eq!(lines[dns + 1]["kind"], "flow_close");
+        sink.flush();
+        let (written, suppressed) = tally(&parse_all(&buf.text()));
+        let key = ("dns".to_owned(), "dns_answered".to_owned());
+        assert_eq!(written[&key] + suppressed[&key], 600 + 1000);
+    }
+
+    /// The worst case: a flood of every kind and reason with a new name on
+    /// every record, over several windows. No window writes more than
+    /// [`MAX_LINES_PER_WINDOW`] lines or a line longer than its bound,
+    /// summaries come once per window, and for each (kind, reason) the
+    /// lines written plus the summaries' counts are exactly what was sent.
+    #[test]
+    fn a_flood_of_every_kind_never_exceeds_the_window_bound_and_loses_no_count() {
+        let answers = ["93.184.216.34".parse().unwrap()];
+        let (mut sink, buf) = held_sink();
+        let mut sent: BTreeMap<(String, String), u64> = BTreeMap::new();
+        let mut per_window = Vec::new();
+        for window in 0..3 {
+            let before = parse_all(&buf.text()).len();
+            for i in 0..6000 {
+                let name = format!("w{window}-{i}.example.com");
+                let wire = WireName::Sni(name.clone());
+                let which = i % (FLOOD_KINDS + 1);
+                if which == FLOOD_KINDS {
+                    // `http` records of every reason: more (kind, reason)
+                    // pairs than the ceiling leaves budgets for.
+                    let reason = Reason::ALL[(i / 8) % Reason::ALL.len()];
+                    let rec = http_record(reason, &name);
+                    *sent
+                        .entry(("http".into(), reason.as_str().into()))
+                        .or_insert(0) += 1;
+                    sink.write_record(&rec);
+                } else {
+                    let ev = flood_event(which, &name, &wire, &answers, u64::try_from(i).unwrap());
+                    let rec = build("sb1", None, &ev);
+                    *sent
+                        .entry((
+                            serde_json::to_value(rec.kind)
+                                .unwrap()
+                                .as_str()
+                                .unwrap()
+                                .to_owned(),
+                            rec.reason.as_str().to_owned(),
+                        ))
+                        .or_insert(0) += 1;
+                    sink.record(&ev);
+                }
+            }
+            let lines = parse_all(&buf.text());
+            per_window.push(lines.len() - before);
+            // The next record ends this window (and writes its summary).
+            end_window(&mut sink);
         }
         sink.flush();
-        let lines = parse_all(&buf.text());
-        let count = |reason: &str| {
-            lines
-                .iter()
-                .filter(|l| l["kind"] == "connection" && l["reason"] == reason)
-                .count() as u64
-        };
-        let summaries: Vec<_> = lines.iter().filter(|l| l["kind"] == "summary").collect();
-        assert!(!summaries.is_empty(), "no summary");
-        let suppressed = |reason: &str| -> u64 {
-            summaries
-                .iter()
-                .flat_map(|s| s["suppressed"].as_array().unwrap())
-                .filter(|s| s["reason"] == reason)
-                .map(|s| s["count"].as_u64().unwrap())
-                .sum()
-        };
-        // Nothing is lost: every attempt is a line or a suppressed count.
-        for reason in ["platform_denied", "ip_not_resolved_for_name"] {
-            assert_eq!(count(reason) + suppressed(reason), u64::from(n), "{reason}");
-            assert!(count(reason) >= u64::from(DENY_LINES_PER_SEC), "{reason}");
+        let text = buf.text();
+        for l in text.lines() {
+            assert!(l.len() < MAX_LINE_BYTES, "{}", l.len());
         }
-        assert_eq!(summaries[0]["reason"], "rate_limit_summary");
-        assert_eq!(summaries[0]["decision"], "allow");
+        for (w, n) in per_window.iter().enumerate() {
+            // This window's lines plus the summary of the previous one.
+            assert!(*n <= MAX_LINES_PER_WINDOW, "window {w}: {n} lines");
+            // The ceiling was reached (the flood is the worst case).
+            assert!(
+                *n >= LINES_PER_WINDOW as usize,
+                "window {w}: only {n} lines"
+            );
+        }
+        let lines = parse_all(&text);
+        assert_eq!(lines.iter().filter(|l| l["kind"] == "summary").count(), 3);
+        let (written, suppressed) = tally(&lines);
+        for (key, n) in &sent {
+            let got =
+                written.get(key).copied().unwrap_or(0) + suppressed.get(key).copied().unwrap_or(0);
+            assert_eq!(got, *n, "{key:?}");
+        }
+        assert_eq!(written.keys().filter(|k| !sent.contains_key(*k)).count(), 0);
+    }
+
+    /// A record with kilobytes of guest text is written cut, within
+    /// [`MAX_LINE_BYTES`], still a valid record; the largest possible
+    /// summary fits [`MAX_SUMMARY_BYTES`].
+    #[test]
+    fn oversized_records_are_clamped_and_summaries_are_bounded() {
+        let (mut sink, buf) = held_sink();
+        let long = "\u{1}".repeat(100_000);
+        let mut rec = http_record(Reason::Allowlisted, &long);
+        rec.path = Some(Cow::Borrowed(&long));
+        rec.host = Some(Cow::Borrowed(&long));
+        rec.sni = Some(Cow::Borrowed(&long));
+        rec.method = Some(Cow::Borrowed(&long));
+        rec.detail = Some(Cow::Borrowed(&long));
+        rec.answers = vec!["1.2.3.4".parse().unwrap(); 1000];
+        sink.write_record(&rec);
+        let text = buf.text();
+        assert!(text.len() <= MAX_LINE_BYTES, "{}", text.len());
+        let l = &parse_all(&text)[0];
+        assert_eq!(l["path"].as_str().unwrap().chars().count(), CLAMP_CHARS + 3);
+        assert_eq!(l["answers"].as_array().unwrap().len(), CLAMP_ENTRIES);
+
+        let mut summary = http_record(Reason::RateLimitSummary, "");
+        summary.kind = Kind::Summary;
+        summary.host = None;
+        summary.method = None;
+        summary.path = None;
+        for kind in [
+            Kind::Dns,
+            Kind::Connection,
+            Kind::Http,
+            Kind::FlowClose,
+            Kind::PolicyReload,
+            Kind::Gateway,
+        ] {
+            for &reason in Reason::ALL {
+                summary.suppressed.push(Suppressed {
+                    kind: Some(kind),
+                    reason,
+                    count: u64::MAX,
+                });
+            }
+        }
+        assert_eq!(summary.suppressed.len(), LIMITED_KINDS * Reason::ALL.len());
+        let line = summary.to_json();
+        assert!(
+            line.len() < MAX_SUMMARY_BYTES,
+            "{} > {MAX_SUMMARY_BYTES}",
+            line.len()
+        );
     }
 }

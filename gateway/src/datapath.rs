@@ -531,7 +531,7 @@ impl Datapath {
                 }
                 last_output = Instant::now();
             }
-            // Ends the audit rate-limit window (summary of suppressed denies).
+            // Ends the audit rate-limit window (summary of suppressed records).
             self.audit.tick();
             if last_counters.elapsed() >= COUNTER_LOG_INTERVAL {
                 last_counters = Instant::now();
@@ -2076,9 +2076,9 @@ mod tests {
             .filter(|s| s["reason"] == "not_allowlisted")
             .map(|s| s["count"].as_u64().unwrap())
             .sum();
-        // Bounded: at most the per-reason budget for each second the flood
-        // lasted (plus the window it started in) ...
-        let bound = u64::from(crate::audit::DENY_LINES_PER_SEC) * (elapsed + 1);
+        // Bounded: one destination, so at most the per-reason budget for
+        // each second the flood lasted (plus the window it started in) ...
+        let bound = u64::from(crate::audit::LINES_PER_REASON) * (elapsed + 1);
         assert!(written <= bound, "{written} deny lines in {elapsed} s");
         // ... and nothing lost: the summaries count the rest.
         assert!(suppressed > 0, "no summary of suppressed lines: {text}");

@@ -128,7 +128,9 @@ pub async fn serve_with_reload(
     let cfg = Arc::new(cfg);
     let (events_tx, mut events) = mpsc::unbounded_channel();
     spawn_signals(events_tx.clone())?;
-    if let Some(source) = reload {
+    if let Some(mut source) = reload {
+        // Secret values are read with the policy only where a proxy uses them.
+        source.load_secrets = cfg.intercept.is_some();
         reload::spawn(source, events_tx.clone()).map_err(GatewayError::Signals)?;
     }
     audit.record(&AuditEvent::Gateway {

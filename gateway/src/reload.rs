@@ -28,7 +28,15 @@
 //! - **Invalid file**: nothing changes; the old policy keeps running and
 //!   every open flow continues. Audit: `policy_reload`, decision deny,
 //!   reason `reload_rejected`, `detail` = the trigger and every error as
-//!   `file:line:col: message`.
+//!   `file:line:col: message` ([`Rejected::Policy`]).
+//! - **Secrets that cannot be read**: when an interception proxy runs, the
+//!   new policy's secret values are read in the same blocking task; if one
+//!   cannot be (a missing file, an unset variable, a file outside the
+//!   directories the gateway's jail kept readable), the reload is rejected
+//!   whole like an invalid file: the old policy *and* the old secret store
+//!   stay ([`Rejected::Secrets`], `detail` naming the secret and the error,
+//!   never a value). Without a proxy no value is read: nothing could use
+//!   one (TLS to a secret's host is refused until restart, see below).
 //! - **Valid file**: [`PolicyDecider::swap`] installs it; audit
 //!   `policy_reload` / `reload_applied` with the *new* policy's reference and
 //!   the previous version in `detail`. Then the datapath (see
@@ -54,8 +62,10 @@
 //! policy inspected then (none when it inspected nothing), and the guest
 //! trusts exactly that certificate: a reload cannot change it. On an applied
 //! reload, [`reload_interception`] gives the proxy the new policy's secret
-//! values (rotation; values that cannot be read leave the previous ones in
-//! place) and lists the inspected patterns the running CA does not cover
+//! store (values and bindings: rotation, rebinding, unbinding), which every
+//! request from then on uses, on connections already open too (the proxy
+//! reads the store at the start of each request), and lists the inspected
+//! patterns the running CA does not cover
 //! ([`outside_ca`]). Both go into the `reload_applied` record's `detail` (one
 //! line each, see docs/audit.md) and a warning. TLS flows to such hosts are
 //! refused at once, never spliced uninspected (a bound secret would be
@@ -72,6 +82,7 @@ use std::time::Duration;
 
 use sluice_intercept::Interceptor;
 use sluice_policy::{CompileOptions, CompiledPolicy};
+use sluice_secrets::{SecretError, SecretStore};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 
@@ -106,10 +117,36 @@ impl Trigger {
 pub struct PolicyReload {
     /// The decider whose policy is swapped.
     pub decider: Arc<PolicyDecider>,
-    /// The compiled new policy, or every error (one per line).
-    pub outcome: Result<Arc<CompiledPolicy>, String>,
+    /// The new policy and its secrets, or why the reload is rejected.
+    pub outcome: Result<Loaded, Rejected>,
     /// What started it.
     pub trigger: Trigger,
+}
+
+/// A reloaded policy ready to apply: compiled, its secret values read.
+#[derive(Debug)]
+pub struct Loaded {
+    /// The compiled policy.
+    pub policy: Arc<CompiledPolicy>,
+    /// Its secret store; `None` when no interception proxy runs (nothing
+    /// would use the values, so none are read).
+    pub secrets: Option<Arc<SecretStore>>,
+}
+
+/// Why a reload was rejected; the old policy and secret store stay. The
+/// message is the reload record's `detail` (after the trigger).
+#[derive(Debug, thiserror::Error)]
+pub enum Rejected {
+    /// The policy file is invalid or unreadable: every error, one
+    /// `file:line:col: message` per line.
+    #[error("{0}")]
+    Policy(String),
+    /// The policy is valid but a secret value it names cannot be read.
+    #[error("secrets not loaded, policy not applied (the previous policy and secrets stay): {0}")]
+    Secrets(#[from] SecretError),
+    /// The blocking load task failed (panicked or was cancelled).
+    #[error("policy load task failed: {0}")]
+    Task(String),
 }
 
 /// Where a reload comes from: the policy file and the decider enforcing it.
@@ -126,6 +163,9 @@ pub struct ReloadSource {
     pub options: CompileOptions,
     /// The metadata poll interval ([`POLL_INTERVAL`] by default).
     pub poll: Duration,
+    /// Whether secret values are read with the policy (an interception
+    /// proxy runs; `false` by default).
+    pub load_secrets: bool,
 }
 
 impl ReloadSource {
@@ -137,14 +177,27 @@ impl ReloadSource {
             decider,
             options,
             poll: POLL_INTERVAL,
+            load_secrets: false,
         }
     }
 
-    /// Reads and compiles the file (blocking).
-    pub fn load(&self) -> Result<Arc<CompiledPolicy>, String> {
-        sluice_policy::load_file(&self.path, &self.options)
-            .map(Arc::new)
-            .map_err(|e| e.to_string())
+    /// Reads and compiles the file and, with [`ReloadSource::load_secrets`],
+    /// reads the secret values it names (blocking).
+    ///
+    /// # Errors
+    /// The file is invalid or unreadable, or a secret value cannot be read.
+    pub fn load(&self) -> Result<Loaded, Rejected> {
+        let policy = sluice_policy::load_file(&self.path, &self.options)
+            .map_err(|e| Rejected::Policy(e.to_string()))?;
+        let secrets = if self.load_secrets {
+            Some(Arc::new(SecretStore::load(&policy)?))
+        } else {
+            None
+        };
+        Ok(Loaded {
+            policy: Arc::new(policy),
+            secrets,
+        })
     }
 }
 
@@ -247,12 +300,12 @@ pub fn spawn(source: ReloadSource, events: mpsc::UnboundedSender<Event>) -> std:
             let loader = Arc::clone(&source);
             let outcome = match tokio::task::spawn_blocking(move || loader.load()).await {
                 Ok(outcome) => outcome,
-                Err(e) => Err(format!("policy compile task failed: {e}")),
+                Err(e) => Err(Rejected::Task(e.to_string())),
             };
             match &outcome {
-                Ok(p) => tracing::info!(
+                Ok(l) => tracing::info!(
                     trigger = trigger.as_str(),
-                    version = p.version_hash(),
+                    version = l.policy.version_hash(),
                     "policy reloaded"
                 ),
                 Err(e) => tracing::warn!(
@@ -285,20 +338,15 @@ pub fn outside_ca(policy: &CompiledPolicy, intercept: Option<&Interceptor>) -> V
 }
 
 /// The interception side of an applied reload: the proxy (if any) gets the
-/// new policy's secret values, and the inspected patterns outside the
-/// running CA are found ([`outside_ca`]). Returns the lines for the reload
-/// record's `detail` (empty when there is nothing to say); logs a warning
-/// for each problem.
-pub fn reload_interception(policy: &CompiledPolicy, intercept: Option<&Interceptor>) -> String {
+/// new policy's secret store (used from the next request of every
+/// connection), and the inspected patterns outside the running CA are found
+/// ([`outside_ca`]). Returns the lines for the reload record's `detail`
+/// (empty when there is nothing to say); logs a warning for each problem.
+pub fn reload_interception(loaded: &Loaded, intercept: Option<&Interceptor>) -> String {
+    let policy = &*loaded.policy;
     let mut lines = Vec::new();
-    if let Some(interceptor) = intercept {
-        match sluice_secrets::SecretStore::load(policy) {
-            Ok(store) => interceptor.set_secrets(Arc::new(store)),
-            Err(e) => {
-                tracing::warn!(error = %e, "reload: secrets not reloaded; the previous values stay");
-                lines.push(format!("secrets not reloaded (previous values stay): {e}"));
-            }
-        }
+    if let (Some(interceptor), Some(store)) = (intercept, &loaded.secrets) {
+        interceptor.set_secrets(Arc::clone(store));
     }
     let outside = outside_ca(policy, intercept);
     if !outside.is_empty() {
@@ -324,10 +372,10 @@ pub fn reload_interception(policy: &CompiledPolicy, intercept: Option<&Intercept
 /// to revisit).
 pub fn apply_idle(reload: PolicyReload, intercept: Option<&Interceptor>, audit: &mut AuditSink) {
     match reload.outcome {
-        Ok(policy) => {
-            let previous = reload.decider.swap(Arc::clone(&policy));
-            let note = reload_interception(&policy, intercept);
-            audit.set_policy(Some(policy));
+        Ok(loaded) => {
+            let previous = reload.decider.swap(Arc::clone(&loaded.policy));
+            let note = reload_interception(&loaded, intercept);
+            audit.set_policy(Some(loaded.policy));
             let mut detail = format!("previous: {}; no guest connected", previous.version_hash());
             if !note.is_empty() {
                 detail.push('\n');
@@ -339,10 +387,10 @@ pub fn apply_idle(reload: PolicyReload, intercept: Option<&Interceptor>, audit: 
                 detail: &detail,
             });
         }
-        Err(errors) => audit.record(&AuditEvent::Reload {
+        Err(why) => audit.record(&AuditEvent::Reload {
             applied: false,
             trigger: reload.trigger.as_str(),
-            detail: &errors,
+            detail: &why.to_string(),
         }),
     }
 }
@@ -372,15 +420,26 @@ mod tests {
         sluice_policy::from_yaml_str(yaml, "p.yaml", &CompileOptions::default()).unwrap()
     }
 
+    /// `policy` with its secret values read, as [`ReloadSource::load`]
+    /// gives it.
+    fn loaded(policy: CompiledPolicy) -> Loaded {
+        let secrets = Some(Arc::new(SecretStore::load(&policy).unwrap()));
+        Loaded {
+            policy: Arc::new(policy),
+            secrets,
+        }
+    }
+
     const INSPECT_A: &str = "version: 1\nid: ca\nallow:\n  - domain: \"**.a.example\"\n  - domain: \"**.b.example\"\ninspect:\n  - \"api.a.example\"\n";
 
     #[test]
     fn reload_names_inspected_patterns_outside_the_running_ca() {
         let start = compiled(INSPECT_A);
-        let store = Arc::new(sluice_secrets::SecretStore::load(&start).unwrap());
+        let store = Arc::new(SecretStore::load(&start).unwrap());
         let proxy =
             Interceptor::new(start.inspected_patterns(), store, Default::default()).unwrap();
         assert!(outside_ca(&start, Some(&proxy)).is_empty());
+        let start = loaded(start);
         assert_eq!(reload_interception(&start, Some(&proxy)), "");
 
         // Below the CA's subtree: covered. Another name, a wider pattern, and
@@ -399,7 +458,7 @@ mod tests {
             outside_ca(&wider, Some(&proxy)),
             ["**.a.example", "*.b.example", "c.b.example"]
         );
-        let note = reload_interception(&wider, Some(&proxy));
+        let note = reload_interception(&loaded(wider), Some(&proxy));
         assert_eq!(
             note,
             "not inspectable until restart (outside the sandbox CA's name constraints): \
@@ -409,26 +468,91 @@ mod tests {
         assert_eq!(proxy.secrets().names().collect::<Vec<_>>(), ["s"]);
 
         // No CA at all (nothing inspected at start): every inspected pattern.
-        assert_eq!(outside_ca(&start, None), ["api.a.example"]);
+        assert_eq!(outside_ca(&start.policy, None), ["api.a.example"]);
         let note = reload_interception(&start, None);
         assert!(
             note.contains("(no sandbox CA: the policy at start inspected no host): api.a.example"),
             "{note}"
         );
         let nothing = compiled("version: 1\nid: ca\nallow:\n  - domain: a.example\n");
-        assert_eq!(reload_interception(&nothing, None), "");
+        assert_eq!(reload_interception(&loaded(nothing), None), "");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
-        // Secrets that cannot be read: the previous values stay, said so.
-        let broken = compiled(&format!(
-            "{INSPECT_A}secrets:\n  - name: gone\n    placeholder: sk-sluice-test-gone\n    env: SC_RELOAD_TEST_UNSET_VARIABLE\n    hosts: [api.a.example]\n"
+    /// A policy file that compiles but names a secret that cannot be read
+    /// is rejected whole: the decider keeps the old policy, the proxy the
+    /// old store, and the audit says which secret and why.
+    #[test]
+    fn a_reload_whose_secrets_cannot_be_read_is_rejected_whole() {
+        let dir = std::env::temp_dir().join(format!("sc-reload-sec-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let secret = dir.join("s");
+        std::fs::write(&secret, "value-of-s\n").unwrap();
+        let with_secret = |file: &std::path::Path, label: &str| {
+            format!(
+                "{INSPECT_A}label: {label}\nsecrets:\n  - name: s\n    placeholder: sk-sluice-test-ph\n    file: {}\n    hosts: [api.a.example]\n",
+                file.display()
+            )
+        };
+        let path = dir.join("policy.yaml");
+        std::fs::write(&path, with_secret(&secret, "old")).unwrap();
+        let start = sluice_policy::load_file(&path, &CompileOptions::default()).unwrap();
+        let store = Arc::new(SecretStore::load(&start).unwrap());
+        let proxy =
+            Interceptor::new(start.inspected_patterns(), store, Default::default()).unwrap();
+        let decider = Arc::new(PolicyDecider::new(
+            Arc::new(start),
+            PlatformDenySet::default(),
         ));
-        let note = reload_interception(&broken, Some(&proxy));
-        assert!(
-            note.starts_with("secrets not reloaded (previous values stay): "),
-            "{note}"
+        let mut source = ReloadSource::new(
+            path.clone(),
+            Arc::clone(&decider),
+            CompileOptions::default(),
         );
-        assert!(note.contains("gone"), "{note}");
-        assert_eq!(proxy.secrets().names().collect::<Vec<_>>(), ["s"]);
+        source.load_secrets = true;
+
+        // The new policy (another label) names a file that does not exist.
+        std::fs::write(&path, with_secret(&dir.join("missing"), "new")).unwrap();
+        let outcome = source.load();
+        assert!(matches!(outcome, Err(Rejected::Secrets(_))), "{outcome:?}");
+        let buf = crate::audit::tests::Shared::default();
+        let mut sink = AuditSink::new(Box::new(buf.clone()), "t");
+        apply_idle(
+            PolicyReload {
+                decider: Arc::clone(&decider),
+                outcome,
+                trigger: Trigger::Sighup,
+            },
+            Some(&proxy),
+            &mut sink,
+        );
+        assert_eq!(decider.policy().label(), Some("old"));
+        assert!(sink.policy().is_none(), "the sink's policy was replaced");
+        let lines = crate::audit::tests::parse_all(&buf.text());
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert_eq!(lines[0]["kind"], "policy_reload");
+        assert_eq!(lines[0]["reason"], "reload_rejected");
+        let detail = lines[0]["detail"].as_str().unwrap();
+        assert!(
+            detail.contains("secrets not loaded, policy not applied")
+                && detail.contains("secret `s`")
+                && detail.contains("missing"),
+            "{detail}"
+        );
+        assert!(!detail.contains("value-of-s"), "{detail}");
+        // The proxy still holds the old value, bound as before.
+        let sub = proxy.secrets().for_host("api.a.example");
+        assert_eq!(sub.bound_names().collect::<Vec<_>>(), ["s"]);
+
+        // Readable again: the same file loads, values and all.
+        std::fs::write(&path, with_secret(&secret, "new")).unwrap();
+        let l = source.load().unwrap();
+        assert_eq!(l.policy.label(), Some("new"));
+        assert_eq!(l.secrets.unwrap().names().collect::<Vec<_>>(), ["s"]);
+        // Without a proxy no value is read: the missing file is no error.
+        source.load_secrets = false;
+        std::fs::write(&path, with_secret(&dir.join("missing"), "new")).unwrap();
+        assert!(source.load().unwrap().secrets.is_none());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -491,7 +615,7 @@ mod tests {
         let r = next_reload(&mut rx).await;
         assert_eq!(r.trigger, Trigger::FileChanged);
         let p = r.outcome.unwrap();
-        assert_eq!(p.label(), Some("B"));
+        assert_eq!(p.policy.label(), Some("B"));
         // Applying it swaps the decider's policy.
         let mut sink = AuditSink::new(Box::new(std::io::sink()), "t");
         let decider = Arc::clone(&r.decider);
@@ -510,7 +634,7 @@ mod tests {
         // In place, invalid: rejected with the file's position.
         std::fs::write(&path, "version: 1\nid: x\nbogus: 1\n").unwrap();
         let r = next_reload(&mut rx).await;
-        let errors = r.outcome.unwrap_err();
+        let errors = r.outcome.unwrap_err().to_string();
         assert!(errors.contains("policy.yaml:3:"), "{errors}");
         assert!(errors.contains("bogus"), "{errors}");
 

@@ -70,9 +70,7 @@ use rustls::server::{Acceptor, ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use sluice_policy::Reason;
 use sluice_policy::audit::{Kind, SecretLocation};
-use sluice_secrets::{
-    HostSubstituter, PlaceholderScanner, SecretStore, StreamReplacer, Substitutions,
-};
+use sluice_secrets::{PlaceholderScanner, SecretStore, StreamReplacer, Substitutions};
 use thiserror::Error;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
@@ -145,7 +143,8 @@ pub struct Interceptor {
     ca: SandboxCa,
     upstream: Arc<rustls::ClientConfig>,
     provider: Arc<rustls::crypto::CryptoProvider>,
-    secrets: ArcSwap<SecretStore>,
+    /// Shared with every open connection, which reads it per request.
+    secrets: Arc<ArcSwap<SecretStore>>,
     connect_timeout: Duration,
 }
 
@@ -199,7 +198,7 @@ impl Interceptor {
             ca,
             upstream: Arc::new(upstream),
             provider,
-            secrets: ArcSwap::new(secrets),
+            secrets: Arc::new(ArcSwap::new(secrets)),
             connect_timeout,
         })
     }
@@ -215,8 +214,10 @@ impl Interceptor {
         self.secrets.load_full()
     }
 
-    /// Installs rotated secret values (reload). Connections already open
-    /// keep the values they started with; new connections use these.
+    /// Installs the secret values and bindings of a reloaded policy. Every
+    /// request from now on uses them, on connections already open too (each
+    /// request reads the store in force when it starts; a request already
+    /// under way finishes with the store it started with).
     pub fn set_secrets(&self, secrets: Arc<SecretStore>) {
         self.secrets.store(secrets);
     }
@@ -291,7 +292,7 @@ impl Interceptor {
                 let conn = Arc::new(Conn {
                     flow: flow.clone(),
                     upstream: Upstream::Failed { reason, detail },
-                    subst: self.secrets.load().for_host(&flow.sni),
+                    secrets: Arc::clone(&self.secrets),
                     audit: audit.clone(),
                     connect_protocol_settled: AtomicBool::new(false),
                 });
@@ -350,7 +351,7 @@ impl Interceptor {
             }
         };
         let conn = Arc::new(Conn {
-            subst: self.secrets.load().for_host(&flow.sni),
+            secrets: Arc::clone(&self.secrets),
             flow,
             upstream,
             audit,
@@ -571,7 +572,9 @@ where
 struct Conn {
     flow: FlowInfo,
     upstream: Upstream,
-    subst: HostSubstituter,
+    /// The proxy's secret store, read at the start of every request so a
+    /// reload's bindings apply to open connections too.
+    secrets: Arc<ArcSwap<SecretStore>>,
     audit: Arc<dyn AuditOut>,
     /// An extended CONNECT already waited for the upstream's SETTINGS.
     connect_protocol_settled: AtomicBool,
@@ -867,6 +870,9 @@ where
 async fn handle(conn: Arc<Conn>, mut req: Request<Incoming>) -> Response<ProxyBody> {
     let started = Instant::now();
     let flow = &conn.flow;
+    // The bindings in force now: the request, its response and trailers
+    // use this one snapshot.
+    let subst = conn.secrets.load().for_host(&flow.sni);
     let mut event = HttpEvent::new(
         Kind::Http,
         Reason::Allowlisted,
@@ -944,7 +950,7 @@ async fn handle(conn: Arc<Conn>, mut req: Request<Incoming>) -> Response<ProxyBo
     // was first read; upstream gets the body without waiting.
     parts.headers.remove(header::EXPECT);
 
-    let subs = match conn.subst.request_head(&mut parts) {
+    let subs = match subst.request_head(&mut parts) {
         Ok(s) => s,
         Err(e) => {
             event.detail = Some(e.to_string());
@@ -961,13 +967,13 @@ async fn handle(conn: Arc<Conn>, mut req: Request<Incoming>) -> Response<ProxyBo
     let scanner = if body.is_end_stream() {
         None
     } else {
-        conn.subst.request_body_scanner()
+        subst.request_body_scanner()
     };
     let passed = PassedThrough::new(&conn.audit, &event, &subs, scanner);
 
     let up = Arc::new(AtomicU64::new(0));
     let body_secrets = Arc::new(Mutex::new(Vec::new()));
-    let replacer = conn.subst.request_body();
+    let replacer = subst.request_body();
     if replacer.is_some() {
         parts.headers.remove(header::CONTENT_LENGTH);
     }
@@ -975,7 +981,7 @@ async fn handle(conn: Arc<Conn>, mut req: Request<Incoming>) -> Response<ProxyBo
     let body = TrailerRewrite::new(
         body,
         TrailerRule::Substitute {
-            subst: conn.subst.clone(),
+            subst: subst.clone(),
             seen: trailer_subs.clone(),
         },
     );
@@ -1026,7 +1032,7 @@ async fn handle(conn: Arc<Conn>, mut req: Request<Incoming>) -> Response<ProxyBo
         strip_hop_by_hop(&mut rparts.headers, h1_upgrade);
         // A 2xx to CONNECT carries no body and no length.
         rparts.headers.remove(header::CONTENT_LENGTH);
-        conn.subst.response_head(&subs, &mut rparts);
+        subst.response_head(&subs, &mut rparts);
         event.status = Some(status.as_u16());
         let audit = conn.audit.clone();
         tokio::spawn(async move {
@@ -1050,7 +1056,7 @@ async fn handle(conn: Arc<Conn>, mut req: Request<Incoming>) -> Response<ProxyBo
     }
 
     strip_hop_by_hop(&mut rparts.headers, false);
-    conn.subst.response_head(&subs, &mut rparts);
+    subst.response_head(&subs, &mut rparts);
     let no_body = head_only
         || status == StatusCode::NO_CONTENT
         || status == StatusCode::NOT_MODIFIED
@@ -1058,7 +1064,7 @@ async fn handle(conn: Arc<Conn>, mut req: Request<Incoming>) -> Response<ProxyBo
     let replacer = if no_body {
         None
     } else {
-        conn.subst.response_body(&subs)
+        subst.response_body(&subs)
     };
     if replacer.is_some() {
         let encoded = rparts
@@ -1083,7 +1089,7 @@ async fn handle(conn: Arc<Conn>, mut req: Request<Incoming>) -> Response<ProxyBo
     let rbody = TrailerRewrite::new(
         rbody,
         TrailerRule::Scrub {
-            subst: conn.subst.clone(),
+            subst: subst.clone(),
             request: subs,
         },
     );

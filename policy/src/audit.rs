@@ -184,9 +184,14 @@ pub struct SecretUse<'a> {
     pub location: SecretLocation,
 }
 
-/// How many records of one reason a rate limiter suppressed.
+/// How many records of one kind and reason a rate limiter suppressed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Suppressed {
+    /// The kind of the suppressed records (absent in summaries written
+    /// before every kind was rate-limited: those counted deny records of
+    /// `connection`, `dns` and `http` together).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<Kind>,
     /// The reason of the suppressed records.
     pub reason: Reason,
     /// How many were suppressed since the previous summary.
@@ -533,6 +538,7 @@ mod tests {
             PolicyRef::of(&p),
         );
         summary.suppressed = vec![Suppressed {
+            kind: Some(Kind::Connection),
             reason: Reason::NotAllowlisted,
             count: 10_000,
         }];

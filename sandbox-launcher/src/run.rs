@@ -798,8 +798,15 @@ impl Session {
                     denied += 1;
                 }
                 if let Some(list) = rec.get("suppressed").and_then(|v| v.as_array()) {
+                    // Summaries count allow records too: only denials add.
                     denied += list
                         .iter()
+                        .filter(|s| {
+                            s.get("reason")
+                                .and_then(|r| r.as_str())
+                                .and_then(sluice_policy::Reason::from_name)
+                                .is_some_and(|r| r.decision() == sluice_policy::Decision::Deny)
+                        })
                         .filter_map(|s| s.get("count").and_then(|c| c.as_u64()))
                         .sum::<u64>();
                 }

@@ -421,13 +421,20 @@ fn reload_under_load_loses_nothing_silently() -> Result<()> {
     // AAAA queries (IPv6 is off) are denials every curl causes: not counted.
     let relevant =
         |reason: &serde_json::Value| reason.as_str().is_some_and(|r| r != "dns_type_withheld");
+    let deny_reason = |reason: &serde_json::Value| {
+        reason
+            .as_str()
+            .and_then(sluice_policy::Reason::from_name)
+            .is_some_and(|r| r.decision() == sluice_policy::Decision::Deny)
+    };
     let denials_in = |a: &[serde_json::Value]| -> u64 {
         a.iter()
             .map(|l| {
                 if l["kind"] == "summary" {
+                    // Summaries count allowed records too: denials only.
                     l["suppressed"].as_array().map_or(0, |s| {
                         s.iter()
-                            .filter(|c| relevant(&c["reason"]))
+                            .filter(|c| relevant(&c["reason"]) && deny_reason(&c["reason"]))
                             .filter_map(|c| c["count"].as_u64())
                             .sum()
                     })

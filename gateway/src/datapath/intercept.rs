@@ -261,7 +261,7 @@ impl Datapath {
     /// After a reload: the proxy picks up the new policy's secret values
     /// (rotation) and the inspected patterns outside the running CA are
     /// found; the lines for the reload record (`crate::reload`).
-    pub(super) fn reload_intercept(&mut self, policy: &sluice_policy::CompiledPolicy) -> String {
-        crate::reload::reload_interception(policy, self.cfg.intercept.as_deref())
+    pub(super) fn reload_intercept(&mut self, loaded: &crate::reload::Loaded) -> String {
+        crate::reload::reload_interception(loaded, self.cfg.intercept.as_deref())
     }
 }

@@ -18,21 +18,22 @@ impl Datapath {
     /// Applies one reload attempt (see `crate::reload`).
     pub(super) fn on_reload(&mut self, reload: PolicyReload) {
         let trigger = reload.trigger.as_str();
-        let policy = match reload.outcome {
-            Ok(policy) => policy,
-            Err(errors) => {
-                // The old policy stays; nothing else changes.
+        let loaded = match reload.outcome {
+            Ok(loaded) => loaded,
+            Err(why) => {
+                // The old policy and secrets stay; nothing else changes.
                 self.audit.record(&AuditEvent::Reload {
                     applied: false,
                     trigger,
-                    detail: &errors,
+                    detail: &why.to_string(),
                 });
                 return;
             }
         };
+        let policy = Arc::clone(&loaded.policy);
         let previous = reload.decider.swap(Arc::clone(&policy));
         self.audit.set_policy(Some(Arc::clone(&policy)));
-        let intercept_note = self.reload_intercept(&policy);
+        let intercept_note = self.reload_intercept(&loaded);
         let bounds = policy.ttl_bounds();
         self.dns.table_mut().set_ttl_bounds(bounds.min, bounds.max);
         let purged = self
