@@ -11,13 +11,16 @@
 //!   gateway: every request's Host checked against the one enforcement
 //!   validated, placeholders reported, nothing substituted; no CA needed.
 //! - [`event`]: what the proxies report for the audit trail.
-//! - `hop` (private): the Host/authority normalisation and hop-by-hop header
-//!   stripping both proxies share.
+//! - [`http`]: what both proxies share: Host / `:authority` parsing
+//!   ([`http::authority::parse`]), hop-by-hop headers, their own responses,
+//!   the WebSocket-only upgrade rule and splice, the one upstream connect
+//!   (refusing local routes), the body layer, and the per-exchange audit
+//!   ledger that writes each request's `http` record once.
 #![forbid(unsafe_code)]
 
 pub mod ca;
 pub mod event;
-mod hop;
+pub mod http;
 pub mod plain;
 pub mod proxy;
 mod trailers;

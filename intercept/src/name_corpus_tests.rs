@@ -1,15 +1,19 @@
 //! The shared name corpus (sluice-name's `tests/corpus.txt`) through the
 //! interceptors' name checks: the authority/`Host` comparison both proxies
-//! make ([`crate::hop::authority_host`]), the plain proxy's admitted host
-//! ([`crate::plain::normalise_host`] then the comparison `check_host` makes)
+//! make ([`crate::http::authority::parse`]), the plain proxy's admitted host
+//! ([`crate::http::authority::normalise_host`] then the comparison `check_host` makes)
 //! and the TLS proxy's SNI re-check (`sluice_name::wire_equals` against the
 //! verified SNI). Each must accept exactly what the corpus's wire column
 //! accepts, in the same canonical form.
 
 use sluice_name::corpus::cases;
 
-use crate::hop::authority_host;
-use crate::plain::normalise_host;
+use crate::http::authority::normalise_host;
+
+/// The authority reader as the proxies call it: `None` for a refusal.
+fn authority_host(value: &str, port: u16) -> Option<String> {
+    crate::http::authority::parse(value, port).ok()
+}
 
 /// What a lenient normaliser (lower case, every trailing dot and the
 /// surrounding white space gone) would have made of `input`: the verified

@@ -32,46 +32,45 @@
 //!   `secret_host_mismatch` (names only, never values); bodies are scanned as
 //!   they stream ([`sluice_secrets::PlaceholderScanner`]), never buffered;
 //! - one `http` record per request (method, host, path without the query,
-//!   status, body bytes each way, duration, flow) when its response body ends;
+//!   status, body bytes each way, duration, flow) when its response body ends
+//!   (or is abandoned);
 //! - hop-by-hop headers are dropped both ways and requests are re-framed by
 //!   hyper's client (so a smuggled second request inside an ambiguous body
 //!   cannot reach the upstream unchecked); header case is preserved;
 //! - `Upgrade: websocket` is forwarded; after `101` the two upgraded streams
 //!   are spliced byte for byte and the request's record is written when the
-//!   splice ends. Any other `Upgrade` (notably `h2c`, which would open an
-//!   unchecked HTTP/2 connection) is removed and the request forwarded as a
-//!   plain request.
+//!   splice ends. A request asking to upgrade to anything else (notably
+//!   `h2c`, which would open an unchecked HTTP/2 connection) is answered
+//!   `501`, reason `upgrade_refused`, and not forwarded;
+//! - upstream connects refuse a destination the kernel routes locally
+//!   (`crate::http::upstream`, shared with the TLS proxy);
+//! - each request is one `Exchange` (`crate::http::ledger`) whose explicit
+//!   finish writes its records once.
 //!
 //! It needs no CA and no TLS: it serves policies that inspect nothing.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use crate::hop::authority_host;
-use bytes::Bytes;
-use http::header::{self, HeaderMap, HeaderValue};
+use http::header::{self, HeaderMap};
 use http::{Method, Request, Response, StatusCode, Uri};
 use http_body_util::BodyExt as _;
-use http_body_util::combinators::UnsyncBoxBody;
-use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::body::Incoming;
 use hyper::client::conn::http1 as client_h1;
 use hyper_util::rt::TokioIo;
 use sluice_policy::Reason;
 use sluice_policy::audit::Kind;
-use sluice_secrets::{PlaceholderScanner, SecretStore};
+use sluice_secrets::SecretStore;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::TcpStream;
 
 use crate::event::{AuditOut, HttpEvent};
-
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
-/// The body type both legs are driven with.
-type PlainBody = UnsyncBoxBody<Bytes, BoxError>;
+use crate::http::body::Tapped;
+use crate::http::ledger::{Channel, Exchange, Outcome, RequestTally};
+use crate::http::responses::{self, Refusal};
+use crate::http::upgrade::{self, Ask};
+use crate::http::{ProxyBody, authority, hop, upstream};
 
 /// A plain-HTTP flow as the datapath hands it over.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -115,7 +114,7 @@ impl PlainProxy {
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
         let conn = Arc::new(Conn {
-            host: normalise_host(&flow.host),
+            host: authority::normalise_host(&flow.host),
             flow,
             secrets: secrets.filter(|s| !s.is_empty()),
             audit,
@@ -177,57 +176,24 @@ struct Conn {
     connect_timeout: Duration,
     /// The upstream connection, opened at the first forwarded request.
     /// Requests on one guest connection are sequential: never contended.
-    upstream: tokio::sync::Mutex<Option<client_h1::SendRequest<PlainBody>>>,
-}
-
-/// Why a request could not be forwarded: reason, status, text for the guest,
-/// detail for the audit.
-struct Refusal {
-    reason: Reason,
-    status: StatusCode,
-    text: &'static str,
-    detail: Option<String>,
+    upstream: tokio::sync::Mutex<Option<client_h1::SendRequest<ProxyBody>>>,
 }
 
 impl Conn {
-    /// Opens the upstream connection to the validated destination.
-    async fn connect(&self) -> Result<client_h1::SendRequest<PlainBody>, Refusal> {
-        let dst = self.flow.dst;
-        let refused = |reason: Reason, detail: String| Refusal {
-            reason,
-            status: StatusCode::BAD_GATEWAY,
-            text: "upstream connection failed",
-            detail: Some(detail),
+    /// Opens the upstream connection to the validated destination
+    /// ([`upstream::connect`]: a local route is refused).
+    async fn connect(&self) -> Result<client_h1::SendRequest<ProxyBody>, Refusal> {
+        let refused = |reason: Reason, detail: String| {
+            Refusal::new(
+                reason,
+                StatusCode::BAD_GATEWAY,
+                "upstream connection failed",
+            )
+            .detail(detail)
         };
-        let tcp = match tokio::time::timeout(self.connect_timeout, TcpStream::connect(dst)).await {
-            Ok(Ok(s)) => s,
-            Ok(Err(e)) => {
-                return Err(refused(
-                    Reason::ConnectFailed,
-                    format!("connect {dst}: {e}"),
-                ));
-            }
-            Err(_) => {
-                return Err(refused(
-                    Reason::ConnectFailed,
-                    format!("connect {dst}: timed out"),
-                ));
-            }
-        };
-        // A host address the gateway's refresher has not seen yet: the
-        // kernel routed the connect locally. Never send it a byte.
-        let local = match (tcp.local_addr(), tcp.peer_addr()) {
-            (Ok(l), Ok(p)) => l.ip() == p.ip() && !p.ip().is_loopback(),
-            _ => true,
-        };
-        if local {
-            let _ = socket2::SockRef::from(&tcp).set_linger(Some(Duration::ZERO));
-            return Err(refused(
-                Reason::PlatformDenied,
-                format!("connect {dst}: routed locally (a host address)"),
-            ));
-        }
-        let _ = tcp.set_nodelay(true);
+        let tcp = upstream::connect(self.flow.dst, self.connect_timeout)
+            .await
+            .map_err(|e| refused(e.reason, e.detail))?;
         let (send, conn) = client_h1::Builder::new()
             .preserve_header_case(true)
             .handshake(TokioIo::new(tcp))
@@ -244,7 +210,15 @@ impl Conn {
 
     /// Sends one request upstream, (re)connecting when there is no open
     /// upstream connection.
-    async fn send(&self, req: Request<PlainBody>) -> Result<Response<Incoming>, Refusal> {
+    async fn send(&self, req: Request<ProxyBody>) -> Result<Response<Incoming>, Refusal> {
+        let failed = |detail: String| {
+            Refusal::new(
+                Reason::UpstreamError,
+                StatusCode::BAD_GATEWAY,
+                "upstream request failed",
+            )
+            .detail(detail)
+        };
         let mut slot = self.upstream.lock().await;
         let reusable = match slot.as_mut() {
             Some(s) if !s.is_closed() => s.ready().await.is_ok(),
@@ -255,12 +229,7 @@ impl Conn {
             *slot = Some(self.connect().await?);
         }
         let Some(s) = slot.as_mut() else {
-            return Err(Refusal {
-                reason: Reason::UpstreamError,
-                status: StatusCode::BAD_GATEWAY,
-                text: "upstream request failed",
-                detail: Some("no upstream connection".into()),
-            });
+            return Err(failed("no upstream connection".into()));
         };
         let sent = match s.ready().await {
             Ok(()) => s.send_request(req).await,
@@ -268,23 +237,9 @@ impl Conn {
         };
         sent.map_err(|e| {
             *slot = None;
-            Refusal {
-                reason: Reason::UpstreamError,
-                status: StatusCode::BAD_GATEWAY,
-                text: "upstream request failed",
-                detail: Some(format!("upstream: {e}")),
-            }
+            failed(format!("upstream: {e}"))
         })
     }
-}
-
-/// The admitted host in the one normaliser's canonical form
-/// ([`sluice_name::normalize_name`]); empty when it does not normalise, which
-/// no request's host equals (every request is then refused as a mismatch).
-pub(crate) fn normalise_host(host: &str) -> String {
-    sluice_name::normalize_name(host)
-        .map(String::from)
-        .unwrap_or_default()
 }
 
 /// Checks the request's authority against the validated host: `Ok` with the
@@ -294,15 +249,9 @@ fn check_host(
     host: &str,
     port: u16,
 ) -> Result<String, (Refusal, Option<String>)> {
-    let refuse = |reason, status, text| Refusal {
-        reason,
-        status,
-        text,
-        detail: None,
-    };
     if req.method() == Method::CONNECT {
         return Err((
-            refuse(
+            Refusal::new(
                 Reason::HttpConnectDenied,
                 StatusCode::METHOD_NOT_ALLOWED,
                 "CONNECT is not allowed",
@@ -318,12 +267,12 @@ fn check_host(
         } else {
             (Reason::HttpUnreadable, "several Host headers")
         };
-        return Err((refuse(reason, StatusCode::BAD_REQUEST, text), None));
+        return Err((Refusal::new(reason, StatusCode::BAD_REQUEST, text), None));
     };
     let sent_text = String::from_utf8_lossy(sent.as_bytes()).into_owned();
     let mismatch = |shown: String| {
         Err((
-            refuse(
+            Refusal::new(
                 Reason::HostMismatch,
                 StatusCode::MISDIRECTED_REQUEST,
                 "request host differs from the host this connection was allowed for",
@@ -334,44 +283,24 @@ fn check_host(
     let header_ok = sent
         .to_str()
         .ok()
-        .and_then(|v| authority_host(v, port))
+        .and_then(|v| authority::parse(v, port).ok())
         .is_some_and(|h| h == host);
     if !header_ok {
         return mismatch(sent_text);
     }
     if let Some(a) = req.uri().authority()
-        && authority_host(a.as_str(), port).as_deref() != Some(host)
+        && authority::parse(a.as_str(), port).ok().as_deref() != Some(host)
     {
         return mismatch(a.as_str().to_owned());
     }
     Ok(sent_text)
 }
 
-/// Removes hop-by-hop headers ([`crate::hop::strip_hop_by_hop`]) and
-/// `Trailer`: plain HTTP carries no trailers.
+/// Removes hop-by-hop headers ([`hop::strip_hop_by_hop`]) and `Trailer`:
+/// plain HTTP carries no trailers.
 fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
-    crate::hop::strip_hop_by_hop(headers, upgrade);
+    hop::strip_hop_by_hop(headers, upgrade);
     headers.remove(header::TRAILER);
-}
-
-/// Whether the request asks for a WebSocket upgrade (`Connection: upgrade`
-/// and `Upgrade: websocket`, nothing else offered). Other protocols, `h2c`
-/// above all, are never upgraded to: what follows would not be checked.
-fn wants_websocket(headers: &HeaderMap) -> bool {
-    let connection_upgrade = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|t| t.trim().eq_ignore_ascii_case("upgrade"));
-    let mut protocols = headers
-        .get_all(header::UPGRADE)
-        .iter()
-        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
-        .map(<[u8]>::trim_ascii)
-        .peekable();
-    let offered = protocols.peek().is_some();
-    connection_upgrade && offered && protocols.all(|p| p.eq_ignore_ascii_case(b"websocket"))
 }
 
 /// The placeholders of `store`'s secrets in a request head: its target
@@ -391,36 +320,16 @@ fn head_placeholders(store: &SecretStore, parts: &http::request::Parts) -> Vec<S
     scan.mismatched().into_iter().map(str::to_owned).collect()
 }
 
-fn millis_since(t: Instant) -> u64 {
-    u64::try_from(t.elapsed().as_millis()).unwrap_or(u64::MAX)
+/// Answers a request the proxy does not forward; after an upstream failure
+/// the guest must reconnect to retry (`Connection: close`).
+fn refuse(refusal: Refusal, x: Exchange) -> Response<ProxyBody> {
+    let close = refusal.status == StatusCode::BAD_GATEWAY;
+    refusal.answer(x, close)
 }
 
-fn empty() -> PlainBody {
-    http_body_util::Empty::new()
-        .map_err(|e: Infallible| -> BoxError { match e {} })
-        .boxed_unsync()
-}
-
-fn text_response(status: StatusCode, text: &str, close: bool) -> Response<PlainBody> {
-    let body = http_body_util::Full::new(Bytes::from(format!("sluice: {text}\n")))
-        .map_err(|e: Infallible| -> BoxError { match e {} })
-        .boxed_unsync();
-    let mut resp = Response::new(body);
-    *resp.status_mut() = status;
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    if close {
-        resp.headers_mut()
-            .insert(header::CONNECTION, HeaderValue::from_static("close"));
-    }
-    resp
-}
-
-/// One request: check, forward, report.
-async fn handle(conn: Arc<Conn>, mut req: Request<Incoming>) -> Response<PlainBody> {
-    let started = Instant::now();
+/// One request: check, forward, report. Every path finishes the request's
+/// [`Exchange`] exactly once.
+async fn handle(conn: Arc<Conn>, mut req: Request<Incoming>) -> Response<ProxyBody> {
     let flow = &conn.flow;
     let mut event = HttpEvent::new(
         Kind::Http,
@@ -432,29 +341,31 @@ async fn handle(conn: Arc<Conn>, mut req: Request<Incoming>) -> Response<PlainBo
     );
     event.method = Some(req.method().as_str().to_owned());
     event.path = Some(req.uri().path().to_owned());
-    let refuse = |mut event: HttpEvent, r: Refusal| {
-        event.reason = r.reason;
-        event.status = Some(r.status.as_u16());
-        event.detail = r.detail;
-        event.duration_ms = Some(millis_since(started));
-        conn.audit.record(event);
-        // After an upstream failure the guest must reconnect to retry.
-        let close = r.status == StatusCode::BAD_GATEWAY;
-        text_response(r.status, r.text, close)
-    };
+    let mut x = Exchange::open(conn.audit.clone(), event, Channel::Plain, Instant::now());
 
     match check_host(&req, &conn.host, flow.dst.port()) {
-        Ok(sent) => event.host = Some(sent),
+        Ok(sent) => x.host(Some(sent)),
         Err((r, sent)) => {
-            event.host = sent;
-            return refuse(event, r);
+            x.host(sent);
+            return refuse(r, x);
         }
     }
-
-    let upgrade = wants_websocket(req.headers());
-    let guest_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
+    let websocket = match upgrade::h1_request(req.headers()) {
+        Ask::None => false,
+        Ask::WebSocket => true,
+        Ask::Other(p) => {
+            let r = Refusal::new(
+                Reason::UpgradeRefused,
+                StatusCode::NOT_IMPLEMENTED,
+                "only WebSocket upgrades are proxied",
+            )
+            .detail(format!("upgrade to {p} refused: only WebSocket is proxied"));
+            return refuse(r, x);
+        }
+    };
+    let guest_upgrade = websocket.then(|| hyper::upgrade::on(&mut req));
     let (mut parts, body) = req.into_parts();
-    strip_hop_by_hop(&mut parts.headers, upgrade);
+    strip_hop_by_hop(&mut parts.headers, websocket);
     // `Expect: 100-continue` is answered by this leg's server when the body
     // is first read; upstream gets the body without waiting.
     parts.headers.remove(header::EXPECT);
@@ -467,183 +378,54 @@ async fn handle(conn: Arc<Conn>, mut req: Request<Incoming>) -> Response<PlainBo
         parts.uri = pq.parse::<Uri>().unwrap_or_else(|_| Uri::from_static("/"));
     }
 
-    let up = Arc::new(AtomicU64::new(0));
-    let mut req_body = Tap::new(body, up.clone(), conn.audit.clone());
-    if let Some(store) = &conn.secrets {
-        let head = head_placeholders(store, &parts);
-        req_body.scan = Some(store.placeholder_scanner());
-        req_body.report = Some(Report::Placeholders {
-            event: event.clone(),
-            head,
-        });
-    }
+    let scanner = conn.secrets.as_ref().map(|store| {
+        x.head_placeholders(head_placeholders(store, &parts));
+        store.placeholder_scanner()
+    });
+    let tally = RequestTally::new(scanner);
+    x.forwarded(tally.clone());
+    let req_body = Tapped::request(body, None, tally);
     let resp = match conn
         .send(Request::from_parts(parts, req_body.boxed_unsync()))
         .await
     {
         Ok(r) => r,
-        Err(r) => return refuse(event, r),
+        Err(r) => return refuse(r, x),
     };
-    let (mut rparts, rbody) = resp.into_parts();
-    let status = rparts.status;
-    event.status = Some(status.as_u16());
+    let status = resp.status();
 
     if status == StatusCode::SWITCHING_PROTOCOLS {
         let Some(guest_upgrade) = guest_upgrade else {
-            return refuse(
-                event,
-                Refusal {
-                    reason: Reason::UpstreamError,
-                    status: StatusCode::BAD_GATEWAY,
-                    text: "upstream switched protocols unasked",
-                    detail: Some("101 to a request without an allowed upgrade".into()),
-                },
-            );
+            let r = Refusal::new(
+                Reason::UpstreamError,
+                StatusCode::BAD_GATEWAY,
+                "upstream switched protocols unasked",
+            )
+            .detail("101 to a request without an allowed upgrade");
+            return refuse(r, x);
         };
-        let mut resp = Response::from_parts(rparts, rbody);
+        let mut resp = resp;
         let upstream_upgrade = hyper::upgrade::on(&mut resp);
         let (mut rparts, _) = resp.into_parts();
         strip_hop_by_hop(&mut rparts.headers, true);
-        let audit = conn.audit.clone();
+        x.respond(status);
         tokio::spawn(async move {
-            let (mut up_total, mut down_total) = (0, 0);
-            match tokio::try_join!(guest_upgrade, upstream_upgrade) {
-                Ok((g, u)) => {
-                    let (mut g, mut u) = (TokioIo::new(g), TokioIo::new(u));
-                    if let Ok((a, b)) = tokio::io::copy_bidirectional(&mut g, &mut u).await {
-                        (up_total, down_total) = (a, b);
-                    }
-                }
-                Err(e) => event.detail = Some(format!("upgrade: {e}")),
-            }
-            event.bytes_up = Some(up_total);
-            event.bytes_down = Some(down_total);
-            event.duration_ms = Some(millis_since(started));
-            audit.record(event);
+            let spliced = upgrade::splice(guest_upgrade, upstream_upgrade).await;
+            x.finish(Outcome::Spliced(spliced));
         });
-        return Response::from_parts(rparts, empty());
+        return Response::from_parts(rparts, responses::empty());
     }
 
+    let (mut rparts, rbody) = resp.into_parts();
     strip_hop_by_hop(&mut rparts.headers, false);
-    let mut body = Tap::new(rbody, Arc::new(AtomicU64::new(0)), conn.audit.clone());
-    body.report = Some(Report::Request { event, started, up });
-    Response::from_parts(rparts, body.boxed_unsync())
-}
-
-/// A record written when the body carrying it is dropped (ended, or
-/// abandoned: guest gone, upstream reset).
-enum Report {
-    /// The request's `http` record (carried by the response body, whose
-    /// count is `bytes_down`).
-    Request {
-        event: HttpEvent,
-        started: Instant,
-        up: Arc<AtomicU64>,
-    },
-    /// The request's placeholders (carried by the request body, whose
-    /// scanner adds the body's): one `secret_host_mismatch` record if any.
-    Placeholders { event: HttpEvent, head: Vec<String> },
-}
-
-/// A body passed through unchanged: counted, optionally scanned for
-/// placeholders, with a [`Report`] written when it is dropped.
-struct Tap<B> {
-    inner: B,
-    count: Arc<AtomicU64>,
-    scan: Option<PlaceholderScanner>,
-    report: Option<Report>,
-    audit: Arc<dyn AuditOut>,
-}
-
-impl<B> Tap<B> {
-    fn new(inner: B, count: Arc<AtomicU64>, audit: Arc<dyn AuditOut>) -> Self {
-        Self {
-            inner,
-            count,
-            scan: None,
-            report: None,
-            audit,
-        }
-    }
-}
-
-impl<B> Drop for Tap<B> {
-    fn drop(&mut self) {
-        match self.report.take() {
-            None => {}
-            Some(Report::Request {
-                mut event,
-                started,
-                up,
-            }) => {
-                event.bytes_up = Some(up.load(Ordering::Relaxed));
-                event.bytes_down = Some(self.count.load(Ordering::Relaxed));
-                event.duration_ms = Some(millis_since(started));
-                self.audit.record(event);
-            }
-            Some(Report::Placeholders { mut event, head }) => {
-                let body: Vec<&str> = self
-                    .scan
-                    .as_ref()
-                    .map(PlaceholderScanner::mismatched)
-                    .unwrap_or_default();
-                if head.is_empty() && body.is_empty() {
-                    return;
-                }
-                let mut found: Vec<String> = head.iter().map(|n| format!("{n} (head)")).collect();
-                found.extend(body.iter().map(|n| format!("{n} (body)")));
-                event.reason = Reason::SecretHostMismatch;
-                event.detail = Some(format!(
-                    "placeholder of secret(s) {} sent over plain HTTP (never substituted); passed through unchanged",
-                    found.join(", ")
-                ));
-                self.audit.record(event);
-            }
-        }
-    }
-}
-
-impl<B> Body for Tap<B>
-where
-    B: Body<Data = Bytes> + Unpin,
-    B::Error: Into<BoxError>,
-{
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let this = &mut *self;
-        match Pin::new(&mut this.inner).poll_frame(cx) {
-            Poll::Pending => Poll::Pending,
-            Poll::Ready(None) => Poll::Ready(None),
-            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e.into()))),
-            Poll::Ready(Some(Ok(frame))) => {
-                if let Some(data) = frame.data_ref() {
-                    this.count.fetch_add(data.len() as u64, Ordering::Relaxed);
-                    if let Some(scan) = this.scan.as_mut() {
-                        scan.feed(data);
-                    }
-                }
-                Poll::Ready(Some(Ok(frame)))
-            }
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
+    x.respond(status);
+    Response::from_parts(rparts, Tapped::response(rbody, None, x).boxed_unsync())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::HeaderValue;
     use std::sync::Mutex;
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     use tokio::net::TcpListener;
@@ -700,7 +482,7 @@ mod tests {
                                 }
                             });
                             log.lock().unwrap().push((path, host, headers, Vec::new()));
-                            let mut resp = Response::new(empty());
+                            let mut resp = Response::new(responses::empty());
                             *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
                             resp.headers_mut()
                                 .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
@@ -712,7 +494,11 @@ mod tests {
                         log.lock()
                             .unwrap()
                             .push((path.clone(), host, headers, body.to_vec()));
-                        Ok(text_response(StatusCode::OK, &format!("ok {path}"), false))
+                        Ok(responses::text(
+                            StatusCode::OK,
+                            &format!("ok {path}"),
+                            false,
+                        ))
                     }
                 });
                 tokio::spawn(
@@ -1015,47 +801,52 @@ mod tests {
     }
 
     #[test]
-    fn authority_hosts_are_normalised_and_ports_checked() {
-        assert_eq!(
-            authority_host("Origin.Test.", 80).as_deref(),
-            Some("origin.test")
-        );
-        assert_eq!(
-            authority_host("origin.test:80", 80).as_deref(),
-            Some("origin.test")
-        );
-        assert_eq!(authority_host("origin.test:8080", 80), None);
-        assert_eq!(authority_host("origin.test:", 80), None);
-        assert_eq!(authority_host("[2001:db8::1]", 80), None);
-        assert_eq!(authority_host(":80", 80), None);
-        assert_eq!(authority_host("", 80), None);
-    }
-
-    #[test]
-    fn only_websocket_upgrades_are_kept() {
+    fn upgrade_headers_are_kept_only_for_websocket() {
         let h = |conn: &'static str, up: &'static str| {
             let mut h = HeaderMap::new();
             h.insert(header::CONNECTION, HeaderValue::from_static(conn));
             h.insert(header::UPGRADE, HeaderValue::from_static(up));
             h
         };
-        assert!(wants_websocket(&h("Upgrade", "websocket")));
-        assert!(wants_websocket(&h("keep-alive, upgrade", "WebSocket")));
-        assert!(!wants_websocket(&h("Upgrade, HTTP2-Settings", "h2c")));
-        assert!(!wants_websocket(&h("upgrade", "websocket, h2c")));
-        assert!(!wants_websocket(&h("keep-alive", "websocket")));
-        assert!(!wants_websocket(&HeaderMap::new()));
-
         let mut headers = h("Upgrade, HTTP2-Settings", "h2c");
         headers.insert(
             "http2-settings",
             HeaderValue::from_static("AAMAAABkAAQAAP__"),
         );
+        headers.insert(header::TRAILER, HeaderValue::from_static("x-t"));
         strip_hop_by_hop(&mut headers, false);
         assert!(headers.is_empty(), "{headers:?}");
         let mut headers = h("Upgrade", "websocket");
         strip_hop_by_hop(&mut headers, true);
         assert_eq!(headers[header::UPGRADE], "websocket");
         assert_eq!(headers[header::CONNECTION], "upgrade");
+    }
+
+    /// An upgrade to anything but WebSocket (h2c here) is answered 501 and
+    /// recorded `upgrade_refused`; the upstream never sees it, and the
+    /// connection serves the next request.
+    #[tokio::test]
+    async fn an_upgrade_to_another_protocol_is_refused() {
+        let (dst, seen) = upstream().await;
+        let (guest, task, events) = proxy(dst, None);
+        let out = exchange(
+            guest,
+            "GET /ws HTTP/1.1\r\nHost: origin.test\r\nConnection: Upgrade, HTTP2-Settings\r\n\
+             Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAAP__\r\n\r\n\
+             GET /after HTTP/1.1\r\nHost: origin.test\r\nConnection: close\r\n\r\n",
+        )
+        .await;
+        task.await.unwrap();
+        assert_eq!(statuses(&out), [501, 200], "{out}");
+        let paths: Vec<String> = seen.lock().unwrap().iter().map(|r| r.0.clone()).collect();
+        assert_eq!(paths, ["/after"]);
+        let events = until(&events, |e| e.len() >= 2).await;
+        assert_eq!(events.len(), 2, "{events:?}");
+        assert_eq!(events[0].reason, Reason::UpgradeRefused);
+        assert_eq!(events[0].status, Some(501));
+        assert!(
+            events[0].detail.as_deref().unwrap().contains("h2c"),
+            "{events:?}"
+        );
     }
 }

@@ -4,7 +4,8 @@
 //! 1. Read the guest's ClientHello (rustls, lazily): its SNI must equal the
 //!    one enforcement verified, else the connection is dropped
 //!    (`inspect_failed`).
-//! 2. Connect to the validated destination IP and handshake TLS with the
+//! 2. Connect to the validated destination IP (refused when the kernel
+//!    routes it locally: `crate::http::upstream`) and handshake TLS with the
 //!    guest's SNI, offering the ALPN protocols the guest offered among `h2`
 //!    and `http/1.1`. The chain is verified against the webpki roots plus
 //!    the operator's extra CAs. A refused chain is `upstream_tls_failed`: the
@@ -24,17 +25,25 @@
 //!      secrets' placeholders are passed through unchanged and reported
 //!      (`secret_host_mismatch`);
 //!    - the response head and body are scrubbed of the real values; a
-//!      content-encoded response on a host with bound secrets cannot be
-//!      scrubbed and is answered `502` instead (`upstream_error`);
+//!      content-encoded response (any coding in any `Content-Encoding`
+//!      field) on a host with bound secrets cannot be scrubbed and is
+//!      answered `502` instead (`upstream_error`); requests to such a host
+//!      lose `Range` / `If-Range` (a part of an echoed value would not be
+//!      recognised), and a `206` from it is answered `502`;
 //!    - hop-by-hop headers are dropped both ways; `Content-Length` is
 //!      dropped where a body is rewritten (it is re-framed);
 //!    - trailers are substituted (request) and scrubbed (response) like
 //!      heads (module `trailers`);
-//!    - an HTTP/1.1 `Upgrade` (WebSocket) is forwarded with its headers;
-//!      after `101` the two upgraded streams are spliced byte for byte (no
-//!      substitution inside WebSocket frames);
-//!    - an HTTP/2 extended CONNECT (RFC 8441, `:protocol`, e.g. WebSocket
-//!      over h2; the guest-facing server advertises
+//!    - upgrades: only WebSocket, and only to a host with no secret bound
+//!      (`crate::http::upgrade`): anything else is `501`, WebSocket to a
+//!      host with bound secrets `403`, both `upgrade_refused` (an upgraded
+//!      stream is spliced, never substituted or scrubbed, so an echo would
+//!      reach the guest);
+//!    - an allowed HTTP/1.1 `Upgrade: websocket` is forwarded with its
+//!      headers; after `101` the two upgraded streams are spliced byte for
+//!      byte;
+//!    - an allowed HTTP/2 extended CONNECT (RFC 8441, `:protocol websocket`;
+//!      the guest-facing server advertises
 //!      `SETTINGS_ENABLE_CONNECT_PROTOCOL`) is checked and substituted like
 //!      any request and forwarded as an extended CONNECT on the HTTP/2
 //!      upstream; after a `2xx` the two streams are spliced byte for byte.
@@ -43,6 +52,9 @@
 //!      tunnel, no `:protocol`) is refused with `405`
 //!      (`http_connect_denied`) on both HTTP versions.
 //!
+//! Each request is one [`Exchange`] (`crate::http::ledger`): its `http`
+//! record is written once, by an explicit finish, whatever path it takes.
+//!
 //! Limits: ALPN protocols other than `h2` and `http/1.1` are not offered
 //! upstream. Both legs always speak the same HTTP version, so an extended
 //! CONNECT never meets an HTTP/1.1 upstream (it would be answered `502`).
@@ -50,27 +62,25 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use crate::hop::{authority_host, strip_hop_by_hop};
 use arc_swap::ArcSwap;
-use bytes::Bytes;
-use http::header::{self, HeaderMap, HeaderValue};
+use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::BodyExt as _;
-use http_body_util::combinators::UnsyncBoxBody;
-use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::body::{Body as _, Incoming};
 use hyper::client::conn::{http1 as client_h1, http2 as client_h2};
+use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use rustls::pki_types::{CertificateDer, ServerName};
 use rustls::server::{Acceptor, ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use sluice_policy::Reason;
-use sluice_policy::audit::{Kind, SecretLocation};
-use sluice_secrets::{PlaceholderScanner, SecretStore, StreamReplacer, Substitutions};
+use sluice_policy::audit::Kind;
+use sluice_secrets::{HostSubstituter, SecretStore, Substitutions};
 use thiserror::Error;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
@@ -78,6 +88,11 @@ use tokio_rustls::{LazyConfigAcceptor, TlsConnector};
 
 use crate::ca::{CaError, CaOptions, SandboxCa};
 use crate::event::{AuditOut, HttpEvent};
+use crate::http::body::Tapped;
+use crate::http::ledger::{Channel, Exchange, Outcome, RequestTally};
+use crate::http::responses::{self, Refusal};
+use crate::http::upgrade::{self, Ask};
+use crate::http::{ProxyBody, authority, hop, upstream};
 use crate::trailers::{TrailerRewrite, TrailerRule};
 
 /// Default bound on the upstream TCP connect.
@@ -92,10 +107,6 @@ pub const CONNECT_PROTOCOL_WAIT: Duration = Duration::from_secs(1);
 
 const H2: &[u8] = b"h2";
 const H1: &[u8] = b"http/1.1";
-
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
-/// The body type both legs are driven with.
-type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
 
 /// Why the interceptor could not be built.
 #[derive(Debug, Error)]
@@ -254,7 +265,7 @@ impl Interceptor {
         let hello = start.client_hello();
         let sni_ok = hello
             .server_name()
-            .is_some_and(|n| sluice_name::wire_equals(n.as_bytes(), &flow.sni));
+            .is_some_and(|n| authority::names_host(n, &flow.sni));
         if !sni_ok {
             return fail(
                 Reason::InspectFailed,
@@ -367,20 +378,9 @@ impl Interceptor {
         offered: &[Vec<u8>],
     ) -> Result<(tokio_rustls::client::TlsStream<TcpStream>, Option<Vec<u8>>), (Reason, String)>
     {
-        let tcp =
-            match tokio::time::timeout(self.connect_timeout, TcpStream::connect(flow.dst)).await {
-                Ok(Ok(s)) => s,
-                Ok(Err(e)) => {
-                    return Err((Reason::ConnectFailed, format!("connect {}: {e}", flow.dst)));
-                }
-                Err(_) => {
-                    return Err((
-                        Reason::ConnectFailed,
-                        format!("connect {}: timed out", flow.dst),
-                    ));
-                }
-            };
-        let _ = tcp.set_nodelay(true);
+        let tcp = upstream::connect(flow.dst, self.connect_timeout)
+            .await
+            .map_err(|e| (e.reason, e.detail))?;
         let mut cfg = (*self.upstream).clone();
         cfg.alpn_protocols = offered.to_vec();
         let name = ServerName::try_from(flow.sni.clone())
@@ -605,27 +605,9 @@ where
     }
 }
 
-fn empty() -> ProxyBody {
-    http_body_util::Empty::new()
-        .map_err(|e: Infallible| -> BoxError { match e {} })
-        .boxed_unsync()
-}
-
-fn text_response(status: StatusCode, text: &str) -> Response<ProxyBody> {
-    let body = http_body_util::Full::new(Bytes::from(format!("sluice: {text}\n")))
-        .map_err(|e: Infallible| -> BoxError { match e {} })
-        .boxed_unsync();
-    let mut resp = Response::new(body);
-    *resp.status_mut() = status;
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    resp
-}
-
 /// The request's authority if it names the SNI: every Host header and an
-/// absolute target's authority must. `Err` carries what was sent instead.
+/// absolute target's authority must. `Err` carries what was sent instead
+/// (empty when nothing was).
 fn check_authority(req: &Request<Incoming>, sni: &str, port: u16) -> Result<String, String> {
     let mut seen: Vec<String> = Vec::new();
     if let Some(a) = req.uri().authority() {
@@ -638,240 +620,32 @@ fn check_authority(req: &Request<Incoming>, sni: &str, port: u16) -> Result<Stri
         return Err(String::new());
     }
     for s in &seen {
-        if authority_host(s, port).as_deref() != Some(sni) {
+        if authority::parse(s, port).ok().as_deref() != Some(sni) {
             return Err(s.clone());
         }
     }
     Ok(seen.swap_remove(0))
 }
 
-/// `TE` names `trailers` (the client accepts trailer fields).
-fn wants_trailers(headers: &HeaderMap) -> bool {
-    headers
-        .get_all(header::TE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|t| {
-            t.split(';')
-                .next()
-                .is_some_and(|t| t.trim().eq_ignore_ascii_case("trailers"))
-        })
+/// What a request asks beyond a plain exchange, decided before it goes
+/// upstream.
+struct Plan {
+    /// An HTTP/2 extended CONNECT (`:protocol`, RFC 8441).
+    ext_connect: bool,
+    /// An HTTP/1.1 WebSocket upgrade.
+    h1_upgrade: bool,
+    /// The guest's side of an allowed upgrade.
+    guest_upgrade: Option<OnUpgrade>,
+    /// A HEAD request (no response body).
+    head_only: bool,
 }
 
-/// `secrets` plus the secrets request trailers substituted (header
-/// location), each once.
-fn merged_secrets(
-    secrets: &[(String, SecretLocation)],
-    trailer_subs: &Mutex<Substitutions>,
-) -> Vec<(String, SecretLocation)> {
-    let mut out = secrets.to_vec();
-    if let Ok(t) = trailer_subs.lock() {
-        for u in &t.used {
-            if !out.contains(u) {
-                out.push(u.clone());
-            }
-        }
-    }
-    out
-}
-
-fn wants_upgrade(headers: &HeaderMap) -> bool {
-    headers.contains_key(header::UPGRADE)
-        && headers
-            .get_all(header::CONNECTION)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
-}
-
-/// Emits the request's `http` event when the response body ends (or is
-/// dropped: guest gone, stream reset).
-struct Finish {
-    audit: Arc<dyn AuditOut>,
-    event: Option<HttpEvent>,
-    started: Instant,
-    up: Arc<AtomicU64>,
-    down: Arc<AtomicU64>,
-    body_secrets: Arc<Mutex<Vec<String>>>,
-    /// What request trailers substituted and carried (filled when the
-    /// request body ended; empty if it had not ended by then).
-    trailer_subs: Arc<Mutex<Substitutions>>,
-}
-
-impl Drop for Finish {
-    fn drop(&mut self) {
-        if let Some(mut e) = self.event.take() {
-            e.bytes_up = Some(self.up.load(Ordering::Relaxed));
-            e.bytes_down = Some(self.down.load(Ordering::Relaxed));
-            e.duration_ms =
-                Some(u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX));
-            if let Ok(names) = self.body_secrets.lock() {
-                for n in names.iter() {
-                    if !e
-                        .secrets
-                        .iter()
-                        .any(|(s, l)| s == n && *l == SecretLocation::Body)
-                    {
-                        e.secrets.push((n.clone(), SecretLocation::Body));
-                    }
-                }
-            }
-            e.secrets = merged_secrets(&e.secrets, &self.trailer_subs);
-            if let Ok(t) = self.trailer_subs.lock()
-                && !t.mismatched.is_empty()
-            {
-                let mut m = e.clone();
-                m.reason = Reason::SecretHostMismatch;
-                m.secrets.clear();
-                m.detail = Some(format!(
-                    "placeholder of secret(s) {} in request trailers to {}, which they are not bound to; passed through unchanged",
-                    t.mismatched.join(", "),
-                    e.sni
-                ));
-                self.audit.record(m);
-            }
-            self.audit.record(e);
-        }
-    }
-}
-
-/// A body passed through, counted, and optionally rewritten by a
-/// [`StreamReplacer`] (boundary-safe: it holds back at most the longest
-/// pattern minus one byte).
-struct Tapped<B> {
-    inner: B,
-    replacer: Option<StreamReplacer>,
-    count: Arc<AtomicU64>,
-    /// Secret names the replacer substituted, filled when the body ends.
-    used: Option<Arc<Mutex<Vec<String>>>>,
-    /// Trailers held back while the replacer's tail is sent.
-    trailers: Option<HeaderMap>,
-    /// Request bodies: placeholders passed through unchanged, scanned as
-    /// the guest sent them and reported when the body ends.
-    passed: Option<PassedThrough>,
-    done: bool,
-    _finish: Option<Finish>,
-}
-
-impl<B> Tapped<B> {
-    fn new(inner: B, replacer: Option<StreamReplacer>, count: Arc<AtomicU64>) -> Self {
-        Self {
-            inner,
-            replacer,
-            count,
-            used: None,
-            trailers: None,
-            passed: None,
-            done: false,
-            _finish: None,
-        }
-    }
-
-    /// The body ended: report what passed through.
-    fn ended(&mut self) {
-        if let Some(p) = self.passed.as_mut() {
-            p.report();
-        }
-    }
-
-    fn finish_replacer(&mut self) -> Option<Bytes> {
-        let rep = self.replacer.as_mut()?;
-        let mut out = Vec::new();
-        rep.finish(&mut out);
-        if let Some(used) = &self.used
-            && let Ok(mut u) = used.lock()
-        {
-            u.extend(rep.used().into_iter().map(str::to_owned));
-        }
-        self.replacer = None;
-        (!out.is_empty()).then(|| Bytes::from(out))
-    }
-
-    fn data(&self, b: Bytes) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        self.count.fetch_add(b.len() as u64, Ordering::Relaxed);
-        Poll::Ready(Some(Ok(Frame::data(b))))
-    }
-}
-
-impl<B> Body for Tapped<B>
-where
-    B: Body<Data = Bytes> + Unpin,
-    B::Error: Into<BoxError>,
-{
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let this = &mut *self;
-        loop {
-            if this.done {
-                return Poll::Ready(this.trailers.take().map(|t| Ok(Frame::trailers(t))));
-            }
-            match Pin::new(&mut this.inner).poll_frame(cx) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e.into()))),
-                Poll::Ready(None) => {
-                    this.done = true;
-                    this.ended();
-                    if let Some(tail) = this.finish_replacer() {
-                        return this.data(tail);
-                    }
-                }
-                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
-                    Ok(data) => {
-                        if let Some(p) = this.passed.as_mut() {
-                            p.feed(&data);
-                        }
-                        match this.replacer.as_mut() {
-                            None => return this.data(data),
-                            Some(rep) => {
-                                let mut out = Vec::with_capacity(data.len() + 64);
-                                rep.feed(&data, &mut out);
-                                if !out.is_empty() {
-                                    return this.data(Bytes::from(out));
-                                }
-                            }
-                        }
-                    }
-                    Err(frame) => {
-                        this.done = true;
-                        this.ended();
-                        if let Ok(t) = frame.into_trailers() {
-                            this.trailers = Some(t);
-                        }
-                        if let Some(tail) = this.finish_replacer() {
-                            return this.data(tail);
-                        }
-                    }
-                },
-            }
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.done && self.trailers.is_none()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        if self.replacer.is_some() {
-            SizeHint::default()
-        } else {
-            self.inner.size_hint()
-        }
-    }
-}
-
-/// One request: check, substitute, forward, scrub.
+/// One request: admit, substitute, forward, then relay (scrubbed) or splice.
+/// Every path finishes the request's [`Exchange`] exactly once.
 async fn handle(conn: Arc<Conn>, mut req: Request<Incoming>) -> Response<ProxyBody> {
-    let started = Instant::now();
     let flow = &conn.flow;
-    // The bindings in force now: the request, its response and trailers
-    // use this one snapshot.
+    // The bindings in force now: the request, its response and trailers use
+    // this one snapshot; the next request on this connection reads again.
     let subst = conn.secrets.load().for_host(&flow.sni);
     let mut event = HttpEvent::new(
         Kind::Http,
@@ -883,30 +657,64 @@ async fn handle(conn: Arc<Conn>, mut req: Request<Incoming>) -> Response<ProxyBo
     );
     event.method = Some(req.method().as_str().to_owned());
     event.path = Some(req.uri().path().to_owned());
-    let reply_now = |mut event: HttpEvent, reason: Reason, status: StatusCode, text: &str| {
-        event.reason = reason;
-        event.status = Some(status.as_u16());
-        event.duration_ms = Some(u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX));
-        conn.audit.record(event);
-        text_response(status, text)
-    };
+    let mut x = Exchange::open(conn.audit.clone(), event, Channel::Tls, Instant::now());
 
-    // Host / :authority must name the SNI.
-    match check_authority(&req, &flow.sni, flow.dst.port()) {
-        Ok(host) => event.host = Some(host),
+    let plan = match admit(&conn, &subst, &mut req, &mut x).await {
+        Ok(plan) => plan,
+        Err(refusal) => return refusal.answer(x, false),
+    };
+    let (upstream_req, subs) = match prepare(&subst, req, &plan, &mut x) {
+        Ok(r) => r,
+        Err(refusal) => return refusal.answer(x, false),
+    };
+    let resp = match conn.upstream.send(upstream_req).await {
+        Ok(r) => r,
+        Err(e) => {
+            return Refusal::new(
+                Reason::UpstreamError,
+                StatusCode::BAD_GATEWAY,
+                "upstream request failed",
+            )
+            .detail(format!("upstream: {e}"))
+            .answer(x, false);
+        }
+    };
+    let status = resp.status();
+    let switched = if plan.ext_connect {
+        status.is_success()
+    } else {
+        status == StatusCode::SWITCHING_PROTOCOLS
+    };
+    if switched {
+        splice_response(&conn, &subst, x, plan, resp, &subs)
+    } else {
+        relay_response(&conn, &subst, x, &plan, resp, subs)
+    }
+}
+
+/// Checks a request before anything of it goes upstream: Host /
+/// `:authority` = SNI, an upstream to send it to, no CONNECT tunnel, and an
+/// upgrade only to WebSocket, never on a host with bound secrets.
+async fn admit(
+    conn: &Conn,
+    subst: &HostSubstituter,
+    req: &mut Request<Incoming>,
+    x: &mut Exchange,
+) -> Result<Plan, Refusal> {
+    let flow = &conn.flow;
+    match check_authority(req, &flow.sni, flow.dst.port()) {
+        Ok(host) => x.host(Some(host)),
         Err(sent) => {
-            event.host = (!sent.is_empty()).then_some(sent);
-            return reply_now(
-                event,
+            x.host((!sent.is_empty()).then_some(sent));
+            return Err(Refusal::new(
                 Reason::HostSniMismatch,
                 StatusCode::MISDIRECTED_REQUEST,
                 "request authority does not match the TLS server name",
-            );
+            ));
         }
     }
     if let Upstream::Failed { reason, detail } = &conn.upstream {
-        event.detail = Some(detail.clone());
-        return reply_now(event, *reason, StatusCode::BAD_GATEWAY, detail);
+        return Err(Refusal::new(*reason, StatusCode::BAD_GATEWAY, detail).detail(detail.clone()));
     }
 
     // CONNECT: only the extended form (HTTP/2 `:protocol`, RFC 8441) is
@@ -914,31 +722,76 @@ async fn handle(conn: Arc<Conn>, mut req: Request<Incoming>) -> Response<ProxyBo
     let protocol = req.extensions().get::<hyper::ext::Protocol>().cloned();
     let ext_connect = req.method() == Method::CONNECT && protocol.is_some();
     if req.method() == Method::CONNECT && !ext_connect {
-        return reply_now(
-            event,
+        return Err(Refusal::new(
             Reason::HttpConnectDenied,
             StatusCode::METHOD_NOT_ALLOWED,
             "CONNECT tunnels are not proxied on an inspected connection",
-        );
+        ));
     }
-    if let Some(p) = &protocol {
-        let p: String = p.as_str().chars().take(64).collect();
-        event.detail = Some(format!("extended CONNECT, protocol {p}"));
-        if let Err(why) = conn
+    let ask = match &protocol {
+        Some(p) => {
+            let p: String = p.as_str().chars().take(64).collect();
+            x.note(format!("extended CONNECT, protocol {p}"));
+            upgrade::h2_protocol(&p)
+        }
+        None if req.version() < http::Version::HTTP_2 => upgrade::h1_request(req.headers()),
+        None => Ask::None,
+    };
+    match &ask {
+        Ask::None => {}
+        Ask::Other(p) => {
+            return Err(Refusal::new(
+                Reason::UpgradeRefused,
+                StatusCode::NOT_IMPLEMENTED,
+                "only WebSocket upgrades are proxied",
+            )
+            .detail(format!("upgrade to {p} refused: only WebSocket is proxied")));
+        }
+        Ask::WebSocket if !subst.is_empty() => {
+            return Err(Refusal::new(
+                Reason::UpgradeRefused,
+                StatusCode::FORBIDDEN,
+                "WebSocket is not proxied to a host with bound secrets",
+            )
+            .detail(format!(
+                "WebSocket refused: secrets are bound to {}, and an upgraded stream is neither substituted nor scrubbed",
+                flow.sni
+            )));
+        }
+        Ask::WebSocket => {}
+    }
+    if ext_connect
+        && let Err(why) = conn
             .upstream
             .extended_connect_ready(&conn.connect_protocol_settled)
             .await
-        {
-            event.detail = Some(why.to_owned());
-            return reply_now(event, Reason::UpstreamError, StatusCode::BAD_GATEWAY, why);
-        }
+    {
+        return Err(Refusal::new(Reason::UpstreamError, StatusCode::BAD_GATEWAY, why).detail(why));
     }
+    let h1_upgrade = !ext_connect && ask == Ask::WebSocket;
+    let guest_upgrade = (ask == Ask::WebSocket).then(|| hyper::upgrade::on(&mut *req));
+    Ok(Plan {
+        ext_connect,
+        h1_upgrade,
+        guest_upgrade,
+        head_only: req.method() == Method::HEAD,
+    })
+}
 
-    let h1_upgrade = req.version() < http::Version::HTTP_2 && wants_upgrade(req.headers());
-    let guest_upgrade = (h1_upgrade || ext_connect).then(|| hyper::upgrade::on(&mut req));
-    let te_trailers = wants_trailers(req.headers());
+/// The request as it goes upstream: hop-by-hop headers dropped (an allowed
+/// upgrade's kept), `TE: trailers` kept, `Expect` answered here, `Range`
+/// dropped on a host with bound secrets, the head substituted, and the body
+/// substituted (where allowed) and scanned as it streams. Returns the head's
+/// substitutions, which the response is scrubbed with.
+fn prepare(
+    subst: &HostSubstituter,
+    req: Request<Incoming>,
+    plan: &Plan,
+    x: &mut Exchange,
+) -> Result<(Request<ProxyBody>, Substitutions), Refusal> {
+    let te_trailers = hop::wants_trailers(req.headers());
     let (mut parts, body) = req.into_parts();
-    strip_hop_by_hop(&mut parts.headers, h1_upgrade);
+    hop::strip_hop_by_hop(&mut parts.headers, plan.h1_upgrade);
     if te_trailers {
         // The one TE an end-to-end client needs passed on: without it an
         // HTTP/1.1 origin sends no trailers.
@@ -949,115 +802,113 @@ async fn handle(conn: Arc<Conn>, mut req: Request<Incoming>) -> Response<ProxyBo
     // `Expect: 100-continue` was answered by this leg's server when the body
     // was first read; upstream gets the body without waiting.
     parts.headers.remove(header::EXPECT);
+    if !subst.is_empty() {
+        // A part of an echoed secret could cut a value where the scrubber no
+        // longer recognises it: a bound host always sends whole bodies.
+        parts.headers.remove(header::RANGE);
+        parts.headers.remove(header::IF_RANGE);
+    }
 
-    let subs = match subst.request_head(&mut parts) {
-        Ok(s) => s,
-        Err(e) => {
-            event.detail = Some(e.to_string());
-            return reply_now(
-                event,
-                Reason::InspectFailed,
-                StatusCode::BAD_REQUEST,
-                "secret substitution would make the request invalid",
-            );
-        }
-    };
-    event.secrets = subs.used.clone();
+    let subs = subst.request_head(&mut parts).map_err(|e| {
+        Refusal::new(
+            Reason::InspectFailed,
+            StatusCode::BAD_REQUEST,
+            "secret substitution would make the request invalid",
+        )
+        .detail(e.to_string())
+    })?;
+    x.head_substituted(&subs);
     // A request without a body (most GETs) is not scanned at all.
     let scanner = if body.is_end_stream() {
         None
     } else {
         subst.request_body_scanner()
     };
-    let passed = PassedThrough::new(&conn.audit, &event, &subs, scanner);
-
-    let up = Arc::new(AtomicU64::new(0));
-    let body_secrets = Arc::new(Mutex::new(Vec::new()));
+    let tally = RequestTally::new(scanner);
+    x.forwarded(tally.clone());
     let replacer = subst.request_body();
     if replacer.is_some() {
         parts.headers.remove(header::CONTENT_LENGTH);
     }
-    let trailer_subs = Arc::new(Mutex::new(Substitutions::default()));
     let body = TrailerRewrite::new(
         body,
         TrailerRule::Substitute {
             subst: subst.clone(),
-            seen: trailer_subs.clone(),
+            tally: tally.clone(),
         },
     );
-    let mut req_body = Tapped::new(body, replacer, up.clone());
-    req_body.used = Some(body_secrets.clone());
-    req_body.passed = passed;
-    let head_only = parts.method == Method::HEAD;
-    let upstream_req = if ext_connect {
+    let body = Tapped::request(body, replacer, tally);
+    let upstream_req = if plan.ext_connect {
         // No request body on a CONNECT: the stream itself is the payload
         // once the upstream accepts.
-        Request::from_parts(parts, empty())
+        Request::from_parts(parts, responses::empty())
     } else {
-        Request::from_parts(parts, req_body.boxed_unsync())
+        Request::from_parts(parts, body.boxed_unsync())
     };
+    Ok((upstream_req, subs))
+}
 
-    let resp = match conn.upstream.send(upstream_req).await {
-        Ok(r) => r,
-        Err(e) => {
-            event.detail = Some(format!("upstream: {e}"));
-            return reply_now(
-                event,
-                Reason::UpstreamError,
-                StatusCode::BAD_GATEWAY,
-                "upstream request failed",
-            );
-        }
+/// The upstream switched protocols (`101`, or `2xx` to an extended
+/// CONNECT): the scrubbed head goes to the guest and both upgraded streams
+/// are spliced; the exchange is finished when the splice ends.
+fn splice_response(
+    conn: &Conn,
+    subst: &HostSubstituter,
+    mut x: Exchange,
+    plan: Plan,
+    mut resp: Response<Incoming>,
+    subs: &Substitutions,
+) -> Response<ProxyBody> {
+    let Some(guest_upgrade) = plan.guest_upgrade else {
+        return Refusal::new(
+            Reason::UpstreamError,
+            StatusCode::BAD_GATEWAY,
+            "upstream switched protocols unasked",
+        )
+        .answer(x, false);
     };
+    let status = resp.status();
+    let upstream_upgrade = hyper::upgrade::on(&mut resp);
+    let (mut rparts, _) = resp.into_parts();
+    hop::strip_hop_by_hop(&mut rparts.headers, plan.h1_upgrade);
+    // A 2xx to CONNECT carries no body and no length.
+    rparts.headers.remove(header::CONTENT_LENGTH);
+    subst.response_head(subs, &mut rparts);
+    x.respond(status);
+    tokio::spawn(async move {
+        let spliced = upgrade::splice(guest_upgrade, upstream_upgrade).await;
+        x.finish(Outcome::Spliced(spliced));
+    });
+    Response::from_parts(rparts, responses::empty())
+}
+
+/// An ordinary response: head scrubbed, body scrubbed as it streams (a
+/// bound host's content-encoded or partial response is refused: it could
+/// not be scrubbed); the exchange is finished when the body ends.
+fn relay_response(
+    conn: &Conn,
+    subst: &HostSubstituter,
+    mut x: Exchange,
+    plan: &Plan,
+    resp: Response<Incoming>,
+    subs: Substitutions,
+) -> Response<ProxyBody> {
     let (mut rparts, rbody) = resp.into_parts();
     let status = rparts.status;
-
-    let switched = if ext_connect {
-        status.is_success()
-    } else {
-        status == StatusCode::SWITCHING_PROTOCOLS
-    };
-    if switched {
-        let Some(guest_upgrade) = guest_upgrade else {
-            return reply_now(
-                event,
-                Reason::UpstreamError,
-                StatusCode::BAD_GATEWAY,
-                "upstream switched protocols unasked",
-            );
-        };
-        let mut resp = Response::from_parts(rparts, rbody);
-        let upstream_upgrade = hyper::upgrade::on(&mut resp);
-        let (mut rparts, _) = resp.into_parts();
-        strip_hop_by_hop(&mut rparts.headers, h1_upgrade);
-        // A 2xx to CONNECT carries no body and no length.
-        rparts.headers.remove(header::CONTENT_LENGTH);
-        subst.response_head(&subs, &mut rparts);
-        event.status = Some(status.as_u16());
-        let audit = conn.audit.clone();
-        tokio::spawn(async move {
-            let (mut up_total, mut down_total) = (0, 0);
-            match tokio::try_join!(guest_upgrade, upstream_upgrade) {
-                Ok((g, u)) => {
-                    let (mut g, mut u) = (TokioIo::new(g), TokioIo::new(u));
-                    if let Ok((a, b)) = tokio::io::copy_bidirectional(&mut g, &mut u).await {
-                        (up_total, down_total) = (a, b);
-                    }
-                }
-                Err(e) => event.detail = Some(format!("upgrade: {e}")),
-            }
-            event.bytes_up = Some(up_total);
-            event.bytes_down = Some(down_total);
-            event.duration_ms =
-                Some(u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX));
-            audit.record(event);
-        });
-        return Response::from_parts(rparts, empty());
-    }
-
-    strip_hop_by_hop(&mut rparts.headers, false);
+    hop::strip_hop_by_hop(&mut rparts.headers, false);
     subst.response_head(&subs, &mut rparts);
-    let no_body = head_only
+    if !subst.is_empty() && status == StatusCode::PARTIAL_CONTENT {
+        // Never asked for (Range is dropped): refused rather than relayed.
+        drop(rbody);
+        return Refusal::new(
+            Reason::UpstreamError,
+            StatusCode::BAD_GATEWAY,
+            "partial content from a host with bound secrets cannot be scrubbed",
+        )
+        .detail("partial content (206) from a host with bound secrets")
+        .answer(x, false);
+    }
+    let no_body = plan.head_only
         || status == StatusCode::NO_CONTENT
         || status == StatusCode::NOT_MODIFIED
         || status.is_informational();
@@ -1067,25 +918,20 @@ async fn handle(conn: Arc<Conn>, mut req: Request<Incoming>) -> Response<ProxyBo
         subst.response_body(&subs)
     };
     if replacer.is_some() {
-        let encoded = rparts
-            .headers
-            .get(header::CONTENT_ENCODING)
-            .is_some_and(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"));
-        if encoded {
+        if hop::content_encoded(&rparts.headers) {
             // Cannot be scrubbed: never hand it to the guest.
             drop(rbody);
-            event.detail = Some("content-encoded response from a host with bound secrets".into());
-            return reply_now(
-                event,
+            return Refusal::new(
                 Reason::UpstreamError,
                 StatusCode::BAD_GATEWAY,
                 "upstream response is content-encoded and cannot be scrubbed of secrets",
-            );
+            )
+            .detail("content-encoded response from a host with bound secrets")
+            .answer(x, false);
         }
         rparts.headers.remove(header::CONTENT_LENGTH);
     }
-    event.status = Some(status.as_u16());
-    let down = Arc::new(AtomicU64::new(0));
+    x.respond(status);
     let rbody = TrailerRewrite::new(
         rbody,
         TrailerRule::Scrub {
@@ -1093,156 +939,19 @@ async fn handle(conn: Arc<Conn>, mut req: Request<Incoming>) -> Response<ProxyBo
             request: subs,
         },
     );
-    let mut body = Tapped::new(rbody, replacer, down.clone());
-    body._finish = Some(Finish {
-        audit: conn.audit.clone(),
-        event: Some(event),
-        started,
-        up,
-        down,
-        body_secrets,
-        trailer_subs,
-    });
-    Response::from_parts(rparts, body.boxed_unsync())
-}
-
-/// The request's `secret_host_mismatch` record: the placeholders it passed
-/// through unchanged, from its head (known at once) and from its body
-/// (scanned as the guest sent it, exact across chunk boundaries, without
-/// holding the body). Written at most once per request, when the request body
-/// ends or is dropped (whichever comes first); nothing when no placeholder
-/// was seen. Names only, never values.
-struct PassedThrough {
-    audit: Arc<dyn AuditOut>,
-    /// The request's event (method, host, path); `None` once reported.
-    event: Option<HttpEvent>,
-    /// Secrets not bound to the SNI whose placeholder was in the head.
-    head_mismatched: Vec<String>,
-    /// Bound secrets whose placeholder was in the head where their
-    /// `locations` do not allow substitution (the path, query or a header).
-    head_not_allowed: Vec<String>,
-    /// The body scanner (`None` when no placeholder can pass in a body).
-    body: Option<PlaceholderScanner>,
-}
-
-impl PassedThrough {
-    /// `None` when nothing can be reported: no placeholder in the head and no
-    /// body scanner.
-    fn new(
-        audit: &Arc<dyn AuditOut>,
-        event: &HttpEvent,
-        subs: &Substitutions,
-        body: Option<PlaceholderScanner>,
-    ) -> Option<Self> {
-        if subs.mismatched.is_empty() && subs.not_allowed.is_empty() && body.is_none() {
-            return None;
-        }
-        let mut event = event.clone();
-        event.reason = Reason::SecretHostMismatch;
-        event.secrets.clear();
-        Some(Self {
-            audit: Arc::clone(audit),
-            event: Some(event),
-            head_mismatched: subs.mismatched.clone(),
-            head_not_allowed: subs.not_allowed.clone(),
-            body,
-        })
-    }
-
-    fn feed(&mut self, chunk: &[u8]) {
-        if let Some(scan) = self.body.as_mut() {
-            scan.feed(chunk);
-        }
-    }
-
-    /// Writes the record (once) if any placeholder passed through.
-    fn report(&mut self) {
-        let Some(mut event) = self.event.take() else {
-            return;
-        };
-        let (body_mismatched, body_not_allowed) = self
-            .body
-            .as_ref()
-            .map(|s| (s.mismatched(), s.not_allowed()))
-            .unwrap_or_default();
-        let head_mismatched: Vec<&str> = self.head_mismatched.iter().map(|n| &**n).collect();
-        let head_not_allowed: Vec<&str> = self.head_not_allowed.iter().map(|n| &**n).collect();
-        let detail = passed_through_detail(
-            &event.sni,
-            [(&head_mismatched, "head"), (&body_mismatched, "body")],
-            [(&head_not_allowed, "head"), (&body_not_allowed, "body")],
-        );
-        if let Some(detail) = detail {
-            event.detail = Some(detail);
-            self.audit.record(event);
-        }
-    }
-}
-
-impl Drop for PassedThrough {
-    fn drop(&mut self) {
-        self.report();
-    }
-}
-
-/// The `detail` of a `secret_host_mismatch` record: each secret once, with
-/// where its placeholder was seen (`head`, `body`); `None` when there is
-/// nothing to report. `mismatched`: secrets not bound to `sni`;
-/// `not_allowed`: bound secrets seen where their `locations` forbid.
-fn passed_through_detail(
-    sni: &str,
-    mismatched: [(&[&str], &str); 2],
-    not_allowed: [(&[&str], &str); 2],
-) -> Option<String> {
-    fn list<'a>(groups: [(&[&'a str], &'a str); 2]) -> String {
-        let mut names: Vec<(&str, Vec<&str>)> = Vec::new();
-        for (group, place) in groups {
-            for &name in group {
-                match names.iter_mut().find(|(n, _)| *n == name) {
-                    Some((_, places)) => places.push(place),
-                    None => names.push((name, vec![place])),
-                }
-            }
-        }
-        names
-            .iter()
-            .map(|(n, places)| format!("{n} ({})", places.join(", ")))
-            .collect::<Vec<_>>()
-            .join(", ")
-    }
-    let mut parts = Vec::new();
-    let mismatched_list = list(mismatched);
-    if !mismatched_list.is_empty() {
-        parts.push(format!(
-            "placeholder of secret(s) {mismatched_list} sent to {sni}, which they are not bound to"
-        ));
-    }
-    let not_allowed_list = list(not_allowed);
-    if !not_allowed_list.is_empty() {
-        parts.push(format!(
-            "placeholder of secret(s) {not_allowed_list} sent to {sni} where their locations do not allow substitution"
-        ));
-    }
-    if parts.is_empty() {
-        return None;
-    }
-    parts.push("passed through unchanged".to_owned());
-    Some(parts.join("; "))
+    Response::from_parts(rparts, Tapped::response(rbody, replacer, x).boxed_unsync())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Records every event (tests).
-    #[derive(Default)]
-    struct Recorded(Mutex<Vec<HttpEvent>>);
-
-    impl AuditOut for Recorded {
-        fn record(&self, event: HttpEvent) {
-            self.0.lock().unwrap().push(event);
-        }
-    }
+    use crate::http::ledger::tests::Recorded;
+    use bytes::Bytes;
+    use http::HeaderMap;
+    use hyper::body::{Body, Frame};
+    use std::convert::Infallible;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
 
     /// A body that yields the given data frames, one per poll.
     struct Frames(std::collections::VecDeque<Bytes>);
@@ -1273,14 +982,22 @@ mod tests {
         .unwrap()
     }
 
-    /// Streams `chunks` through a request-direction [`Tapped`] for `sni`,
-    /// as `handle` wires it; what came out and what was recorded.
-    async fn send_body(sni: &str, chunks: &[&str]) -> (Vec<u8>, Vec<HttpEvent>) {
-        send(sni, "", chunks).await
+    fn exchange(audit: &Arc<Recorded>, sni: &str) -> Exchange {
+        let event = HttpEvent::new(
+            Kind::Http,
+            Reason::Allowlisted,
+            1,
+            "10.0.2.15:40000".parse().unwrap(),
+            "198.51.100.10:443".parse().unwrap(),
+            sni,
+        );
+        let out: Arc<dyn AuditOut> = audit.clone();
+        Exchange::open(out, event, Channel::Tls, Instant::now())
     }
 
-    /// [`send_body`] with `authorization` as a header (through the head
-    /// substitution first).
+    /// Streams `chunks` through a request body for `sni` as `prepare` wires
+    /// it (with `authorization` through the head substitution first), then
+    /// finishes the exchange; what came out and what was recorded.
     async fn send(sni: &str, authorization: &str, chunks: &[&str]) -> (Vec<u8>, Vec<HttpEvent>) {
         let store = store();
         let sub = store.for_host(sni);
@@ -1292,21 +1009,25 @@ mod tests {
             .into_parts();
         let subs = sub.request_head(&mut parts).unwrap();
         let audit = Arc::new(Recorded::default());
-        let event = HttpEvent::new(
-            Kind::Http,
-            Reason::Allowlisted,
-            1,
-            "10.0.2.15:40000".parse().unwrap(),
-            "198.51.100.10:443".parse().unwrap(),
-            sni,
-        );
+        let mut x = exchange(&audit, sni);
+        x.head_substituted(&subs);
+        let tally = RequestTally::new(sub.request_body_scanner());
+        x.forwarded(tally.clone());
         let body = Frames(chunks.iter().map(|c| Bytes::from(c.to_string())).collect());
-        let mut tapped = Tapped::new(body, sub.request_body(), Arc::new(AtomicU64::new(0)));
-        let out_audit: Arc<dyn AuditOut> = audit.clone();
-        tapped.passed = PassedThrough::new(&out_audit, &event, &subs, sub.request_body_scanner());
+        let tapped = Tapped::request(body, sub.request_body(), tally);
         let out = tapped.collect().await.unwrap().to_bytes().to_vec();
-        let events = std::mem::take(&mut *audit.0.lock().unwrap());
+        x.respond(StatusCode::OK);
+        x.finish(Outcome::Completed);
+        let mut events = audit.take();
+        // The exchange's own record comes last; the rest are mismatches.
+        let last = events.pop().unwrap();
+        assert_eq!((last.reason, last.status), (Reason::Allowlisted, Some(200)));
+        assert_eq!(last.bytes_up, Some(out.len() as u64));
         (out, events)
+    }
+
+    async fn send_body(sni: &str, chunks: &[&str]) -> (Vec<u8>, Vec<HttpEvent>) {
+        send(sni, "", chunks).await
     }
 
     #[tokio::test]
@@ -1365,7 +1086,7 @@ mod tests {
                  which they are not bound to; passed through unchanged"
             )
         );
-        // Only in the head, no body: reported when the (empty) body ends.
+        // Only in the head, no body.
         let (_, events) = send("b.example.com", "Bearer PH-tok-placeholder", &[]).await;
         assert_eq!(events.len(), 1, "{events:?}");
 
@@ -1382,60 +1103,9 @@ mod tests {
         assert!(events.is_empty(), "{events:?}");
     }
 
-    #[test]
-    fn passed_through_detail_names_each_secret_once_with_its_places() {
-        let d = passed_through_detail(
-            "x.test",
-            [(&["a", "b"], "head"), (&["b", "c"], "body")],
-            [(&[], "head"), (&["d"], "body")],
-        )
-        .unwrap();
-        assert_eq!(
-            d,
-            "placeholder of secret(s) a (head), b (head, body), c (body) sent to x.test, which they \
-             are not bound to; placeholder of secret(s) d (body) sent to x.test where their \
-             locations do not allow substitution; passed through unchanged"
-        );
-        assert_eq!(
-            passed_through_detail(
-                "x.test",
-                [(&[], "head"), (&[], "body")],
-                [(&[], "head"), (&[], "body")]
-            ),
-            None
-        );
-    }
-
-    #[test]
-    fn authority_normalisation() {
-        assert_eq!(
-            authority_host("API.Example.com.", 443).as_deref(),
-            Some("api.example.com")
-        );
-        assert_eq!(
-            authority_host("api.example.com:443", 443).as_deref(),
-            Some("api.example.com")
-        );
-        assert_eq!(authority_host("api.example.com:8443", 443), None);
-        assert_eq!(
-            authority_host("api.example.com:8443", 8443).as_deref(),
-            Some("api.example.com")
-        );
-        assert_eq!(authority_host("", 443), None);
-    }
-
-    #[test]
-    fn te_trailers_is_recognised() {
-        let mut h = HeaderMap::new();
-        h.insert(header::TE, HeaderValue::from_static("gzip, Trailers;q=1"));
-        assert!(wants_trailers(&h));
-        h.insert(header::TE, HeaderValue::from_static("gzip"));
-        assert!(!wants_trailers(&h));
-        assert!(!wants_trailers(&HeaderMap::new()));
-    }
-
     /// A scrubbed response body keeps its trailers (scrubbed too), sent
-    /// after the replacer's held-back tail.
+    /// after the replacer's held-back tail; the exchange is finished with
+    /// the bytes the guest got.
     #[tokio::test]
     async fn scrubbed_body_keeps_scrubbed_trailers() {
         let store = crate::trailers::test_store();
@@ -1458,37 +1128,54 @@ mod tests {
                 request: subs.clone(),
             },
         );
-        let count = Arc::new(AtomicU64::new(0));
-        let tapped = Tapped::new(body, sub.response_body(&subs), count.clone());
+        let audit = Arc::new(Recorded::default());
+        let mut x = exchange(&audit, "api.example.com");
+        x.respond(StatusCode::OK);
+        let tapped = Tapped::response(body, sub.response_body(&subs), x);
         let got = tapped.collect().await.unwrap();
         let trailers = got.trailers().cloned().unwrap();
         assert_eq!(trailers["x-echo"], "PH-hdr-secret");
         assert_eq!(&got.to_bytes()[..], b"a PH-hdr-secret b real-");
-        assert_eq!(count.load(Ordering::Relaxed), 23);
+        let events = audit.take();
+        assert_eq!(events.len(), 1, "{events:?}");
+        assert_eq!(events[0].bytes_down, Some(23));
+        assert_eq!(events[0].reason, Reason::Allowlisted);
     }
 
-    #[test]
-    fn hop_by_hop_headers_are_removed() {
-        let mut h = HeaderMap::new();
-        h.insert(
-            header::CONNECTION,
-            HeaderValue::from_static("keep-alive, x-foo"),
-        );
-        h.insert("x-foo", HeaderValue::from_static("1"));
-        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
-        h.insert(
-            header::TRANSFER_ENCODING,
-            HeaderValue::from_static("chunked"),
-        );
-        h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer x"));
-        strip_hop_by_hop(&mut h, false);
-        assert_eq!(h.len(), 1, "{h:?}");
-        let mut h = HeaderMap::new();
-        h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
-        h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
-        assert!(wants_upgrade(&h));
-        strip_hop_by_hop(&mut h, true);
-        assert_eq!(h.get(header::UPGRADE).unwrap(), "websocket");
-        assert_eq!(h.get(header::CONNECTION).unwrap(), "upgrade");
+    /// A response body the guest abandons half way still writes the
+    /// exchange's one record (the ledger's fallback), and one that breaks
+    /// writes it with `upstream_error`.
+    #[tokio::test]
+    async fn abandoned_and_broken_response_bodies_write_one_record() {
+        let audit = Arc::new(Recorded::default());
+        let mut x = exchange(&audit, "api.example.com");
+        x.respond(StatusCode::OK);
+        let body = Frames([Bytes::from_static(b"abc"), Bytes::from_static(b"def")].into());
+        let mut tapped = Tapped::response(body, None, x);
+        let first = std::future::poll_fn(|cx| Pin::new(&mut tapped).poll_frame(cx)).await;
+        assert!(first.is_some());
+        assert!(audit.take().is_empty(), "nothing before the end");
+        drop(tapped);
+        let events = audit.take();
+        assert_eq!(events.len(), 1, "{events:?}");
+        assert_eq!(events[0].bytes_down, Some(3));
+
+        struct Broken;
+        impl Body for Broken {
+            type Data = Bytes;
+            type Error = std::io::Error;
+            fn poll_frame(
+                self: Pin<&mut Self>,
+                _cx: &mut Context<'_>,
+            ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+                Poll::Ready(Some(Err(std::io::Error::other("reset"))))
+            }
+        }
+        let mut x = exchange(&audit, "api.example.com");
+        x.respond(StatusCode::OK);
+        assert!(Tapped::response(Broken, None, x).collect().await.is_err());
+        let events = audit.take();
+        assert_eq!(events.len(), 1, "{events:?}");
+        assert_eq!(events[0].reason, Reason::UpstreamError);
     }
 }

@@ -11,10 +11,10 @@
 //!   every real value (and encoded form) becomes what the guest sent.
 //!
 //! Data frames pass through untouched: body substitution and scrubbing are
-//! [`crate::proxy`]'s `Tapped` body, which wraps this one.
+//! the `Tapped` body layer (`crate::http::body`), which wraps this one.
 
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -22,15 +22,16 @@ use http::header::{ACCEPT_ENCODING, HeaderMap};
 use hyper::body::{Body, Frame, SizeHint};
 use sluice_secrets::{HostSubstituter, SubstituteError, Substitutions};
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+use crate::http::BoxError;
+use crate::http::ledger::RequestTally;
 
 /// What to do with a message's trailers.
 pub(crate) enum TrailerRule {
     /// Request trailers: substitute as in a request head; what was done and
-    /// seen is merged into `seen` (for the request's audit record).
+    /// seen goes to the exchange's `tally` (for the request's audit record).
     Substitute {
         subst: HostSubstituter,
-        seen: Arc<Mutex<Substitutions>>,
+        tally: Arc<RequestTally>,
     },
     /// Response trailers: scrub real values as in a response head.
     /// `request` is what the request head's substitution returned.
@@ -79,24 +80,6 @@ pub(crate) fn substitute_trailers(
     result
 }
 
-fn merge(into: &mut Substitutions, from: Substitutions) {
-    for u in from.used {
-        if !into.used.contains(&u) {
-            into.used.push(u);
-        }
-    }
-    for (list, names) in [
-        (&mut into.mismatched, from.mismatched),
-        (&mut into.not_allowed, from.not_allowed),
-    ] {
-        for n in names {
-            if !list.contains(&n) {
-                list.push(n);
-            }
-        }
-    }
-}
-
 impl<B> Body for TrailerRewrite<B>
 where
     B: Body<Data = Bytes> + Unpin,
@@ -121,13 +104,9 @@ where
             Err(other) => return Poll::Ready(Some(Ok(other))),
         };
         match &this.rule {
-            TrailerRule::Substitute { subst, seen } => {
+            TrailerRule::Substitute { subst, tally } => {
                 match substitute_trailers(subst, &mut trailers) {
-                    Ok(subs) => {
-                        if let Ok(mut s) = seen.lock() {
-                            merge(&mut s, subs);
-                        }
-                    }
+                    Ok(subs) => tally.trailers_substituted(subs),
                     Err(e) => {
                         return Poll::Ready(Some(Err(format!("request trailers: {e}").into())));
                     }
@@ -260,7 +239,7 @@ mod tests {
     #[tokio::test]
     async fn request_trailers_are_rewritten_in_the_body_and_reported() {
         let store = test_store();
-        let seen = Arc::new(Mutex::new(Substitutions::default()));
+        let tally = RequestTally::new(None);
         let frames = Frames(
             [
                 Frame::data(Bytes::from_static(b"abc")),
@@ -272,14 +251,14 @@ mod tests {
             frames,
             TrailerRule::Substitute {
                 subst: store.for_host("api.example.com"),
-                seen: seen.clone(),
+                tally: tally.clone(),
             },
         );
         let got = body.collect().await.unwrap();
         let trailers = got.trailers().cloned().unwrap();
         assert_eq!(trailers["x-sig"], "real-hdr-value");
         assert_eq!(trailers["x-o"], "PH-far-secret");
-        let seen = seen.lock().unwrap();
+        let seen = tally.trailers();
         assert_eq!(seen.used.len(), 1);
         assert_eq!(seen.mismatched, vec!["far".to_owned()]);
     }

@@ -157,6 +157,12 @@ reasons! {
         HttpUnreadable = "http_unreadable",
         /// An HTTP CONNECT request on a plain-HTTP port.
         HttpConnectDenied = "http_connect_denied",
+        /// A proxied request asked to switch protocols to something the
+        /// proxies do not understand (anything but WebSocket: HTTP/1.1
+        /// `Upgrade`, HTTP/2 extended CONNECT `:protocol`), or to WebSocket
+        /// on a TLS host with bound secrets (an upgraded stream is neither
+        /// substituted nor scrubbed): answered 501 or 403, never forwarded.
+        UpgradeRefused = "upgrade_refused",
         /// An inspected request's Host / `:authority` differs from the SNI.
         HostSniMismatch = "host_sni_mismatch",
         /// A request on a plain-HTTP connection names another host (Host
@@ -246,6 +252,43 @@ mod tests {
                     .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
             );
         }
+    }
+
+    /// docs/audit.md's closed set lists exactly these reasons, each on the
+    /// side its decision says.
+    #[test]
+    fn the_audit_page_lists_exactly_the_closed_set() {
+        let page = include_str!("../../docs/audit.md");
+        let section = page
+            .split("## Reasons (closed set)")
+            .nth(1)
+            .and_then(|s| s.split("Each is documented").next())
+            .expect("docs/audit.md has its reasons section");
+        let (allow, deny) = section
+            .split_once("Deny side")
+            .expect("the section has an allow and a deny side");
+        let names = |text: &str| -> Vec<String> {
+            text.split('`')
+                .skip(1)
+                .step_by(2)
+                .filter(|t| !t.contains(' ') && !t.contains(':'))
+                .map(str::to_owned)
+                .collect()
+        };
+        let (allow, deny) = (names(allow), names(deny));
+        let mut listed: Vec<&str> = allow.iter().chain(&deny).map(String::as_str).collect();
+        for name in &allow {
+            let r = Reason::from_name(name).unwrap_or_else(|| panic!("{name}: no such reason"));
+            assert_eq!(r.decision(), Decision::Allow, "{name}");
+        }
+        for name in &deny {
+            let r = Reason::from_name(name).unwrap_or_else(|| panic!("{name}: no such reason"));
+            assert_eq!(r.decision(), Decision::Deny, "{name}");
+        }
+        let mut all: Vec<&str> = Reason::ALL.iter().map(|r| r.as_str()).collect();
+        listed.sort_unstable();
+        all.sort_unstable();
+        assert_eq!(listed, all);
     }
 
     #[test]

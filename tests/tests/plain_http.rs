@@ -258,7 +258,7 @@ fn pipelined_requests_are_each_checked() -> Result<()> {
 }
 
 /// A `ws://` client: upgrade, then bytes echoed through the splice; then an
-/// `h2c` upgrade request, which must not be upgraded.
+/// `h2c` upgrade request, which must be refused (501), never forwarded.
 const WS_CLIENT: &str = r#"
 import socket, sys
 host = sys.argv[1]
@@ -358,7 +358,8 @@ fn keep_alive_large_transfers_and_websocket_work_through_the_proxy() -> Result<(
         "{uploads:?}"
     );
 
-    // ws://: 101, then the splice echoes; h2c is never upgraded to.
+    // ws://: 101, then the splice echoes; h2c is refused (501,
+    // upgrade_refused) and never reaches the origin.
     let script = w.dir().join("ws_client.py");
     std::fs::write(&script, WS_CLIENT)?;
     let out = w.guest_ok(&format!("python3 {} {ORIGIN_NAME}", script.display()), 150)?;
@@ -367,7 +368,7 @@ fn keep_alive_large_transfers_and_websocket_work_through_the_proxy() -> Result<(
         lines.len() == 3
             && lines[0].starts_with("HTTP/1.1 101")
             && lines[1] == "ping-through-the-plain-http-proxy"
-            && lines[2].starts_with("HTTP/1.1 200"),
+            && lines[2].starts_with("HTTP/1.1 501"),
         "ws client: {lines:?}\n{}",
         w.sidecar_log()
     );
@@ -376,10 +377,17 @@ fn keep_alive_large_transfers_and_websocket_work_through_the_proxy() -> Result<(
         .into_iter()
         .filter(|r| r["path"] == "/ws")
         .collect();
-    ensure!(ws.len() == 2, "origin /ws: {ws:?}");
+    ensure!(ws.len() == 1, "origin /ws: {ws:?}");
     ensure!(
-        header(&ws[0], "upgrade") == Some("websocket") && header(&ws[1], "upgrade").is_none(),
+        header(&ws[0], "upgrade") == Some("websocket"),
         "upgrade headers at the origin: {ws:?}"
+    );
+    let refused = wait_audit(&w, "h2c refused", |r| {
+        r["kind"] == "http" && r["path"] == "/ws" && r["reason"] == "upgrade_refused"
+    })?;
+    ensure!(
+        refused["status"] == 501 && refused["decision"] == "deny",
+        "{refused}"
     );
     let rec = wait_audit(&w, "websocket record", |r| {
         r["kind"] == "http" && r["path"] == "/ws" && r["status"] == 101

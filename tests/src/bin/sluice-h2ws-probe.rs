@@ -59,9 +59,16 @@ struct Args {
     /// Request trailer `Name: value` (repeatable).
     #[arg(long)]
     trailer: Vec<String>,
-    /// WebSocket over HTTP/2 to /ws: send this message, print the echo.
+    /// WebSocket over HTTP/2 to `--ws-path`: send this message, print the
+    /// echo.
     #[arg(long)]
     websocket: Option<String>,
+    /// Path of the extended CONNECT (`--websocket` mode).
+    #[arg(long, default_value = "/ws")]
+    ws_path: String,
+    /// `:protocol` of the extended CONNECT (`--websocket` mode).
+    #[arg(long, default_value = "websocket")]
+    protocol: String,
 }
 
 fn parse_header(h: &str) -> Result<(HeaderName, HeaderValue)> {
@@ -184,12 +191,12 @@ async fn main() -> Result<()> {
         let mut req = Request::builder()
             .method(Method::CONNECT)
             .version(Version::HTTP_2)
-            .uri(format!("https://{host}/ws"))
+            .uri(format!("https://{host}{}", args.ws_path))
             .header("sec-websocket-version", "13")
             .body(Empty::<Bytes>::new())?;
         req.headers_mut().extend(headers);
         req.extensions_mut()
-            .insert(hyper::ext::Protocol::from_static("websocket"));
+            .insert(hyper::ext::Protocol::from(args.protocol.as_str()));
         send.ready().await?;
         let resp = send.send_request(req).await?;
         println!("STATUS {}", resp.status().as_u16());

@@ -17,6 +17,13 @@
 //!   advertises `SETTINGS_ENABLE_CONNECT_PROTOCOL`, except TLS connections
 //!   whose SNI starts with `noconnect.` (an upstream without RFC 8441 for
 //!   the tests);
+//! - `/ws-head`: like `/ws` (HTTP/1.1 `Upgrade` or HTTP/2 extended
+//!   CONNECT), but for any protocol asked (the `101` names the request's
+//!   `Upgrade`), and the upgraded stream starts with the request's header
+//!   fields as received (`name: value\r\n` each, then `\r\n`) before the
+//!   echo: an origin reflecting the upgrade request into the stream;
+//! - `ANY /authorization`: the request's `Authorization` value as the body
+//!   (a reflection), honouring `Range: bytes=A-B` (`206` with that slice);
 //! - `ANY /trailers...`: reads the request (body and trailers) and answers
 //!   `trailers follow\n` with response trailers (declared in `Trailer`,
 //!   sent on HTTP/1.1 when the request had `TE: trailers`):
@@ -251,8 +258,26 @@ async fn handle(
         .get::<hyper::ext::Protocol>()
         .map(|p| p.as_str().to_owned());
     // HTTP/2 extended CONNECT answers 200, HTTP/1.1 Upgrade 101.
-    let h2_ws = path == "/ws" && req.method() == hyper::Method::CONNECT && protocol.is_some();
-    let upgrade_ws = h2_ws || (path == "/ws" && req.headers().contains_key(hyper::header::UPGRADE));
+    let ws_path = path == "/ws" || path == "/ws-head";
+    let h2_ws = ws_path && req.method() == hyper::Method::CONNECT && protocol.is_some();
+    let upgrade_ws = h2_ws || (ws_path && req.headers().contains_key(hyper::header::UPGRADE));
+    let upgrade_asked = req.headers().get(hyper::header::UPGRADE).cloned();
+    // `/ws-head` writes the request's head into the upgraded stream first.
+    let head_echo: Option<Vec<u8>> = (path == "/ws-head").then(|| {
+        let mut h: Vec<u8> = headers
+            .iter()
+            .flat_map(|(k, v)| format!("{k}: {v}\r\n").into_bytes())
+            .collect();
+        h.extend_from_slice(b"\r\n");
+        h
+    });
+    let range = req
+        .headers()
+        .get(hyper::header::RANGE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("bytes="))
+        .and_then(|v| v.split_once('-'))
+        .and_then(|(a, b)| Some((a.parse::<usize>().ok()?, b.parse::<usize>().ok()?)));
     let on_upgrade = upgrade_ws.then(|| hyper::upgrade::on(&mut req));
     let authorization = req
         .headers()
@@ -317,6 +342,11 @@ async fn handle(
         tokio::spawn(async move {
             if let Ok(upgraded) = on_upgrade.await {
                 let mut io = TokioIo::new(upgraded);
+                if let Some(head) = head_echo
+                    && io.write_all(&head).await.is_err()
+                {
+                    return;
+                }
                 let mut buf = vec![0u8; 16 * 1024];
                 loop {
                     match io.read(&mut buf).await {
@@ -336,7 +366,8 @@ async fn handle(
             *r.status_mut() = hyper::StatusCode::SWITCHING_PROTOCOLS;
             r.headers_mut().insert(
                 hyper::header::UPGRADE,
-                hyper::header::HeaderValue::from_static("websocket"),
+                upgrade_asked
+                    .unwrap_or_else(|| hyper::header::HeaderValue::from_static("websocket")),
             );
             r.headers_mut().insert(
                 hyper::header::CONNECTION,
@@ -344,6 +375,21 @@ async fn handle(
             );
         }
         r
+    } else if path == "/authorization" {
+        let value = authorization.unwrap_or_default();
+        match range {
+            Some((a, b)) if a <= b && b < value.len() => {
+                let mut r = Response::new(Full::new(Bytes::copy_from_slice(&value[a..=b])).boxed());
+                *r.status_mut() = hyper::StatusCode::PARTIAL_CONTENT;
+                if let Ok(v) =
+                    hyper::header::HeaderValue::from_str(&format!("bytes {a}-{b}/{}", value.len()))
+                {
+                    r.headers_mut().insert(hyper::header::CONTENT_RANGE, v);
+                }
+                r
+            }
+            _ => Response::new(Full::new(Bytes::from(value)).boxed()),
+        }
     } else if path.starts_with("/trailers") {
         trailers_response(authorization, &trailers, te_trailers)
     } else if let Some(n) = path.strip_prefix("/bytes/") {
