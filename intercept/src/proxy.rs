@@ -686,9 +686,9 @@ async fn handle(conn: Arc<Conn>, mut req: Request<Incoming>) -> Response<ProxyBo
         status == StatusCode::SWITCHING_PROTOCOLS
     };
     if switched {
-        splice_response(&conn, &subst, x, plan, resp, &subs)
+        splice_response(&subst, x, plan, resp, &subs)
     } else {
-        relay_response(&conn, &subst, x, &plan, resp, subs)
+        relay_response(&subst, x, &plan, resp, subs)
     }
 }
 
@@ -852,7 +852,6 @@ fn prepare(
 /// CONNECT): the scrubbed head goes to the guest and both upgraded streams
 /// are spliced; the exchange is finished when the splice ends.
 fn splice_response(
-    conn: &Conn,
     subst: &HostSubstituter,
     mut x: Exchange,
     plan: Plan,
@@ -886,7 +885,6 @@ fn splice_response(
 /// bound host's content-encoded or partial response is refused: it could
 /// not be scrubbed); the exchange is finished when the body ends.
 fn relay_response(
-    conn: &Conn,
     subst: &HostSubstituter,
     mut x: Exchange,
     plan: &Plan,

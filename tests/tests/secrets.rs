@@ -928,6 +928,8 @@ fn a_reload_whose_secret_cannot_be_read_is_rejected_whole() -> Result<()> {
         "{got:?}"
     );
     w.check_alive()
+}
+
 /// A raw HTTP/1.1-over-TLS client: one request asking to upgrade, then the
 /// status line and whatever follows (after a `101` it sends `ping` and
 /// reads what the stream carries; otherwise it reads the body).
