@@ -1570,14 +1570,10 @@ impl Datapath {
                                 (n, ())
                             });
                         }
-                        if inbuf.len() >= 2 {
-                            let len = usize::from(u16::from_be_bytes([inbuf[0], inbuf[1]]));
-                            if inbuf.len() >= 2 + len {
-                                let query: Vec<u8> = inbuf.drain(..2 + len).skip(2).collect();
-                                *waiting = true;
-                                self.start_dns_tcp(id, query);
-                                continue;
-                            }
+                        if let Some(query) = dns::take_tcp_message(inbuf) {
+                            *waiting = true;
+                            self.start_dns_tcp(id, query);
+                            continue;
                         }
                         if guest_finished(sock) {
                             sock.close();

@@ -354,6 +354,21 @@ pub async fn forward_udp(
     None
 }
 
+/// DNS-over-TCP framing (RFC 1035 4.2.2): when `inbuf` starts with a
+/// complete message (2-byte big-endian length, then that many bytes),
+/// removes it from `inbuf` and returns the message without its prefix;
+/// otherwise leaves `inbuf` unchanged and returns `None` (need more bytes).
+/// A zero length yields an empty message. Pure: fuzzed by
+/// `fuzz/src/dns_tcp_framing.rs`.
+pub fn take_tcp_message(inbuf: &mut Vec<u8>) -> Option<Vec<u8>> {
+    let prefix: [u8; 2] = inbuf.get(..2)?.try_into().ok()?;
+    let len = usize::from(u16::from_be_bytes(prefix));
+    if inbuf.len() < 2 + len {
+        return None;
+    }
+    Some(inbuf.drain(..2 + len).skip(2).collect())
+}
+
 /// Sends `query` to each upstream in turn over TCP; the first reply wins.
 pub async fn forward_tcp(
     query: &[u8],
@@ -668,5 +683,22 @@ mod tests {
             Err(DnsReject::Mismatch)
         );
         assert!(t.is_empty());
+    }
+}
+
+#[cfg(test)]
+mod tcp_framing_tests {
+    use super::take_tcp_message;
+
+    #[test]
+    fn takes_whole_messages_in_order_and_waits_for_the_rest() {
+        let mut buf = vec![0, 3, b'a', b'b', b'c', 0, 0, 0, 2, b'x'];
+        assert_eq!(take_tcp_message(&mut buf), Some(b"abc".to_vec()));
+        assert_eq!(take_tcp_message(&mut buf), Some(Vec::new()));
+        assert_eq!(take_tcp_message(&mut buf), None);
+        assert_eq!(buf, [0, 2, b'x']);
+        let mut one = vec![7];
+        assert_eq!(take_tcp_message(&mut one), None);
+        assert_eq!(one, [7]);
     }
 }
