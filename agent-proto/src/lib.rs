@@ -645,10 +645,13 @@ mod tests {
     #[test]
     fn fuzz_seeds_decode() {
         let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../fuzz/corpus/agent_frame");
-        let Ok(entries) = std::fs::read_dir(dir) else {
-            return;
-        };
-        for e in entries.flatten() {
+        // The corpus is checked in: a missing or empty one is a failure.
+        let entries: Vec<_> = std::fs::read_dir(dir)
+            .unwrap_or_else(|e| panic!("{dir}: {e}"))
+            .map(|e| e.unwrap())
+            .collect();
+        assert!(!entries.is_empty(), "{dir} is empty");
+        for e in entries {
             let data = std::fs::read(e.path()).unwrap();
             if e.file_name() == "seed-stream" {
                 let mut r = data.as_slice();

@@ -1,13 +1,5 @@
-//! Fuzz the guest agent protocol decoder: a frame stream as the launcher
-//! reads it from the guest. Invariant: no panic, no allocation beyond a
-//! checked frame length; a decoded message re-encodes to the same body.
+//! libFuzzer entry of `sluice_fuzz::agent_frame` (the body and its checks live in
+//! `src/agent_frame.rs`, which the stable corpus replay also runs).
 #![no_main]
 
-use libfuzzer_sys::fuzz_target;
-use sluice_agent_proto::{Message, read_frame};
-
-fuzz_target!(|data: &[u8]| {
-    let _ = Message::decode(data).map(|m| assert_eq!(m.encode(), data));
-    let mut stream = data;
-    while let Ok(Some(_)) = read_frame(&mut stream) {}
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| sluice_fuzz::agent_frame::run(data));

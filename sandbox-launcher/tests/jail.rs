@@ -94,10 +94,16 @@ fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
 }
 
 fn cgroup_dirs(name: &str) -> Vec<PathBuf> {
-    ["memory", "pids", "cpu"]
+    let root = Path::new("/sys/fs/cgroup");
+    // v1: one hierarchy per controller.
+    let mut dirs: Vec<PathBuf> = ["memory", "pids", "cpu"]
         .iter()
-        .map(|c| Path::new("/sys/fs/cgroup").join(c).join(name))
-        .collect()
+        .map(|c| root.join(c).join(name))
+        .collect();
+    // v2: the unified hierarchy at the root (and a hybrid host's `unified/`).
+    dirs.push(root.join(name));
+    dirs.push(root.join("unified").join(name));
+    dirs
 }
 
 /// Removes what a killed earlier run whose pid was ours left under `name`
@@ -184,7 +190,7 @@ fn sleep_runs_with_every_layer_and_leaves_nothing_after_kill() {
             .unwrap_or_else(|| panic!("no {ctrl} line in {cgroups}"));
         assert!(line.ends_with(&format!("/{}", spec.name)), "{line}");
     }
-    let [mem, pids, cpu] = &cgroup_dirs(&spec.name)[..] else {
+    let [mem, pids, cpu, ..] = &cgroup_dirs(&spec.name)[..] else {
         unreachable!()
     };
     let read = |p: PathBuf| fs::read_to_string(p).unwrap().trim().to_owned();
@@ -419,8 +425,12 @@ fn unavailable_layer_is_an_error_unless_allowed() {
 #[ignore = "needs root: run via scripts/test"]
 fn qemu_runs_jailed() {
     let qemu = "/usr/bin/qemu-system-x86_64";
-    if !Path::new(qemu).exists() {
-        eprintln!("skipped: {qemu} not installed");
+    if !Path::new(qemu).exists()
+        && sluice_test_skip::may_skip(
+            "qemu",
+            &format!("{qemu} not installed (scripts/install-deps)"),
+        )
+    {
         return;
     }
     let mut spec = make_spec(
@@ -684,8 +694,15 @@ fn qemu_in_the_jail_opens_dev_kvm() {
     use std::os::unix::fs::MetadataExt;
     let qemu = "/usr/bin/qemu-system-x86_64";
     let kvm = Path::new("/dev/kvm");
-    if !Path::new(qemu).exists() || !kvm.exists() {
-        eprintln!("skipped: {qemu} or /dev/kvm missing");
+    if !Path::new(qemu).exists()
+        && sluice_test_skip::may_skip(
+            "qemu",
+            &format!("{qemu} not installed (scripts/install-deps)"),
+        )
+    {
+        return;
+    }
+    if !kvm.exists() && sluice_test_skip::may_skip("kvm", "/dev/kvm is missing") {
         return;
     }
     // Control: the same QEMU unjailed, monitor on stdio.
@@ -701,8 +718,12 @@ fn qemu_in_the_jail_opens_dev_kvm() {
         control.stdin.take().unwrap(),
     );
     let _ = control.wait();
-    if reply["enabled"] != true {
-        eprintln!("skipped: QEMU cannot use /dev/kvm here even unjailed: {reply}");
+    if reply["enabled"] != true
+        && sluice_test_skip::may_skip(
+            "kvm",
+            &format!("QEMU cannot use /dev/kvm here even unjailed: {reply}"),
+        )
+    {
         return;
     }
 

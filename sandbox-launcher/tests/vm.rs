@@ -27,38 +27,45 @@ use std::time::{Duration, Instant};
 const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
 
 /// Builds the static agent once per test binary; returns its path, or None
-/// (with a message) when QEMU is not installed.
+/// when QEMU is not installed and `SLUICE_TEST_MAY_SKIP` names `qemu` (the
+/// test then returns; otherwise it fails).
 fn agent() -> Option<PathBuf> {
-    static AGENT: OnceLock<Option<PathBuf>> = OnceLock::new();
-    AGENT
-        .get_or_init(|| {
-            if Command::new("qemu-system-x86_64")
-                .arg("--version")
-                .output()
-                .is_err()
-            {
-                eprintln!("skipping: qemu-system-x86_64 is not installed (scripts/install-deps)");
-                return None;
-            }
-            // target/<profile>/sluice -> target/
-            let target = Path::new(SLUICE).parent()?.parent()?.to_owned();
-            let status = Command::new(env!("CARGO"))
-                .args([
-                    "build",
-                    "--release",
-                    "-p",
-                    "sluice-guest-agent",
-                    "--target",
-                    "x86_64-unknown-linux-gnu",
-                ])
-                .env("RUSTFLAGS", "-C target-feature=+crt-static")
-                .env("CARGO_TARGET_DIR", &target)
-                .status()
-                .expect("cargo runs");
-            assert!(status.success(), "building the static agent failed");
-            Some(target.join("x86_64-unknown-linux-gnu/release/sluice-agent"))
-        })
-        .clone()
+    static AGENT: OnceLock<PathBuf> = OnceLock::new();
+    let qemu_missing = Command::new("qemu-system-x86_64")
+        .arg("--version")
+        .output()
+        .is_err();
+    if qemu_missing {
+        sluice_test_skip::may_skip(
+            "qemu",
+            "qemu-system-x86_64 is not installed (scripts/install-deps)",
+        );
+        return None;
+    }
+    let agent = AGENT.get_or_init(|| {
+        // target/<profile>/sluice -> target/
+        let target = Path::new(SLUICE)
+            .parent()
+            .and_then(Path::parent)
+            .expect("the sluice binary is in target/<profile>/")
+            .to_owned();
+        let status = Command::new(env!("CARGO"))
+            .args([
+                "build",
+                "--release",
+                "-p",
+                "sluice-guest-agent",
+                "--target",
+                "x86_64-unknown-linux-gnu",
+            ])
+            .env("RUSTFLAGS", "-C target-feature=+crt-static")
+            .env("CARGO_TARGET_DIR", &target)
+            .status()
+            .expect("cargo runs");
+        assert!(status.success(), "building the static agent failed");
+        target.join("x86_64-unknown-linux-gnu/release/sluice-agent")
+    });
+    Some(agent.clone())
 }
 
 fn mark() -> String {
@@ -128,9 +135,14 @@ fn launcher_paths(launcher: u32) -> Vec<PathBuf> {
     let mut paths = Vec::new();
     for jail in ["qemu", "gateway"] {
         let name = format!("sluice-{launcher}-{jail}");
+        let root = Path::new("/sys/fs/cgroup");
+        // v1: one hierarchy per controller.
         for c in ["memory", "pids", "cpu"] {
-            paths.push(Path::new("/sys/fs/cgroup").join(c).join(&name));
+            paths.push(root.join(c).join(&name));
         }
+        // v2: the unified hierarchy at the root (and a hybrid host's `unified/`).
+        paths.push(root.join(&name));
+        paths.push(root.join("unified").join(&name));
         paths.push(std::env::temp_dir().join(format!("{name}.jail")));
     }
     paths.push(std::env::temp_dir().join(format!("sluice-{launcher}.run")));
@@ -319,14 +331,7 @@ fn interrupting_or_killing_the_launcher_leaves_nothing_behind() {
 #[ignore = "needs root: run via scripts/test"]
 fn the_guest_network_is_a_sluice_gateway() {
     let Some(agent) = agent() else { return };
-    let gateway = Path::new(SLUICE).with_file_name("sluice-gateway");
-    if !gateway.is_file() {
-        eprintln!(
-            "skipping: {} not built (scripts/test builds every binary)",
-            gateway.display()
-        );
-        return;
-    }
+    let Some(gateway) = gateway_bin() else { return };
     let gateway = format!("--gateway={}", gateway.display());
     let out = run(
         &agent,
@@ -360,14 +365,16 @@ fn the_guest_network_is_a_sluice_gateway() {
 fn gateway_bin() -> Option<PathBuf> {
     let gateway = Path::new(SLUICE).with_file_name("sluice-gateway");
     if gateway.is_file() {
-        Some(gateway)
-    } else {
-        eprintln!(
-            "skipping: {} not built (scripts/test builds every binary)",
-            gateway.display()
-        );
-        None
+        return Some(gateway);
     }
+    sluice_test_skip::may_skip(
+        "gateway-bin",
+        &format!(
+            "{} not built (cargo build --release -p sluice-gateway; scripts/test builds every binary)",
+            gateway.display()
+        ),
+    );
+    None
 }
 
 /// The pid of the jailed process of launcher `launcher` whose comm is `comm`.
@@ -682,11 +689,7 @@ fn https_from_the_guest_allowed_and_denied_through_the_gateway() {
         "the IP literal was fetched: {stdout}"
     );
 
-    let lines: Vec<serde_json::Value> = fs::read_to_string(&audit)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let lines = audit_records(&audit);
     let has = |pred: &dyn Fn(&serde_json::Value) -> bool| lines.iter().any(pred);
     // Schema-1 records (docs/audit.md).
     assert!(
@@ -810,13 +813,16 @@ fn wait_line(
     }
 }
 
-/// The schema-1 records of an `--audit` file written so far.
+/// The schema-1 records of an `--audit` file written so far (none before
+/// the gateway creates it). Strict (`sluice_e2e::parse_audit`): a line that
+/// does not parse fails the test.
 fn audit_records(path: &Path) -> Vec<serde_json::Value> {
-    fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect()
+    let text = match fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => panic!("{}: {e}", path.display()),
+    };
+    sluice_e2e::parse_audit(&text).unwrap_or_else(|e| panic!("{}: {e:#}", path.display()))
 }
 
 /// The fake internet's resolver and address ranges, for a policy's tail.

@@ -390,6 +390,26 @@ pub fn wait_until(what: &str, deadline: Duration, mut cond: impl FnMut() -> bool
     Ok(())
 }
 
+/// Parses an audit log's text strictly: each complete line (up to the last
+/// newline) must be a schema-1 record (`sluice_policy::audit::AuditRecord`)
+/// and is returned as JSON; the first line that is not fails the whole read
+/// with its number and text. Text after the last newline is a line still
+/// being written and is left out.
+pub fn parse_audit(text: &str) -> Result<Vec<serde_json::Value>> {
+    let complete = text.rfind('\n').map_or("", |i| &text[..=i]);
+    complete
+        .lines()
+        .enumerate()
+        .map(|(i, line)| {
+            sluice_policy::audit::AuditRecord::from_json(line).with_context(|| {
+                format!("audit line {} is not a schema-1 record: {line}", i + 1)
+            })?;
+            serde_json::from_str(line)
+                .with_context(|| format!("audit line {} is not JSON: {line}", i + 1))
+        })
+        .collect()
+}
+
 /// Which sidecar serves the guest.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Sidecar {
@@ -987,9 +1007,53 @@ impl World {
         self.dir.path().join("ca.pem")
     }
 
-    /// The gateway's audit log path.
+    /// The gateway's audit log path. Read it with [`World::audit`] (records)
+    /// or [`World::audit_raw`] (negative checks), not by hand.
     pub fn audit_path(&self) -> PathBuf {
         self.dir.path().join("audit.jsonl")
+    }
+
+    /// The gateway's audit records, strictly ([`parse_audit`]): every
+    /// complete line must be a schema-1 record, or this is an error naming
+    /// the line (a test fails on it, never skips it). A last line without
+    /// its newline is still being written and is left out. The file must
+    /// exist (the gateway creates it before it listens).
+    pub fn audit(&self) -> Result<Vec<serde_json::Value>> {
+        parse_audit(&self.audit_raw()?)
+    }
+
+    /// The audit log's raw text, every byte as written (a line being written
+    /// included, nothing parsed or filtered): for negative checks such as
+    /// "no secret value in any line".
+    pub fn audit_raw(&self) -> Result<String> {
+        let path = self.audit_path();
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))
+    }
+
+    /// Waits (bounded by `deadline`, polling) for an audit record matching
+    /// `pred` and returns it. A line that does not parse fails at once; on
+    /// timeout the error shows the records seen and the sidecar log.
+    pub fn wait_audit(
+        &self,
+        what: &str,
+        deadline: Duration,
+        mut pred: impl FnMut(&serde_json::Value) -> bool,
+    ) -> Result<serde_json::Value> {
+        let start = Instant::now();
+        loop {
+            let records = self.audit()?;
+            if let Some(r) = records.iter().find(|r| pred(r)) {
+                return Ok(r.clone());
+            }
+            if start.elapsed() > deadline {
+                bail!(
+                    "timed out waiting for the audit record: {what} (gave up after {deadline:?})\n\
+                     audit: {records:#?}\n{}",
+                    self.sidecar_log()
+                );
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// Everything dnsmasq logged (queries that reached the fake upstream),
@@ -1109,6 +1173,29 @@ mod tests {
             sha256_hex(b""),
             "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
         );
+    }
+
+    const GOOD: &str = r#"{"schema":1,"ts":"1970-01-01T00:00:00.000Z","sandbox":"vm","kind":"dns","decision":"deny","reason":"not_allowlisted","policy":{"id":"a","version":"b"}}"#;
+
+    #[test]
+    fn audit_reader_returns_complete_records_and_leaves_out_a_partial_line() -> Result<()> {
+        assert!(parse_audit("")?.is_empty());
+        let recs = parse_audit(&format!("{GOOD}\n{GOOD}\n{{\"schema\":1,"))?;
+        assert_eq!(recs.len(), 2);
+        assert_eq!(recs[0]["reason"], "not_allowlisted");
+        Ok(())
+    }
+
+    #[test]
+    fn audit_reader_fails_on_a_line_that_does_not_parse() {
+        for bad in [
+            "not json".to_owned(),
+            r#"{"ok":true}"#.to_owned(),
+            GOOD.replace("not_allowlisted", "because"),
+        ] {
+            let err = parse_audit(&format!("{GOOD}\n{bad}\n{GOOD}\n")).unwrap_err();
+            assert!(format!("{err:#}").contains("audit line 2"), "{err:#}");
+        }
     }
 
     #[test]

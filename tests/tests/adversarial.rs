@@ -93,13 +93,11 @@ fn world() -> Result<World> {
 /// loaded 2-core machine), it only stops a hung test.
 const WAIT: Duration = Duration::from_secs(60);
 
-/// The audit log's JSON lines.
+/// The audit log's schema-1 records.
+#[allow(clippy::panic)] // A bad audit line fails the calling test.
 fn audit(w: &World) -> Vec<Value> {
-    std::fs::read_to_string(w.audit_path())
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect()
+    // Strict (World::audit): a line that does not parse fails the test.
+    w.audit().unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 /// A line's destination as `ip:port` (schema 1 writes `{ip, port}`; the
@@ -924,35 +922,118 @@ fn ipv6_is_off_frames_dropped_and_aaaa_withheld() -> Result<()> {
         out.contains("status: NOERROR") && out.contains("ANSWER: 0"),
         "HTTPS RR: {out}"
     );
-    // IPv6 packets from the guest go nowhere.
+    // An IPv6 frame from the guest is dropped by the gateway, counted and
+    // audited. The guest kernel's own IPv6 (router solicitations, MLD) is
+    // switched off first so that the frame counted is the test's.
     w.guest_ok(
         &format!(
-            "ip -6 addr add 2001:db8:1::2/64 dev {tap} nodad && \
-             ip -6 route add default via 2001:db8:1::1 dev {tap} && \
-             ip -6 neigh add 2001:db8:1::1 lladdr 02:00:00:00:00:01 dev {tap}",
-            tap = sluice_e2e::GUEST_TAP
+            "sysctl -qw net.ipv6.conf.{}.disable_ipv6=1",
+            sluice_e2e::GUEST_TAP
         ),
         20,
     )?;
-    let out = w.guest_sh("curl -sS -6 --max-time 5 http://[2001:db8:2::10]/", 20)?;
-    ensure!(!out.status.success(), "IPv6 fetch succeeded");
+    // A stable baseline: two readings in a row that agree (kernel frames
+    // sent before the switch may still be on their way).
+    let mut before = ipv6_drop_state(&mut w)?;
+    wait_until("a stable IPv6 drop count", WAIT, || {
+        match ipv6_drop_state(&mut w) {
+            Ok(now) if now == before => true,
+            Ok(now) => {
+                before = now;
+                false
+            }
+            Err(_) => false,
+        }
+    })
+    .with_context(|| format!("last: {before:?}\n{}", w.sidecar_log()))?;
+    // One UDP datagram to 2001:db8:2::10 in one raw Ethernet frame, from
+    // the guest's MAC (another MAC would be dropped as spoofed instead).
+    w.guest_ok(
+        &format!("python3 -c '{SEND_V6_FRAME}' {}", sluice_e2e::GUEST_TAP),
+        30,
+    )?;
+    let mut after = before;
+    wait_until("the IPv6 frame counted and audited", WAIT, || {
+        if let Ok(now) = ipv6_drop_state(&mut w) {
+            after = now;
+        }
+        after.0 > before.0 && after.1 > before.1
+    })
+    .with_context(|| format!("before {before:?}, after {after:?}\n{}", w.sidecar_log()))?;
+    ensure!(
+        after.0 == before.0 + 1,
+        "one frame sent, {} counted",
+        after.0 - before.0
+    );
+    Ok(())
+}
+
+/// Sends one IPv6/UDP frame out of the interface named in argv[1] (python3,
+/// AF_PACKET): the interface's own MAC as source, the gateway's address
+/// unknown (broadcast destination; the gateway drops IPv6 by EtherType).
+const SEND_V6_FRAME: &str = r#"
+import socket, sys
+dev = sys.argv[1]
+mac = bytes.fromhex(open("/sys/class/net/%s/address" % dev).read().strip().replace(":", ""))
+src = socket.inet_pton(socket.AF_INET6, "2001:db8:1::2")
+dst = socket.inet_pton(socket.AF_INET6, "2001:db8:2::10")
+udp = (40000).to_bytes(2, "big") + (53).to_bytes(2, "big") + (12).to_bytes(2, "big") + bytes(2) + b"v6?!"
+ip6 = bytes([0x60, 0, 0, 0]) + len(udp).to_bytes(2, "big") + bytes([17, 64]) + src + dst
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+s.bind((dev, 0))
+s.send(b"\xff" * 6 + mac + b"\x86\xdd" + ip6 + udp)
+"#;
+
+/// The gateway's IPv6 drop counter (from the `counters` line it logs on
+/// SIGUSR1; 0 while the `dropped` list has no `ipv6=`) and the number of
+/// `ipv6_blocked` drops in the audit (records, plus those a rate-limit
+/// summary reports as suppressed).
+fn ipv6_drop_state(w: &mut World) -> Result<(u64, u64)> {
+    let log = w.dir().join("sidecar.log");
+    let counters_lines = |text: &str| -> Vec<Value> {
+        text.lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|v| v["fields"]["message"] == "counters")
+            .collect()
+    };
+    let seen = counters_lines(&std::fs::read_to_string(&log).unwrap_or_default()).len();
     let pid = w
         .sidecar()
         .and_then(|p| p.pid())
         .context("no sidecar pid")?;
-    let log = w.dir().join("sidecar.log");
-    let mut last = String::new();
-    wait_until("an ipv6 drop counter", WAIT, || {
-        let _ = std::process::Command::new("kill")
-            .args(["-USR1", &pid.to_string()])
-            .status();
-        std::thread::sleep(Duration::from_millis(200));
-        last = std::fs::read_to_string(&log).unwrap_or_default();
-        last.lines()
-            .any(|l| l.contains("counters") && l.contains("ipv6="))
+    let st = std::process::Command::new("kill")
+        .args(["-USR1", &pid.to_string()])
+        .status()?;
+    ensure!(st.success(), "kill -USR1 {pid}: {st}");
+    let mut last = None;
+    wait_until("a counters line after SIGUSR1", WAIT, || {
+        let lines = counters_lines(&std::fs::read_to_string(&log).unwrap_or_default());
+        if lines.len() > seen {
+            last = lines.last().cloned();
+        }
+        last.is_some()
     })
-    .with_context(|| format!("sidecar log: {last}"))?;
-    Ok(())
+    .with_context(|| w.sidecar_log())?;
+    let last = last.context("no counters line")?;
+    let dropped = last["fields"]["dropped"].as_str().unwrap_or_default();
+    let counted = dropped
+        .split(',')
+        .find_map(|kv| kv.strip_prefix("ipv6="))
+        .map_or(Ok(0), str::parse::<u64>)
+        .with_context(|| format!("counters: {last}"))?;
+    let mut audited = 0;
+    for r in w.audit()? {
+        if r["kind"] == "connection" && r["reason"] == "ipv6_blocked" {
+            ensure!(r["decision"] == "deny", "{r}");
+            audited += 1;
+        }
+        for s in r["suppressed"].as_array().into_iter().flatten() {
+            if s["reason"] == "ipv6_blocked" {
+                audited += s["count"].as_u64().context("suppressed count")?;
+            }
+        }
+    }
+    Ok((counted, audited))
 }
 
 // -------------------------------------------------------------- allowed paths

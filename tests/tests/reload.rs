@@ -13,7 +13,6 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 use sluice_e2e::{ORIGIN_ADDR, ORIGIN_NAME, ORIGIN2_NAME, World, pattern, sha256_hex, wait_until};
-use sluice_policy::audit::AuditRecord;
 
 /// Allows `origin.test` on 80 and 443 (the fake internet's documentation
 /// ranges are opened with `internal:`). Table entries live at least ten
@@ -65,27 +64,20 @@ colour: blue
 /// Generous bound on every wait (the machine is shared and slow).
 const DEADLINE: Duration = Duration::from_secs(90);
 
-/// The audit log's lines; every one must be a schema-1 record.
+/// The audit log's lines; every one must be a schema-1 record (strict:
+/// `World::audit`).
 fn audit(w: &World) -> Result<Vec<serde_json::Value>> {
-    let text = std::fs::read_to_string(w.audit_path()).unwrap_or_default();
-    let mut out = Vec::new();
-    // A line being written may be incomplete: only complete lines count.
-    let complete = match text.rfind('\n') {
-        Some(i) => &text[..=i],
-        None => "",
-    };
-    for line in complete.lines() {
-        AuditRecord::from_json(line)
-            .with_context(|| format!("audit line is not a schema-1 record: {line}"))?;
-        out.push(serde_json::from_str(line)?);
-    }
-    Ok(out)
+    w.audit()
 }
 
+#[allow(clippy::panic)] // A bad audit line fails the calling test.
 fn count(w: &World, pred: impl Fn(&serde_json::Value) -> bool) -> usize {
+    // A line that does not parse fails the test (never counts as 0).
     audit(w)
-        .map(|a| a.iter().filter(|l| pred(l)).count())
-        .unwrap_or(0)
+        .unwrap_or_else(|e| panic!("{e:#}"))
+        .iter()
+        .filter(|l| pred(l))
+        .count()
 }
 
 fn reloads(w: &World, reason: &str) -> usize {
@@ -459,7 +451,7 @@ fn reload_under_load_loses_nothing_silently() -> Result<()> {
         "the audit's denials to cover the failed curls",
         DEADLINE,
         || {
-            denials = audit(&w).map(|a| denials_in(&a)).unwrap_or(0);
+            denials = denials_in(&audit(&w).unwrap_or_else(|e| panic!("{e:#}")));
             denials >= failed
         },
     );
@@ -557,37 +549,21 @@ fn curl_with(w: &World, ca: &Path, url: &str) -> Result<std::process::Output> {
 
 /// Waits for an applied reload whose detail contains `note`; the record.
 fn wait_reload_note(w: &World, note: &str) -> Result<serde_json::Value> {
-    let mut found = None;
-    wait_until(
+    w.wait_audit(
         "reload_applied naming the uninspectable hosts",
         DEADLINE,
-        || {
-            found = audit(w).ok().and_then(|a| {
-                a.into_iter().find(|l| {
-                    l["reason"] == "reload_applied"
-                        && l["detail"].as_str().is_some_and(|d| d.contains(note))
-                })
-            });
-            found.is_some()
+        |l| {
+            l["reason"] == "reload_applied"
+                && l["detail"].as_str().is_some_and(|d| d.contains(note))
         },
     )
-    .with_context(|| format!("{:#?}", audit(w).unwrap_or_default()))?;
-    found.context("reload record")
 }
 
 /// Waits for the `inspect_failed` connection record of a flow to `sni`.
 fn wait_refused(w: &World, sni: &str) -> Result<serde_json::Value> {
-    let mut found = None;
-    wait_until("inspect_failed connection record", DEADLINE, || {
-        found = audit(w).ok().and_then(|a| {
-            a.into_iter().find(|l| {
-                l["kind"] == "connection" && l["reason"] == "inspect_failed" && l["sni"] == sni
-            })
-        });
-        found.is_some()
+    w.wait_audit("inspect_failed connection record", DEADLINE, |l| {
+        l["kind"] == "connection" && l["reason"] == "inspect_failed" && l["sni"] == sni
     })
-    .with_context(|| format!("{:#?}", audit(w).unwrap_or_default()))?;
-    found.context("inspect_failed record")
 }
 
 #[test]

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use sluice_e2e::{ORIGIN_NAME, ORIGIN2_NAME, TempDir, World, bin_path, sha256_hex, wait_until};
+use sluice_e2e::{ORIGIN_NAME, ORIGIN2_NAME, TempDir, World, bin_path, sha256_hex};
 
 const TOK_PLACEHOLDER: &str = "sk-sluice-placeholder-tok1";
 const TOK_VALUE: &str = "REAL-tok-value-0123456789";
@@ -95,13 +95,10 @@ fn sandbox_ca(w: &World) -> PathBuf {
 }
 
 /// The audit log's schema-1 records.
+#[allow(clippy::panic)] // A bad audit line fails the calling test.
 fn audit_lines(w: &World) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(w.audit_path())
-        .unwrap_or_default()
-        .lines()
-        .filter(|l| sluice_policy::audit::AuditRecord::from_json(l).is_ok())
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect()
+    // Strict (World::audit): a line that does not parse fails the test.
+    w.audit().unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 /// Waits (generously) for an audit record matching `pred`.
@@ -110,13 +107,7 @@ fn wait_audit(
     what: &str,
     pred: impl Fn(&serde_json::Value) -> bool,
 ) -> Result<serde_json::Value> {
-    let mut found = None;
-    wait_until(what, Duration::from_secs(60), || {
-        found = audit_lines(w).into_iter().find(|r| pred(r));
-        found.is_some()
-    })
-    .with_context(|| format!("audit: {:#?}", audit_lines(w)))?;
-    found.context(what.to_owned())
+    w.wait_audit(what, Duration::from_secs(60), pred)
 }
 
 /// The origin's log entries for `path`.
@@ -287,7 +278,7 @@ fn placeholders_are_substituted_only_where_bound_and_scrubbed_from_responses() -
     );
 
     // Secret values never reach the audit trail.
-    let audit = std::fs::read_to_string(w.audit_path())?;
+    let audit = w.audit_raw()?;
     ensure!(
         !audit.contains(TOK_VALUE) && !audit.contains(BOD_VALUE),
         "value in the audit"
@@ -379,7 +370,7 @@ fn placeholders_passed_through_in_request_bodies_are_logged() -> Result<()> {
             "a clean body was reported: {records:#?}"
         );
     }
-    let audit = std::fs::read_to_string(w.audit_path())?;
+    let audit = w.audit_raw()?;
     ensure!(!audit.contains(TOK_VALUE), "value in the audit");
     Ok(())
 }

@@ -121,7 +121,7 @@ mod tests {
             .stdout(std::process::Stdio::piped())
             .spawn()
         else {
-            eprintln!("skipping: no cpio binary");
+            sluice_test_skip::may_skip("cpio", "no cpio binary (scripts/install-deps)");
             return;
         };
         use std::io::Write;

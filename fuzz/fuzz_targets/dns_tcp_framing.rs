@@ -1,0 +1,5 @@
+//! libFuzzer entry of `sluice_fuzz::dns_tcp_framing` (the body and its checks live in
+//! `src/dns_tcp_framing.rs`, which the stable corpus replay also runs).
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| sluice_fuzz::dns_tcp_framing::run(data));
