@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use sluice_e2e::{ORIGIN_NAME, ORIGIN2_NAME, TempDir, World, bin_path, sha256_hex};
+use sluice_e2e::{ORIGIN_NAME, ORIGIN2_NAME, TempDir, World, bin_path, sha256_hex, wait_until};
 
 const TOK_PLACEHOLDER: &str = "sk-sluice-placeholder-tok1";
 const TOK_VALUE: &str = "REAL-tok-value-0123456789";
