@@ -16,7 +16,7 @@ pub enum AuthorityError {
     /// An IP literal in brackets (IPv6): never a server name.
     #[error("an IPv6 literal is not a host name")]
     Ipv6Literal,
-    /// White space inside the value (around the host, before the port).
+    /// White space in the value (around or inside the host, before the port).
     #[error("white space inside the authority")]
     WhiteSpace,
     /// The `:port` is not a decimal port number.
@@ -32,15 +32,16 @@ pub enum AuthorityError {
 
 /// The host an authority value (a `Host` header, an absolute target's or
 /// HTTP/2 `:authority`) names, in the one normaliser's canonical form
-/// ([`sluice_name::normalize_name`]: lower case, no trailing dot, DNS limits). The value may carry `:port` only when it is `port` (the
-/// destination port). Surrounding white space is ignored; any inside the
-/// value is refused. An IPv6 literal (`[...]`) is refused: it is never a
+/// ([`sluice_name::normalize_name`]: lower case, no trailing dot, DNS
+/// limits). The value may carry `:port` only when it is `port` (the
+/// destination port). White space anywhere is refused (hyper has already
+/// removed a header field's surrounding white space, so none is left by a
+/// well-formed request). An IPv6 literal (`[...]`) is refused: it is never a
 /// server name.
 ///
 /// A host the normaliser refuses is an error: the caller treats it as a
 /// mismatch.
 pub fn parse(value: &str, port: u16) -> Result<String, AuthorityError> {
-    let value = value.trim();
     if value.starts_with('[') {
         return Err(AuthorityError::Ipv6Literal);
     }
@@ -68,12 +69,11 @@ pub fn parse(value: &str, port: u16) -> Result<String, AuthorityError> {
 }
 
 /// The admitted host (the plain proxy's, from enforcement) in the one
-/// normaliser's canonical form ([`sluice_name::normalize_name`]), surrounding
-/// white space ignored; empty when it does not normalise, which no request's
+/// normaliser's canonical form ([`sluice_name::normalize_name`]); empty when it does not normalise, which no request's
 /// host equals (every request is then refused as a mismatch).
 #[must_use]
 pub fn normalise_host(host: &str) -> String {
-    sluice_name::normalize_name(host.trim())
+    sluice_name::normalize_name(host)
         .map(String::from)
         .unwrap_or_default()
 }
@@ -98,7 +98,11 @@ mod tests {
             Some("api.example.com")
         );
         assert_eq!(
-            ok(" api.example.com:443 ", 443).as_deref(),
+            parse(" api.example.com", 443),
+            Err(AuthorityError::WhiteSpace)
+        );
+        assert_eq!(
+            ok("api.example.com:443", 443).as_deref(),
             Some("api.example.com")
         );
         assert_eq!(
@@ -135,6 +139,8 @@ mod tests {
     fn sni_comparison_uses_the_same_normalisation() {
         assert!(names_host("API.example.com.", "api.example.com"));
         assert!(!names_host("api.example.com.evil", "api.example.com"));
-        assert_eq!(normalise_host(" Origin.Test. "), "origin.test");
+        assert_eq!(normalise_host("Origin.Test."), "origin.test");
+        // Not a name: equals no request's host.
+        assert_eq!(normalise_host(" Origin.Test "), "");
     }
 }
