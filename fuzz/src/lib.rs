@@ -5,6 +5,7 @@
 //! checks that every target builds and that its seeds pass its invariants.
 
 pub mod agent_frame;
+pub mod authority;
 pub mod dhcp;
 pub mod dns_query;
 pub mod dns_response;
@@ -20,6 +21,7 @@ pub mod tls_client_hello;
 /// `corpus/<name>/`) and its body.
 pub const TARGETS: &[(&str, fn(&[u8]))] = &[
     ("agent_frame", agent_frame::run),
+    ("authority", authority::run),
     ("dhcp", dhcp::run),
     ("dns_query", dns_query::run),
     ("dns_response", dns_response::run),
