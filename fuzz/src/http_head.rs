@@ -10,20 +10,14 @@ use sluice_inspect::http::{Progress, RequestHeadReader};
 
 /// One fuzz input (the libFuzzer target and the corpus replay call this).
 pub fn run(data: &[u8]) {
-    let Some((&step, rest)) = data.split_first() else {
+    let Some((step, whole_result, last)) = crate::whole_and_split(
+        data,
+        || RequestHeadReader::new(INSPECT_MAX_BYTES),
+        RequestHeadReader::push,
+        Progress::NeedMore,
+    ) else {
         return;
     };
-    let step = usize::from(step).max(1);
-    let mut whole = RequestHeadReader::new(INSPECT_MAX_BYTES);
-    let whole_result = whole.push(rest);
-    let mut reader = RequestHeadReader::new(INSPECT_MAX_BYTES);
-    let mut last = Progress::NeedMore;
-    for chunk in rest.chunks(step) {
-        last = reader.push(chunk);
-        if last != Progress::NeedMore {
-            break;
-        }
-    }
     match (&whole_result, &last) {
         (Progress::Done(a), Progress::Done(b)) => {
             assert_eq!(a.host, b.host);

@@ -33,3 +33,30 @@ pub const TARGETS: &[(&str, fn(&[u8]))] = &[
     ("substitute", substitute::run),
     ("tls_client_hello", tls_client_hello::run),
 ];
+
+/// The two readings a whole-vs-split target compares. `data` without its
+/// first byte is pushed whole into one fresh reader, and in segments of the
+/// size that byte gives (at least 1) into another, stopping at the first
+/// answer that is not `need_more`. Returns the segment size and both last
+/// answers; `None` for empty input.
+pub(crate) fn whole_and_split<R, P: PartialEq>(
+    data: &[u8],
+    new: impl Fn() -> R,
+    push: impl Fn(&mut R, &[u8]) -> P,
+    need_more: P,
+) -> Option<(usize, P, P)> {
+    let (&step, rest) = data.split_first()?;
+    let step = usize::from(step).max(1);
+    let whole = push(&mut new(), rest);
+    let mut reader = new();
+    let mut last = None;
+    for chunk in rest.chunks(step) {
+        let answer = push(&mut reader, chunk);
+        let settled = answer != need_more;
+        last = Some(answer);
+        if settled {
+            break;
+        }
+    }
+    Some((step, whole, last.unwrap_or(need_more)))
+}

@@ -12,20 +12,14 @@ use sluice_inspect::tls::{ClientHelloReader, Progress};
 
 /// One fuzz input (the libFuzzer target and the corpus replay call this).
 pub fn run(data: &[u8]) {
-    let Some((&step, rest)) = data.split_first() else {
+    let Some((step, whole_result, last)) = crate::whole_and_split(
+        data,
+        || ClientHelloReader::new(INSPECT_MAX_BYTES),
+        ClientHelloReader::push,
+        Progress::NeedMore,
+    ) else {
         return;
     };
-    let step = usize::from(step).max(1);
-    let mut whole = ClientHelloReader::new(INSPECT_MAX_BYTES);
-    let whole_result = whole.push(rest);
-    let mut reader = ClientHelloReader::new(INSPECT_MAX_BYTES);
-    let mut last = Progress::NeedMore;
-    for chunk in rest.chunks(step) {
-        last = reader.push(chunk);
-        if last != Progress::NeedMore {
-            break;
-        }
-    }
     match (&whole_result, &last) {
         // Segmentation must not change a completed decision.
         (Progress::Done(a), Progress::Done(b)) => {
