@@ -17,6 +17,7 @@ use ipnet::IpNet;
 use serde::Serialize;
 use serde_saphyr::{Location, Spanned};
 
+use crate::approval::{ApprovalSpec, Unlisted};
 use crate::error::{PolicyError, PolicyErrors};
 use crate::fx::FxMap;
 use crate::model::{RawAllow, RawPolicy, RawSecret, RawUpstream};
@@ -165,6 +166,8 @@ pub struct CompiledPolicy {
     upstream: Upstream,
     ttl: TtlBounds,
     domain_rule_count: usize,
+    unlisted: Unlisted,
+    approval: Option<ApprovalSpec>,
 }
 
 impl CompiledPolicy {
@@ -211,6 +214,18 @@ impl CompiledPolicy {
     #[must_use]
     pub fn ttl_bounds(&self) -> TtlBounds {
         self.ttl
+    }
+
+    /// What happens to a name no rule lists (`unlisted:`).
+    #[must_use]
+    pub fn unlisted(&self) -> Unlisted {
+        self.unlisted
+    }
+
+    /// The `approval:` section, when the policy has one.
+    #[must_use]
+    pub fn approval(&self) -> Option<&ApprovalSpec> {
+        self.approval.as_ref()
     }
 
     /// How the gateway must treat TCP `port`: TLS (443 and `ports.tls`),
@@ -509,8 +524,9 @@ fn canonical_ip(ip: IpAddr) -> IpAddr {
 // ---------------------------------------------------------------------------
 // Loading and compiling.
 
-/// Read and compile a policy file. The error list names the file as its
-/// origin.
+/// Read and compile a policy file, with its approval overlay
+/// ([`crate::overlay`], `NAME.approved.yaml` beside it) when there is one.
+/// The error list names the file at fault as its origin.
 ///
 /// # Errors
 /// Every problem found, each `file:line:col: message`.
@@ -534,7 +550,17 @@ pub fn load_file(path: &Path, options: &CompileOptions) -> Result<CompiledPolicy
     }
     let src =
         std::fs::read_to_string(path).map_err(|e| fail(format!("cannot read policy file: {e}")))?;
-    from_yaml_str(&src, &origin, options)
+    let Some((overlay, overlay_origin)) = crate::overlay::read(path)? else {
+        return from_yaml_str(&src, &origin, options);
+    };
+    // The overlay is checked on its own first, so its errors name it.
+    let alone = parse_raw(&overlay, &overlay_origin)?;
+    crate::overlay::check(&alone, &overlay_origin)?;
+    Compiler::new(&overlay_origin).compile(alone, options)?;
+    let mut raw = parse_raw(&src, &origin)?;
+    raw.allow
+        .extend(parse_raw(&overlay, &overlay_origin)?.allow);
+    Compiler::new(&origin).compile(raw, options)
 }
 
 /// Compile a policy from YAML text. `origin` names it in errors (a path, or
@@ -609,7 +635,7 @@ pub fn from_domains(
     })
 }
 
-fn parse_raw(src: &str, origin: &str) -> Result<RawPolicy, PolicyErrors> {
+pub(crate) fn parse_raw(src: &str, origin: &str) -> Result<RawPolicy, PolicyErrors> {
     let mut opts = serde_saphyr::Options::default();
     // Large allowlists (100k+ rules) exceed the parser's default node and
     // event budgets; the input size cap bounds them instead (every node
@@ -699,22 +725,24 @@ struct Canonical<'a> {
     secrets: &'a [SecretSpec],
     upstream: &'a Upstream,
     ttl: (u64, u64),
+    unlisted: Unlisted,
+    approval: Option<&'a ApprovalSpec>,
 }
 
-struct Compiler<'o> {
+pub(crate) struct Compiler<'o> {
     origin: &'o str,
     errors: Vec<PolicyError>,
 }
 
 impl<'o> Compiler<'o> {
-    fn new(origin: &'o str) -> Self {
+    pub(crate) fn new(origin: &'o str) -> Self {
         Self {
             origin,
             errors: Vec::new(),
         }
     }
 
-    fn err(&mut self, at: Location, message: impl Into<String>) {
+    pub(crate) fn err(&mut self, at: Location, message: impl Into<String>) {
         self.errors.push(PolicyError {
             origin: self.origin.to_owned(),
             line: clamp_u32(at.line()),
@@ -736,7 +764,7 @@ impl<'o> Compiler<'o> {
         }
     }
 
-    fn ports(&mut self, list: &[Spanned<i64>]) -> Vec<u16> {
+    pub(crate) fn ports(&mut self, list: &[Spanned<i64>]) -> Vec<u16> {
         let mut out: Vec<u16> = list.iter().filter_map(|p| self.port(p)).collect();
         out.sort_unstable();
         out.dedup();
@@ -775,7 +803,7 @@ impl<'o> Compiler<'o> {
         Some(net)
     }
 
-    fn compile(
+    pub(crate) fn compile(
         mut self,
         raw: RawPolicy,
         options: &CompileOptions,
@@ -1064,6 +1092,7 @@ impl<'o> Compiler<'o> {
             self.err(raw.id.referenced, "too many domain rules");
             return Err(PolicyErrors::new(self.errors));
         };
+        let (unlisted, approval) = self.approval(raw.unlisted.as_ref(), raw.approval.as_ref());
         let mut policy = CompiledPolicy {
             origin: self.origin.to_owned(),
             id,
@@ -1083,6 +1112,8 @@ impl<'o> Compiler<'o> {
             upstream,
             ttl,
             domain_rule_count,
+            unlisted,
+            approval,
         };
 
         self.secrets(&raw.secrets, &mut policy);
@@ -1106,6 +1137,8 @@ impl<'o> Compiler<'o> {
             secrets: &policy.secrets,
             upstream: &policy.upstream,
             ttl: (policy.ttl.min.as_secs(), policy.ttl.max.as_secs()),
+            unlisted: policy.unlisted,
+            approval: policy.approval.as_ref(),
         };
         let bytes = serde_json::to_vec(&canonical).unwrap_or_default();
         let digest = ring::digest::digest(&ring::digest::SHA256, &bytes);

@@ -20,6 +20,7 @@
 //! ```
 #![forbid(unsafe_code)]
 
+mod approval;
 pub mod audit;
 mod compile;
 mod error;
@@ -27,11 +28,16 @@ mod fx;
 mod model;
 pub mod name;
 mod name_table;
+pub mod overlay;
 pub mod platform;
 mod reason;
 mod rule_table;
 mod verdict;
 
+pub use approval::{
+    ApprovalBackend, ApprovalSpec, DEFAULT_APPROVAL_TIMEOUT, DEFAULT_MAX_PENDING,
+    DEFAULT_PER_MINUTE, Unlisted,
+};
 pub use compile::{
     CompileOptions, CompiledPolicy, DEFAULT_TTL_MAX, DEFAULT_TTL_MIN, HTTP_PORT, MAX_POLICY_BYTES,
     PortProtocol, SecretLocations, SecretSource, SecretSpec, TLS_PORT, Transport, TtlBounds,

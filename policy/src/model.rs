@@ -35,6 +35,10 @@ pub(crate) struct RawPolicy {
     pub(crate) dns: Option<RawDns>,
     #[serde(default)]
     pub(crate) secrets: Vec<Spanned<RawSecret>>,
+    #[serde(default)]
+    pub(crate) unlisted: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(crate) approval: Option<Spanned<RawApproval>>,
 }
 
 /// `version:`, which must be a YAML integer. A quoted `"1"` is a string and
@@ -173,4 +177,47 @@ pub(crate) struct RawSecret {
     #[serde(default)]
     #[allow(dead_code, reason = "free-form, kept only so it parses")]
     pub(crate) comment: Option<String>,
+}
+
+/// `approval:` (runtime approval of unlisted names).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawApproval {
+    pub(crate) backend: Spanned<RawApprovalBackend>,
+    #[serde(default)]
+    pub(crate) timeout: Option<Spanned<i64>>,
+    #[serde(default)]
+    pub(crate) always: Option<bool>,
+    #[serde(default)]
+    pub(crate) ports: Option<Vec<Spanned<i64>>>,
+    #[serde(default)]
+    pub(crate) udp_ports: Option<Vec<Spanned<i64>>>,
+    #[serde(default)]
+    pub(crate) max_pending: Option<Spanned<i64>>,
+    #[serde(default)]
+    pub(crate) per_minute: Option<Spanned<i64>>,
+}
+
+/// `backend:`: `terminal`, `unix: PATH` or `webhook: {url: ...}`.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub(crate) enum RawApprovalBackend {
+    Terminal,
+    Unix(String),
+    Webhook(RawWebhook),
+}
+
+/// `webhook:`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawWebhook {
+    pub(crate) url: String,
+    #[serde(default)]
+    pub(crate) bearer_token_file: Option<String>,
+    #[serde(default)]
+    pub(crate) client_cert: Option<String>,
+    #[serde(default)]
+    pub(crate) client_key: Option<String>,
+    #[serde(default)]
+    pub(crate) ca: Option<String>,
 }

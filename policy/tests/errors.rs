@@ -31,7 +31,7 @@ const CASES: &[(&str, &[&str])] = &[
     (
         "version: 1\nid: t\nbogus: 1\n",
         &[
-            "p.yaml:3:1: unknown field `bogus`, expected one of version, id, label, comment, allow, deny, internal, ports, inspect, dns, secrets",
+            "p.yaml:3:1: unknown field `bogus`, expected one of version, id, label, comment, allow, deny, internal, ports, inspect, dns, secrets, unlisted, approval",
         ],
     ),
     (

@@ -162,6 +162,9 @@ struct Explanation<'a> {
     destination: Option<VerdictOut<'a>>,
     inspected: bool,
     secrets: Vec<&'a str>,
+    /// `unlisted: ask` and a plain allowlist miss: the gateway would hold
+    /// the DNS query and ask the approval backend.
+    would_ask: bool,
     verdict: VerdictOut<'a>,
 }
 
@@ -236,6 +239,7 @@ fn explain(args: &ExplainArgs) -> i32 {
                     .collect()
             })
             .unwrap_or_default(),
+        would_ask: name.is_some_and(|n| policy.would_ask(n)),
         verdict: final_verdict.into(),
     };
     if args.json {
@@ -295,6 +299,9 @@ fn print_text(ex: &Explanation<'_>) {
             "inspect:     {} (secrets: {secrets})",
             if ex.inspected { "yes" } else { "no" }
         );
+    }
+    if ex.would_ask {
+        println!("unlisted:    would ask (the approval backend decides; until then: deny)");
     }
     println!("verdict:     {}", ex.verdict);
 }

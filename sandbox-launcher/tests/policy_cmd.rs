@@ -224,3 +224,31 @@ fn explain_cidr_and_usage_errors() {
     assert_eq!(code, 1);
     assert!(err.contains("bad.yaml:4:13:"), "{err}");
 }
+
+#[test]
+fn explain_says_would_ask_only_for_a_plain_miss() {
+    let t = TempDir::new("ask");
+    let ask = t.file(
+        "ask.yaml",
+        "version: 1\nid: ask\nunlisted: ask\napproval:\n  backend: terminal\nallow:\n  - domain: listed.example.com\ndeny:\n  - blocked.example.com\n",
+    );
+    let path = ask.to_str().unwrap();
+    let (code, out, err) = sluice(&["policy", "explain", path, "--name", "new.example.org"]);
+    assert_eq!(code, 3, "{err}");
+    assert!(out.contains("unlisted:    would ask"), "{out}");
+    for name in ["blocked.example.com", "listed.example.com", "co.uk"] {
+        let (_, out, _) = sluice(&["policy", "explain", path, "--name", name, "--json"]);
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["would_ask"], false, "{name}");
+    }
+    let (_, out, _) = sluice(&[
+        "policy",
+        "explain",
+        path,
+        "--name",
+        "new.example.org",
+        "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["would_ask"], true);
+}

@@ -1,0 +1,172 @@
+//! The terminal backend: the question on a terminal, one key (and Enter)
+//! per choice. The launcher runs it for `sluice run --ask`, answering the
+//! gateway over a unix socket ([`super::unix::serve_one`]); one prompt at a
+//! time.
+//!
+//! The prompt shows the exact name and the ports an approval opens. The
+//! name is printed with every character outside printable ASCII escaped, so
+//! a hostile name cannot move the cursor or rewrite the prompt. Input that
+//! is not a key is asked again, three times at most, then denied.
+
+use tokio::io::{AsyncBufRead, AsyncWrite, AsyncWriteExt};
+
+use super::BackendError;
+use super::unix::read_line;
+use crate::wire::{Answer, Choice, Question};
+
+/// Times an unreadable key is asked again before the answer is deny.
+const ATTEMPTS: usize = 3;
+
+/// The name as printed: printable ASCII kept, everything else escaped.
+#[must_use]
+pub fn printable(name: &str) -> String {
+    name.chars()
+        .flat_map(|c| {
+            if c.is_ascii_graphic() {
+                vec![c]
+            } else {
+                c.escape_default().collect()
+            }
+        })
+        .collect()
+}
+
+fn ports(q: &Question) -> String {
+    let mut parts: Vec<String> = q.tcp_ports.iter().map(|p| format!("TCP {p}")).collect();
+    parts.extend(q.udp_ports.iter().map(|p| format!("UDP {p}")));
+    if parts.is_empty() {
+        "no ports".to_owned()
+    } else {
+        parts.join(", ")
+    }
+}
+
+/// The key for each choice offered.
+fn choice_for(key: &str, always: bool) -> Option<Choice> {
+    match key.trim() {
+        "o" | "O" => Some(Choice::AllowOnce),
+        "s" | "S" => Some(Choice::AllowSandbox),
+        "a" | "A" if always => Some(Choice::AllowAlways),
+        "d" | "D" => Some(Choice::DenyOnce),
+        "n" | "N" => Some(Choice::DenySandbox),
+        _ => None,
+    }
+}
+
+/// Shows `q` on `out` and reads the choice from `input`.
+///
+/// # Errors
+/// The terminal closed or failed; the caller denies.
+pub async fn prompt<R, W>(q: &Question, input: &mut R, out: &mut W) -> Result<Answer, BackendError>
+where
+    R: AsyncBufRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let always = if q.always_allowed {
+        "  [a] always (writes the policy's .approved.yaml)\n"
+    } else {
+        ""
+    };
+    let text = format!(
+        "\nsluice: sandbox {} wants to reach {} ({}), not listed in policy {}\n  \
+         [o] allow once (until the DNS answer expires)\n  \
+         [s] allow for this sandbox\n{always}  \
+         [d] deny once\n  \
+         [n] deny for this sandbox\n",
+        printable(&q.sandbox),
+        printable(&q.name),
+        ports(q),
+        printable(&q.policy),
+    );
+    out.write_all(text.as_bytes())
+        .await
+        .map_err(BackendError::Io)?;
+    for _ in 0..ATTEMPTS {
+        out.write_all(b"choice> ").await.map_err(BackendError::Io)?;
+        out.flush().await.map_err(BackendError::Io)?;
+        let line = read_line(input).await?;
+        let key = String::from_utf8_lossy(&line);
+        if let Some(choice) = choice_for(&key, q.always_allowed) {
+            let msg = format!("sluice: {} {}\n", choice.as_str(), printable(&q.name));
+            out.write_all(msg.as_bytes())
+                .await
+                .map_err(BackendError::Io)?;
+            return Ok(Answer {
+                decision: choice,
+                by: Some("terminal".into()),
+            });
+        }
+        out.write_all(b"sluice: press o, s, d or n, then Enter\n")
+            .await
+            .map_err(BackendError::Io)?;
+    }
+    out.write_all(b"sluice: no choice; denied\n")
+        .await
+        .map_err(BackendError::Io)?;
+    Ok(Answer {
+        decision: Choice::DenyOnce,
+        by: Some("terminal: no choice".into()),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::WIRE_VERSION;
+
+    fn q(always: bool) -> Question {
+        Question {
+            version: WIRE_VERSION,
+            sandbox: "sb".into(),
+            policy: "p".into(),
+            name: "evil\u{1b}[2J.example".into(),
+            qtype: "A".into(),
+            tcp_ports: vec![443, 8443],
+            udp_ports: vec![],
+            always_allowed: always,
+        }
+    }
+
+    async fn run(input: &str, always: bool) -> (Result<Answer, BackendError>, String) {
+        let mut r = tokio::io::BufReader::new(input.as_bytes());
+        let mut out = Vec::new();
+        let a = prompt(&q(always), &mut r, &mut out).await;
+        (a, String::from_utf8(out).unwrap())
+    }
+
+    #[tokio::test]
+    async fn keys_map_to_choices() {
+        for (key, want) in [
+            ("o\n", Choice::AllowOnce),
+            ("s\n", Choice::AllowSandbox),
+            ("d\n", Choice::DenyOnce),
+            ("n\n", Choice::DenySandbox),
+        ] {
+            assert_eq!(run(key, false).await.0.unwrap().decision, want);
+        }
+        assert_eq!(
+            run("a\n", true).await.0.unwrap().decision,
+            Choice::AllowAlways
+        );
+    }
+
+    #[tokio::test]
+    async fn always_is_not_offered_unless_allowed() {
+        let (a, out) = run("a\na\na\n", false).await;
+        assert_eq!(a.unwrap().decision, Choice::DenyOnce);
+        assert!(!out.contains("[a]"));
+    }
+
+    #[tokio::test]
+    async fn the_prompt_shows_the_exact_host_escaped_and_the_ports() {
+        let (_, out) = run("d\n", false).await;
+        assert!(out.contains("evil\\u{1b}[2J.example"), "{out}");
+        assert!(!out.contains('\u{1b}'));
+        assert!(out.contains("TCP 443, TCP 8443"));
+    }
+
+    #[tokio::test]
+    async fn a_closed_terminal_is_an_error() {
+        assert!(matches!(run("", false).await.0, Err(BackendError::Closed)));
+    }
+}

@@ -1,0 +1,329 @@
+//! The approval overlay: `POLICY.approved.yaml` beside a policy file holds
+//! the names a backend approved with "always".
+//!
+//! It is an ordinary policy file that may hold only `allow` rules for
+//! names (no `deny`, `cidr`, `internal`, secrets or settings), so an
+//! operator can read it, review it and fold it into the real policy.
+//! [`crate::load_file`] reads it with the policy it sits beside: its rules
+//! are added to the policy's allow rules, after validating the overlay on
+//! its own (its errors name the overlay file). The policy's `deny:` rules
+//! and the platform deny set still win over anything it allows.
+//!
+//! [`append`] adds one approved name, rewriting the file by rename so a
+//! reader (the gateway's reload poll) never sees half of it.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+use thiserror::Error;
+
+use crate::error::{PolicyError, PolicyErrors};
+use crate::model::RawPolicy;
+
+/// The overlay's path for the policy at `policy`: `p.yaml` ->
+/// `p.approved.yaml`, `p.yml` -> `p.approved.yml`, `p` -> `p.approved.yaml`.
+#[must_use]
+pub fn overlay_path(policy: &Path) -> PathBuf {
+    let name = policy
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let file = match name.rsplit_once('.') {
+        Some((stem, ext @ ("yaml" | "yml"))) => format!("{stem}.approved.{ext}"),
+        _ => format!("{name}.approved.yaml"),
+    };
+    policy.with_file_name(file)
+}
+
+/// One name approved with "always".
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Approved<'a> {
+    /// The exact name (normalised).
+    pub name: &'a str,
+    /// TCP ports the approval opened.
+    pub tcp_ports: &'a [u16],
+    /// UDP ports the approval opened.
+    pub udp_ports: &'a [u16],
+    /// Who decided (the backend, and its `by`).
+    pub by: &'a str,
+    /// The sandbox that asked.
+    pub sandbox: &'a str,
+    /// When (RFC 3339).
+    pub at: &'a str,
+}
+
+/// Why an approval could not be written.
+#[derive(Debug, Error)]
+pub enum OverlayError {
+    /// The existing overlay is not a valid overlay; it is left as it is.
+    #[error("{0}")]
+    Invalid(PolicyErrors),
+    /// Reading or writing the file failed.
+    #[error("approval overlay {path}: {source}")]
+    Io {
+        /// The overlay's path.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+const HEADER: &str = "\
+# Destinations approved with \"always\" through sluice's runtime approval.
+# Review each entry and fold it into the policy this file sits beside;
+# sluice reads this file together with that policy and reloads it like one.
+# Only allow rules for names may appear here.
+version: 1
+id: approved
+allow:
+";
+
+/// Adds `entry` to the overlay of the policy at `policy` (created if
+/// missing). A name already listed is left as it is (`Ok(false)`).
+///
+/// # Errors
+/// The existing overlay is invalid (it is not rewritten), or the file could
+/// not be read or replaced (a read-only policy directory, for one).
+pub fn append(policy: &Path, entry: &Approved<'_>) -> Result<bool, OverlayError> {
+    let path = overlay_path(policy);
+    let io = |source| OverlayError::Io {
+        path: path.clone(),
+        source,
+    };
+    let origin = path.display().to_string();
+    let mut text = match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            let raw = validate(&text, &origin).map_err(OverlayError::Invalid)?;
+            let listed = raw.allow.iter().any(|a| {
+                a.value
+                    .domain
+                    .as_ref()
+                    .is_some_and(|d| d.value == entry.name)
+                    || a.value
+                        .domains
+                        .as_ref()
+                        .is_some_and(|ds| ds.iter().any(|d| d.value == entry.name))
+            });
+            if listed {
+                return Ok(false);
+            }
+            text
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => HEADER.to_owned(),
+        Err(e) => return Err(io(e)),
+    };
+    if !text.ends_with('\n') {
+        text.push('\n');
+    }
+    let quote = |s: &str| serde_json::to_string(s).unwrap_or_default();
+    let list = |ports: &[u16]| {
+        ports
+            .iter()
+            .map(u16::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    text.push_str(&format!(
+        "  - domain: {}\n    ports: [{}]\n    udp_ports: [{}]\n    comment: {}\n",
+        quote(entry.name),
+        list(entry.tcp_ports),
+        list(entry.udp_ports),
+        quote(&format!(
+            "approved always by {} for sandbox {} at {}",
+            entry.by, entry.sandbox, entry.at
+        )),
+    ));
+    // The result must still be a valid overlay before it replaces the file.
+    validate(&text, &origin).map_err(OverlayError::Invalid)?;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let tmp = dir.join(format!(
+        ".{}.{}.tmp",
+        path.file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        std::process::id()
+    ));
+    let mut f = std::fs::File::create(&tmp).map_err(io)?;
+    let written = f.write_all(text.as_bytes()).and_then(|()| f.sync_all());
+    if let Err(e) = written.and_then(|()| std::fs::rename(&tmp, &path)) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(io(e));
+    }
+    Ok(true)
+}
+
+/// Parses, checks and compiles an overlay on its own; its raw form.
+fn validate(text: &str, origin: &str) -> Result<RawPolicy, PolicyErrors> {
+    let raw = crate::compile::parse_raw(text, origin)?;
+    check(&raw, origin)?;
+    crate::compile::Compiler::new(origin).compile(raw, &crate::CompileOptions::default())?;
+    crate::compile::parse_raw(text, origin)
+}
+
+/// The overlay may hold only `version`, `id`, `label`, `comment` and
+/// `allow` rules for names.
+pub(crate) fn check(raw: &RawPolicy, origin: &str) -> Result<(), PolicyErrors> {
+    let mut errors = Vec::new();
+    let mut err = |line: u64, column: u64, message: &str| {
+        errors.push(PolicyError {
+            origin: origin.to_owned(),
+            line: u32::try_from(line).unwrap_or(u32::MAX),
+            column: u32::try_from(column).unwrap_or(u32::MAX),
+            message: format!("an approval overlay may hold only allow rules for names: {message}"),
+        });
+    };
+    let extra = !raw.deny.is_empty()
+        || !raw.internal.is_empty()
+        || raw.ports.is_some()
+        || !raw.inspect.is_empty()
+        || raw.dns.is_some()
+        || !raw.secrets.is_empty()
+        || raw.unlisted.is_some()
+        || raw.approval.is_some();
+    if extra {
+        err(
+            0,
+            0,
+            "remove every key but version, id, label, comment and allow",
+        );
+    }
+    for a in &raw.allow {
+        if a.value.cidr.is_some() || a.value.cidrs.is_some() {
+            let at = a.referenced;
+            err(at.line(), at.column(), "a `cidr` rule cannot be approved");
+        }
+    }
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(PolicyErrors::new(errors))
+    }
+}
+
+/// The overlay beside `policy`, if there is one: its text and origin.
+pub(crate) fn read(policy: &Path) -> Result<Option<(String, String)>, PolicyErrors> {
+    let path = overlay_path(policy);
+    let origin = path.display().to_string();
+    let fail = |message: String| {
+        PolicyErrors::new(vec![PolicyError {
+            origin: origin.clone(),
+            line: 0,
+            column: 0,
+            message,
+        }])
+    };
+    let meta = match std::fs::metadata(&path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(fail(format!("cannot read approval overlay: {e}"))),
+    };
+    if meta.len() > crate::MAX_POLICY_BYTES {
+        return Err(fail(format!(
+            "approval overlay is {} bytes; the limit is {}",
+            meta.len(),
+            crate::MAX_POLICY_BYTES
+        )));
+    }
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| fail(format!("cannot read approval overlay: {e}")))?;
+    Ok(Some((text, origin)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{CompileOptions, Decision, load_file};
+
+    fn dir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("sluice-overlay-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    fn entry(name: &str) -> Approved<'_> {
+        Approved {
+            name,
+            tcp_ports: &[443],
+            udp_ports: &[],
+            by: "terminal",
+            sandbox: "sb-1",
+            at: "2026-11-25T23:00:00Z",
+        }
+    }
+
+    #[test]
+    fn paths() {
+        assert_eq!(
+            overlay_path(Path::new("/p/a.yaml")),
+            Path::new("/p/a.approved.yaml")
+        );
+        assert_eq!(
+            overlay_path(Path::new("/p/a.yml")),
+            Path::new("/p/a.approved.yml")
+        );
+        assert_eq!(
+            overlay_path(Path::new("/p/policy")),
+            Path::new("/p/policy.approved.yaml")
+        );
+    }
+
+    #[test]
+    fn an_approved_name_is_allowed_by_the_next_load_and_deny_still_wins() {
+        let d = dir("load");
+        let policy = d.join("p.yaml");
+        std::fs::write(&policy, "version: 1\nid: p\ndeny:\n  - bad.example.org\n").unwrap();
+        let opts = CompileOptions::default();
+        assert_eq!(
+            load_file(&policy, &opts)
+                .unwrap()
+                .check_name("new.example.org")
+                .decision,
+            Decision::Deny
+        );
+        assert!(append(&policy, &entry("new.example.org")).unwrap());
+        assert!(
+            !append(&policy, &entry("new.example.org")).unwrap(),
+            "listed twice"
+        );
+        assert!(append(&policy, &entry("bad.example.org")).unwrap());
+        let p = load_file(&policy, &opts).unwrap();
+        assert_eq!(p.id(), "p");
+        assert_eq!(p.check_name("new.example.org").decision, Decision::Allow);
+        assert_eq!(
+            p.check_name("bad.example.org").decision,
+            Decision::Deny,
+            "deny: wins"
+        );
+        let text = std::fs::read_to_string(overlay_path(&policy)).unwrap();
+        assert!(
+            text.contains("approved always by terminal for sandbox sb-1"),
+            "{text}"
+        );
+        assert_eq!(text.matches("domain:").count(), 2);
+    }
+
+    #[test]
+    fn an_overlay_with_anything_but_name_rules_is_refused_by_name() {
+        let d = dir("bad");
+        let policy = d.join("p.yaml");
+        std::fs::write(&policy, "version: 1\nid: p\n").unwrap();
+        for bad in [
+            "version: 1\nid: a\nallow:\n  - cidr: 10.0.0.0/8\n",
+            "version: 1\nid: a\ninternal:\n  - 10.0.0.0/8\nallow: []\n",
+            "version: 1\nid: a\nallow:\n  - domain: \"bad domain\"\n",
+        ] {
+            std::fs::write(overlay_path(&policy), bad).unwrap();
+            let err = load_file(&policy, &CompileOptions::default())
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("p.approved.yaml"), "{bad:?}: {err}");
+            assert!(
+                append(&policy, &entry("x.example.org")).is_err(),
+                "{bad:?} was rewritten"
+            );
+            assert_eq!(std::fs::read_to_string(overlay_path(&policy)).unwrap(), bad);
+        }
+    }
+}
