@@ -1,0 +1,219 @@
+//! The ingress floor: in the VM's namespace, nothing the guest sends
+//! reaches the kernel's stack, and nothing is forwarded.
+
+use std::path::{Path, PathBuf};
+
+use nftables::schema::{Chain, NfCmd, NfListObject, NfObject, Table};
+use nftables::types::{NfChainPolicy, NfChainType, NfFamily, NfHook};
+
+use crate::netns::run_in;
+use crate::nft::{self, FloorError};
+
+/// Priority of our chains: before anything else on the same hook.
+pub const PRIORITY: i32 = -500;
+
+const WHAT: &str = "ingress floor";
+
+/// The floor on one interface, until [`IngressFloor::remove`] (or drop).
+#[derive(Debug)]
+pub struct IngressFloor {
+    netns: Option<PathBuf>,
+    iface: String,
+    table: String,
+    removed: bool,
+}
+
+/// The table holding the floor for `iface` (one per interface, so floors on
+/// two interfaces of one namespace do not collide).
+#[must_use]
+pub fn table_name(iface: &str) -> String {
+    let safe: String = iface
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    format!("sluice_floor_{safe}")
+}
+
+fn check_iface(iface: &str) -> Result<(), FloorError> {
+    // IFNAMSIZ is 16 with the NUL; the kernel refuses '/', ':' and spaces.
+    let ok = !iface.is_empty()
+        && iface.len() < 16
+        && iface
+            .bytes()
+            .all(|b| b.is_ascii_graphic() && b != b'/' && b != b':');
+    if ok {
+        Ok(())
+    } else {
+        Err(FloorError::Invalid(format!(
+            "`{iface}` is not an interface name (1-15 printable characters, no '/' or ':')"
+        )))
+    }
+}
+
+fn objects(iface: &str, table: &str) -> Vec<NfObject<'static>> {
+    let t = |family| Table {
+        family,
+        name: table.to_owned().into(),
+        handle: None,
+    };
+    let add = |o| NfObject::CmdObject(NfCmd::Add(o));
+    let del = |o| NfObject::CmdObject(NfCmd::Delete(o));
+    vec![
+        // Replace any floor of ours left behind: add (a no-op when present),
+        // delete, add again, all in one transaction.
+        add(NfListObject::Table(t(NfFamily::NetDev))),
+        del(NfListObject::Table(t(NfFamily::NetDev))),
+        add(NfListObject::Table(t(NfFamily::INet))),
+        del(NfListObject::Table(t(NfFamily::INet))),
+        add(NfListObject::Table(t(NfFamily::NetDev))),
+        add(NfListObject::Chain(Chain {
+            family: NfFamily::NetDev,
+            table: table.to_owned().into(),
+            name: "guest_in".into(),
+            _type: Some(NfChainType::Filter),
+            hook: Some(NfHook::Ingress),
+            prio: Some(PRIORITY),
+            dev: Some(iface.to_owned().into()),
+            policy: Some(NfChainPolicy::Drop),
+            ..Chain::default()
+        })),
+        add(NfListObject::Table(t(NfFamily::INet))),
+        add(NfListObject::Chain(Chain {
+            family: NfFamily::INet,
+            table: table.to_owned().into(),
+            name: "no_forward".into(),
+            _type: Some(NfChainType::Filter),
+            hook: Some(NfHook::Forward),
+            prio: Some(PRIORITY),
+            policy: Some(NfChainPolicy::Drop),
+            ..Chain::default()
+        })),
+    ]
+}
+
+/// The chains of `table` in `family` as nft lists them.
+fn chains(family: &'static str, table: &str) -> Result<Vec<Chain<'static>>, FloorError> {
+    let listed = nft::list_table(WHAT, family, table)?;
+    Ok(listed
+        .objects
+        .iter()
+        .filter_map(|o| match o {
+            NfObject::ListObject(NfListObject::Chain(c)) => Some(c.clone()),
+            _ => None,
+        })
+        .collect())
+}
+
+fn verify(iface: &str, table: &str) -> Result<(), FloorError> {
+    let bad = |detail: String| FloorError::Verify { what: WHAT, detail };
+    let ingress = chains("netdev", table)?;
+    let hooked = ingress
+        .iter()
+        .any(|c| c.hook == Some(NfHook::Ingress) && c.policy == Some(NfChainPolicy::Drop));
+    // The JSON listing of nft 1.0.6 omits the device; the text names it.
+    let text = nft::list_text(WHAT, &["chain", "netdev", table, "guest_in"])?;
+    let on_iface = text.contains(&format!("device \"{iface}\""));
+    if !(hooked && on_iface) {
+        return Err(bad(format!(
+            "no ingress drop chain on {iface} in netdev {table}"
+        )));
+    }
+    let forward = chains("inet", table)?;
+    if !forward
+        .iter()
+        .any(|c| c.hook == Some(NfHook::Forward) && c.policy == Some(NfChainPolicy::Drop))
+    {
+        return Err(bad(format!("no forward drop chain in inet {table}")));
+    }
+    Ok(())
+}
+
+impl IngressFloor {
+    /// Installs and verifies the floor on `iface` in the namespace at
+    /// `netns` (the caller's when `None`).
+    ///
+    /// # Errors
+    /// `nft` missing or refusing (an interface that does not exist gives
+    /// nft's "No such file or directory"), the namespace unusable, or the
+    /// rules not what was applied. Nothing is left behind on error.
+    pub fn install(netns: Option<&Path>, iface: &str) -> Result<Self, FloorError> {
+        check_iface(iface)?;
+        let table = table_name(iface);
+        run_in(netns, || {
+            // nft accepts a netdev chain for a device that does not exist
+            // (it binds when one appears): check first.
+            let probe = rustix::net::socket(
+                rustix::net::AddressFamily::INET,
+                rustix::net::SocketType::DGRAM,
+                None,
+            )
+            .map_err(|e| FloorError::Invalid(format!("cannot open a probe socket: {e}")))?;
+            if rustix::net::netdevice::name_to_index(&probe, iface).is_err() {
+                return Err(FloorError::NoInterface {
+                    iface: iface.to_owned(),
+                    netns: netns.map_or_else(
+                        || "this network namespace".to_owned(),
+                        |p| format!("network namespace {}", p.display()),
+                    ),
+                });
+            }
+            nft::apply(WHAT, objects(iface, &table))?;
+            if let Err(e) = verify(iface, &table) {
+                let _ = nft::delete_table(WHAT, NfFamily::NetDev, &table);
+                let _ = nft::delete_table(WHAT, NfFamily::INet, &table);
+                return Err(e);
+            }
+            Ok(())
+        })?;
+        Ok(Self {
+            netns: netns.map(Path::to_owned),
+            iface: iface.to_owned(),
+            table,
+            removed: false,
+        })
+    }
+
+    /// The interface the floor is on.
+    #[must_use]
+    pub fn iface(&self) -> &str {
+        &self.iface
+    }
+
+    /// Whether the floor is still in place as installed.
+    ///
+    /// # Errors
+    /// As for [`Self::install`].
+    pub fn check(&self) -> Result<(), FloorError> {
+        run_in(self.netns.as_deref(), || verify(&self.iface, &self.table))
+    }
+
+    /// Removes the floor. A namespace that is already gone (the VM ended)
+    /// took the rules with it: that is success.
+    ///
+    /// # Errors
+    /// `nft` failed for another reason.
+    pub fn remove(mut self) -> Result<(), FloorError> {
+        self.removed = true;
+        self.delete()
+    }
+
+    fn delete(&self) -> Result<(), FloorError> {
+        if let Some(ns) = &self.netns
+            && !ns.exists()
+        {
+            return Ok(());
+        }
+        run_in(self.netns.as_deref(), || {
+            nft::delete_table(WHAT, NfFamily::NetDev, &self.table)?;
+            nft::delete_table(WHAT, NfFamily::INet, &self.table)
+        })
+    }
+}
+
+impl Drop for IngressFloor {
+    fn drop(&mut self) {
+        if !self.removed {
+            let _ = self.delete();
+        }
+    }
+}

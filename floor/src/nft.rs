@@ -1,0 +1,130 @@
+//! Applying, listing and deleting our tables through `nft`, and the one
+//! error type of the crate.
+
+use std::path::PathBuf;
+
+use nftables::helper::{self, NftablesError};
+use nftables::schema::{NfCmd, NfListObject, NfObject, Nftables, Table};
+use nftables::types::NfFamily;
+use thiserror::Error;
+
+/// Why a floor could not be installed, verified or removed. Each message is
+/// one line that says what to do.
+#[derive(Debug, Error)]
+pub enum FloorError {
+    /// `nft` is not installed or could not be run.
+    #[error("cannot run nft ({0}); install the nftables package")]
+    NftMissing(String),
+    /// `nft` refused the rules (an interface that does not exist, no
+    /// permission, a kernel without nftables).
+    #[error("nft refused the {what}: {stderr}")]
+    NftFailed {
+        /// Which rules.
+        what: &'static str,
+        /// nft's own message, on one line.
+        stderr: String,
+    },
+    /// The rules listed back are not the rules applied.
+    #[error("the {what} did not verify: {detail}")]
+    Verify {
+        /// Which rules.
+        what: &'static str,
+        /// What differed.
+        detail: String,
+    },
+    /// The namespace path could not be opened or entered.
+    #[error("network namespace {path}: {message}")]
+    Netns {
+        /// The path given.
+        path: PathBuf,
+        /// What went wrong.
+        message: String,
+    },
+    /// The interface is not in the namespace.
+    #[error("no interface `{iface}` in {netns}")]
+    NoInterface {
+        /// The interface asked for.
+        iface: String,
+        /// Which namespace (a path, or "this network namespace").
+        netns: String,
+    },
+    /// An argument that cannot be used (an interface name too long, say).
+    #[error("{0}")]
+    Invalid(String),
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+pub(crate) fn map_err(what: &'static str, e: NftablesError) -> FloorError {
+    match e {
+        NftablesError::NftExecution { program, inner } => {
+            FloorError::NftMissing(format!("{}: {inner}", program.to_string_lossy()))
+        }
+        NftablesError::NftFailed { stderr, .. } => FloorError::NftFailed {
+            what,
+            stderr: one_line(&stderr),
+        },
+        other => FloorError::NftFailed {
+            what,
+            stderr: one_line(&other.to_string()),
+        },
+    }
+}
+
+/// Applies `objects` as one transaction (all or nothing).
+pub(crate) fn apply(what: &'static str, objects: Vec<NfObject<'static>>) -> Result<(), FloorError> {
+    let ruleset = Nftables {
+        objects: objects.into(),
+    };
+    helper::apply_ruleset(&ruleset).map_err(|e| map_err(what, e))
+}
+
+/// Lists one table (`nft -j list table FAMILY NAME`).
+pub(crate) fn list_table(
+    what: &'static str,
+    family: &str,
+    name: &str,
+) -> Result<Nftables<'static>, FloorError> {
+    helper::get_current_ruleset_with_args(helper::DEFAULT_NFT, ["list", "table", family, name])
+        .map_err(|e| map_err(what, e))
+}
+
+/// `nft list ...` as text (what the JSON listing of nft 1.0.6 leaves out:
+/// a netdev chain's device).
+pub(crate) fn list_text(what: &'static str, args: &[&str]) -> Result<String, FloorError> {
+    let out = std::process::Command::new("nft")
+        .arg("list")
+        .args(args)
+        .output()
+        .map_err(|e| FloorError::NftMissing(format!("nft: {e}")))?;
+    if !out.status.success() {
+        return Err(FloorError::NftFailed {
+            what,
+            stderr: one_line(&String::from_utf8_lossy(&out.stderr)),
+        });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Deletes our table `name` of `family`; a table already gone is fine.
+pub(crate) fn delete_table(
+    what: &'static str,
+    family: NfFamily,
+    name: &str,
+) -> Result<(), FloorError> {
+    let del = NfObject::CmdObject(NfCmd::Delete(NfListObject::Table(Table {
+        family,
+        name: name.to_owned().into(),
+        handle: None,
+    })));
+    match apply(what, vec![del]) {
+        Err(FloorError::NftFailed { stderr, .. })
+            if stderr.contains("No such file or directory") =>
+        {
+            Ok(())
+        }
+        other => other,
+    }
+}

@@ -1,0 +1,291 @@
+//! The floors against the real kernel: namespaces, a veth pair and `nft`,
+//! all created by the test and removed after. Needs root; without it the
+//! test fails unless `SLUICE_TEST_MAY_SKIP` names `root`.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test helpers: a panic is a failed test"
+)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use sluice_floor::FloorError;
+use sluice_floor::egress::{EgressFloor, EgressSpec, non_public};
+use sluice_floor::ingress::{IngressFloor, table_name};
+
+fn is_root() -> bool {
+    rustix::process::geteuid().is_root()
+}
+
+fn run(args: &[&str]) -> std::process::Output {
+    Command::new(args[0]).args(&args[1..]).output().unwrap()
+}
+
+fn ok(args: &[&str]) {
+    let out = run(args);
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A named network namespace, deleted on drop.
+struct Netns(String);
+
+impl Netns {
+    fn new(tag: &str) -> Self {
+        let name = format!("sfl-{tag}-{}", std::process::id());
+        let _ = run(&["ip", "netns", "del", &name]);
+        ok(&["ip", "netns", "add", &name]);
+        ok(&["ip", "-n", &name, "link", "set", "lo", "up"]);
+        Self(name)
+    }
+
+    fn path(&self) -> PathBuf {
+        Path::new("/run/netns").join(&self.0)
+    }
+
+    fn exec(&self, args: &[&str]) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.0]).args(args);
+        c
+    }
+
+    fn tables(&self) -> String {
+        String::from_utf8(
+            self.exec(&["nft", "list", "tables"])
+                .output()
+                .unwrap()
+                .stdout,
+        )
+        .unwrap()
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = run(&["ip", "netns", "del", &self.0]);
+    }
+}
+
+/// Whether the kernel behind `to` answers at all: a TCP connect to a closed
+/// port is refused when it does (ARP answered, then RST) and times out when
+/// nothing answers.
+fn kernel_answers(from: &Netns, to: &str) -> bool {
+    let code = format!(
+        "import socket,sys\ns=socket.socket()\ns.settimeout(1.5)\ntry:\n    s.connect(('{to}',9))\nexcept ConnectionRefusedError:\n    sys.exit(0)\nexcept OSError:\n    sys.exit(1)\n"
+    );
+    from.exec(&[PY, "-c", &code])
+        .stderr(Stdio::null())
+        .status()
+        .unwrap()
+        .success()
+}
+
+/// The system's python (the tests run it as other uids, which cannot read
+/// a per-user install).
+const PY: &str = "/usr/bin/python3";
+
+/// The gateway's namespace `g` with `g0` (10.99.0.1) and a peer namespace
+/// with `p0` (10.99.0.2) standing in for the guest.
+fn pair() -> (Netns, Netns) {
+    let g = Netns::new("g");
+    let p = Netns::new("p");
+    ok(&[
+        "ip", "link", "add", "g0", "netns", &g.0, "type", "veth", "peer", "name", "p0", "netns",
+        &p.0,
+    ]);
+    ok(&["ip", "-n", &g.0, "addr", "add", "10.99.0.1/24", "dev", "g0"]);
+    ok(&["ip", "-n", &p.0, "addr", "add", "10.99.0.2/24", "dev", "p0"]);
+    ok(&["ip", "-n", &g.0, "link", "set", "g0", "up"]);
+    ok(&["ip", "-n", &p.0, "link", "set", "p0", "up"]);
+    (g, p)
+}
+
+const PACKET_READER: &str = r#"
+import socket
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(3))
+s.bind(("g0", 0))
+s.settimeout(8)
+print("ready", flush=True)
+n = 0
+try:
+    while n < 3:
+        s.recv(65535)
+        n += 1
+except socket.timeout:
+    pass
+print(n)
+"#;
+
+#[test]
+fn the_ingress_floor_silences_the_kernel_while_a_packet_socket_reads_every_frame() {
+    if !is_root() && sluice_test_skip::may_skip("root", "nft and namespaces need root") {
+        return;
+    }
+    let (g, p) = pair();
+    assert!(
+        (0..5).any(|_| kernel_answers(&p, "10.99.0.1")),
+        "the kernel answers before the floor"
+    );
+
+    let floor = IngressFloor::install(Some(&g.path()), "g0").unwrap();
+    assert!(g.tables().contains(&table_name("g0")));
+    floor.check().unwrap();
+    // A packet socket in the namespace still sees the guest's frames.
+    let mut reader = g
+        .exec(&[PY, "-c", PACKET_READER])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(reader.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    assert_eq!(line.trim(), "ready");
+    assert!(
+        !kernel_answers(&p, "10.99.0.1"),
+        "the kernel answered through the floor"
+    );
+    line.clear();
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    let _ = reader.wait();
+    let frames: u32 = line.trim().parse().unwrap();
+    assert!(frames >= 1, "the packet socket read {frames} frames");
+
+    // Installing twice replaces, never duplicates.
+    let again = IngressFloor::install(Some(&g.path()), "g0").unwrap();
+    assert_eq!(
+        g.tables().matches(&table_name("g0")).count(),
+        2,
+        "{}",
+        g.tables()
+    );
+    std::mem::forget(floor);
+    again.remove().unwrap();
+    assert!(!g.tables().contains("sluice_floor"), "{}", g.tables());
+    assert!(
+        (0..5).any(|_| kernel_answers(&p, "10.99.0.1")),
+        "the kernel answers again after removal"
+    );
+}
+
+#[test]
+fn bad_interfaces_and_namespaces_are_one_line_errors_and_leave_nothing() {
+    if !is_root() && sluice_test_skip::may_skip("root", "nft and namespaces need root") {
+        return;
+    }
+    let g = Netns::new("bad");
+    let e = IngressFloor::install(Some(&g.path()), "nosuch0").unwrap_err();
+    assert!(matches!(e, FloorError::NoInterface { .. }), "{e}");
+    assert!(!e.to_string().contains('\n'));
+    assert!(!g.tables().contains("sluice"), "{}", g.tables());
+    let e = IngressFloor::install(Some(Path::new("/etc/hostname")), "lo").unwrap_err();
+    assert!(e.to_string().contains("not a network namespace"), "{e}");
+    let e = IngressFloor::install(Some(Path::new("/nonexistent/ns")), "lo").unwrap_err();
+    assert!(matches!(e, FloorError::Netns { .. }), "{e}");
+    for name in ["", "a/b", "waytoolonginterfacename", "x y"] {
+        assert!(
+            matches!(
+                IngressFloor::install(Some(&g.path()), name),
+                Err(FloorError::Invalid(_))
+            ),
+            "{name:?}"
+        );
+    }
+}
+
+/// Whether `uid` can open a TCP connection to 127.0.0.1:`port` in `ns`.
+fn connects_as(ns: &Netns, uid: u32, port: u16) -> bool {
+    let code = format!(
+        "import socket\ns=socket.socket()\ns.settimeout(2)\ns.connect(('127.0.0.1',{port}))\n"
+    );
+    let uid = uid.to_string();
+    ns.exec(&[
+        "setpriv",
+        "--reuid",
+        &uid,
+        "--regid",
+        &uid,
+        "--clear-groups",
+        PY,
+        "-c",
+        &code,
+    ])
+    .stderr(Stdio::null())
+    .status()
+    .unwrap()
+    .success()
+}
+
+#[test]
+fn the_egress_floor_stops_a_rogue_process_under_the_gateways_uid_only() {
+    if !is_root() && sluice_test_skip::may_skip("root", "nft and namespaces need root") {
+        return;
+    }
+    let ns = Netns::new("e");
+    let port = 18_080u16;
+    let mut server = ns
+        .exec(&[
+            PY,
+            "-c",
+            &format!(
+                "import socket,time\ns=socket.socket()\ns.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\ns.bind(('127.0.0.1',{port}))\ns.listen(64)\nprint('ready',flush=True)\nwhile True:\n    c,_=s.accept(); c.close()\n"
+            ),
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = server.stdout.take().unwrap();
+    let _server = Kill(server);
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line).unwrap();
+    assert_eq!(line.trim(), "ready");
+
+    let (gateway_uid, other_uid) = (64_999, 64_998);
+    assert!(
+        connects_as(&ns, gateway_uid, port),
+        "reachable before the floor"
+    );
+    let spec = EgressSpec {
+        uid: gateway_uid,
+        deny: non_public(),
+        allow: vec![],
+    };
+    let floor = EgressFloor::install(Some(&ns.path()), &spec).unwrap();
+    floor.check().unwrap();
+    assert!(
+        !connects_as(&ns, gateway_uid, port),
+        "the gateway's uid reached loopback"
+    );
+    assert!(
+        connects_as(&ns, other_uid, port),
+        "another uid was stopped too"
+    );
+    floor.remove().unwrap();
+
+    // What the policy names is let through.
+    let spec = EgressSpec {
+        allow: vec!["127.0.0.1/32".parse().unwrap()],
+        ..spec
+    };
+    let floor = EgressFloor::install(Some(&ns.path()), &spec).unwrap();
+    assert!(
+        connects_as(&ns, gateway_uid, port),
+        "an allowed network was stopped"
+    );
+    floor.remove().unwrap();
+    assert!(!ns.tables().contains("sluice"), "{}", ns.tables());
+}
+
+/// Kills the child on drop, so a failed assertion leaves no server behind.
+struct Kill(std::process::Child);
+
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
