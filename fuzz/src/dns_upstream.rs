@@ -150,7 +150,8 @@ fn structured(sent: &SentQuery, resolver: SocketAddr, from: SocketAddr, ops: &[u
     for &op in ops.iter().take(4) {
         let why = match op % 6 {
             0 => {
-                m.metadata.id ^= 1 << (op / 6 % 16);
+                // From the id sent, so two alterations never cancel out.
+                m.metadata.id = sent.id ^ (1 << (op / 6 % 16));
                 Mismatch::Id
             }
             1 => {
