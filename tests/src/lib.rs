@@ -447,6 +447,7 @@ pub struct WorldBuilder {
     mtu: u32,
     publish: Vec<Publish>,
     records: Vec<(String, Ipv4Addr)>,
+    wildcards: Vec<(String, Ipv4Addr)>,
     policy: Option<String>,
     extra_args: Vec<String>,
     iperf: bool,
@@ -464,6 +465,7 @@ impl Default for WorldBuilder {
                 (ORIGIN_NAME.to_string(), ORIGIN_ADDR),
                 (ORIGIN2_NAME.to_string(), ORIGIN2_ADDR),
             ],
+            wildcards: Vec::new(),
             policy: None,
             extra_args: Vec::new(),
             iperf: false,
@@ -501,6 +503,13 @@ impl WorldBuilder {
     /// is valid for every such name).
     pub fn dns_record(mut self, name: &str, addr: Ipv4Addr) -> Self {
         self.records.push((name.to_string(), addr));
+        self
+    }
+    /// Makes the fake internet's DNS answer every name under `domain` (and
+    /// `domain` itself) with `addr` (dnsmasq `--address`; TTL 0). The
+    /// origin's certificate does not cover these names.
+    pub fn dns_wildcard(mut self, domain: &str, addr: Ipv4Addr) -> Self {
+        self.wildcards.push((domain.to_string(), addr));
         self
     }
     /// Gives the gateway this policy (YAML text), via `--policy`.
@@ -706,6 +715,9 @@ impl World {
         ));
         for (name, addr) in &b.records {
             dns.arg(format!("--host-record={name},{addr}"));
+        }
+        for (domain, addr) in &b.wildcards {
+            dns.arg(format!("--address=/{domain}/{addr}"));
         }
         services.push(Proc::spawn("dnsmasq", &mut dns, &d.join("dnsmasq.out"))?);
 

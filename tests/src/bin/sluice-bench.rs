@@ -15,8 +15,15 @@
 //!   bridge's CPU seconds (utime + stime from `/proc/<pid>/stat`) per GB or
 //!   per operation, and the sidecar's context switches. `--perf FILE`
 //!   records the sidecar with `perf record -g` during all phases.
-//! - `connrate`, `dnsqps`, `hold`: the clients `run` starts inside the guest
-//!   namespace.
+//! - `dns --sidecar gateway|passt`: DNS queries/s through one world whose
+//!   resolver (dnsmasq) answers every `*.bench.test` name with one address:
+//!   for each `--names` count (the distinct names the guest has resolved to
+//!   that address before the cell), sequential queries for names already
+//!   answered (cached) and for names never asked (uncached), with the
+//!   resolver's answers as they come and delayed by `--delay-ms` (netem on
+//!   the fake internet's link: a slow upstream); one JSON line per cell.
+//! - `connrate`, `dnsqps`, `dnsnames`, `hold`: the clients `run` and `dns`
+//!   start inside the guest namespace.
 //!
 //! Every figure is one run on a shared, noisy machine: read ratios, not
 //! absolutes.
@@ -98,6 +105,32 @@ enum Cmd {
         #[arg(long)]
         count: u32,
     },
+    /// DNS queries/s with many names on one address, cached and uncached,
+    /// fast and slow upstream; one JSON line per cell.
+    Dns(DnsArgs),
+    /// A queries for `{prefix}{i}.bench.test`, `i` cycling over
+    /// `first..first+count`, with up to `window` in flight, for `secs`
+    /// seconds (0: until `count` were answered); prints one JSON line.
+    Dnsnames {
+        /// DNS server.
+        #[arg(long)]
+        server: SocketAddr,
+        /// First label's prefix.
+        #[arg(long)]
+        prefix: String,
+        /// First index.
+        #[arg(long, default_value_t = 0)]
+        first: u64,
+        /// Distinct names (indices) to cycle over.
+        #[arg(long)]
+        count: u64,
+        /// Queries in flight.
+        #[arg(long, default_value_t = 1)]
+        window: u32,
+        /// Seconds to run (0: one pass over the names).
+        #[arg(long, default_value_t = 0.0)]
+        secs: f64,
+    },
     /// Opens N connections, prints `ready N`, holds them until stdin closes.
     Hold {
         /// Server address.
@@ -107,6 +140,28 @@ enum Cmd {
         #[arg(long)]
         count: u32,
     },
+}
+
+/// Arguments of `dns`.
+#[derive(clap::Args, Debug)]
+struct DnsArgs {
+    /// `gateway` or `passt`.
+    #[arg(long, default_value = "gateway")]
+    sidecar: String,
+    /// Names resolved to the one address before each pair of cells
+    /// (ascending, comma-separated).
+    #[arg(long, default_value = "10,100000", value_delimiter = ',')]
+    names: Vec<u64>,
+    /// Seconds per cell.
+    #[arg(long, default_value_t = 3.0)]
+    secs: f64,
+    /// Delay added to the resolver's answers for the slow-upstream cells
+    /// (ms; 0 skips them).
+    #[arg(long, default_value_t = 20)]
+    delay_ms: u32,
+    /// Queries in flight while filling the table.
+    #[arg(long, default_value_t = 32)]
+    fill_window: u32,
 }
 
 /// Arguments of `xfer`.
@@ -176,6 +231,15 @@ fn main() -> Result<()> {
             name,
             count,
         } => dnsqps(server, &name, count),
+        Cmd::Dns(a) => dns_cells(&a),
+        Cmd::Dnsnames {
+            server,
+            prefix,
+            first,
+            count,
+            window,
+            secs,
+        } => dnsnames(server, &prefix, first, count, window, secs),
         Cmd::Hold { addr, count } => hold(addr, count),
     }
 }
@@ -244,6 +308,164 @@ fn dnsqps(server: SocketAddr, name: &str, count: u32) -> Result<()> {
     println!(
         "{}",
         json!({"ok": ok, "failed": failed, "qps": f64::from(ok) / secs})
+    );
+    Ok(())
+}
+
+/// The domain the `dns` benchmark's resolver answers wholesale.
+const BENCH_DOMAIN: &str = "bench.test";
+
+/// The gateway's policy for `dns`: the bench domain and the origin allowed,
+/// a TTL floor above any cell's length so that an answer stays cached
+/// (dnsmasq answers `--address` names with TTL 0).
+fn dns_bench_policy() -> String {
+    format!(
+        "version: 1\nid: dns-bench\nallow:\n  - domains: [\"**.{BENCH_DOMAIN}\", \"{ORIGIN_NAME}\"]\n\
+         internal:\n  - 198.51.100.0/24\ndns:\n  ttl_min: 600\n  ttl_max: 3600\n"
+    )
+}
+
+fn dns_cells(a: &DnsArgs) -> Result<()> {
+    let s = match a.sidecar.as_str() {
+        "gateway" => Sidecar::Gateway,
+        "passt" => Sidecar::Passt,
+        other => bail!("unknown sidecar {other}"),
+    };
+    let w = World::builder()
+        .sidecar(s)
+        .dns_wildcard(BENCH_DOMAIN, ORIGIN_ADDR)
+        .policy(&dns_bench_policy())
+        .start()?;
+    let server = w
+        .lease()
+        .and_then(|l| l.dns.first().copied())
+        .context("no DNS server in the lease")?;
+    let names = |prefix: &str, first: u64, count: u64, window: u32, secs: f64| {
+        guest_bench(
+            &w,
+            &format!(
+                "dnsnames --server {server}:53 --prefix {prefix} --first {first} --count {count} --window {window} --secs {secs}"
+            ),
+            900,
+        )
+    };
+    // The fake internet's side of its link to the host: netem there delays
+    // every answer of the resolver (and nothing else is in use).
+    let link = w
+        .inet
+        .sh_ok("ip -o link show type veth | cut -d: -f2 | cut -d@ -f1", 10)?
+        .trim()
+        .to_owned();
+    let slow = |on: bool| -> Result<()> {
+        let cmd = if on {
+            format!(
+                "tc qdisc replace dev {link} root netem delay {}ms",
+                a.delay_ms
+            )
+        } else {
+            format!("tc qdisc del dev {link} root")
+        };
+        w.inet.sh_ok(&cmd, 10).map(|_| ())
+    };
+    let mut filled = 0u64;
+    for &n in &a.names {
+        if n > filled {
+            let fill = names("f", filled, n - filled, a.fill_window, 0.0)?;
+            if fill["failed"].as_u64() != Some(0) {
+                eprintln!("dns: filling to {n} names: {fill}");
+            }
+            filled = n;
+        }
+        let delays: &[bool] = if a.delay_ms > 0 {
+            &[false, true]
+        } else {
+            &[false]
+        };
+        for &delayed in delays {
+            slow(delayed)?;
+            let load = load_average_1min();
+            // The latest names filled: answered before, within their TTL.
+            let recent = n.min(10);
+            let cached = names("f", filled - recent, recent, 1, a.secs)?;
+            // Names never asked: every query goes upstream.
+            let fresh = format!("u{n}{}", if delayed { "s" } else { "" });
+            let uncached = names(&fresh, 0, u64::MAX / 2, 1, a.secs)?;
+            for (mode, v) in [("cached", cached), ("uncached", uncached)] {
+                println!(
+                    "{}",
+                    json!({
+                        "sidecar": s.name(), "names": n, "mode": mode,
+                        "upstream": if delayed { format!("+{} ms", a.delay_ms) } else { "as is".into() },
+                        "qps": v["qps"], "answered": v["answered"], "failed": v["failed"],
+                        "load_1min": load,
+                    })
+                );
+            }
+        }
+        slow(false).ok();
+    }
+    Ok(())
+}
+
+fn dnsnames(
+    server: SocketAddr,
+    prefix: &str,
+    first: u64,
+    count: u64,
+    window: u32,
+    secs: f64,
+) -> Result<()> {
+    let sock = UdpSocket::bind("0.0.0.0:0")?;
+    sock.connect(server)?;
+    sock.set_read_timeout(Some(Duration::from_secs(2)))?;
+    let count = count.max(1);
+    let window = u64::from(window.max(1));
+    let mut buf = [0u8; 1500];
+    let (mut sent, mut answered, mut failed) = (0u64, 0u64, 0u64);
+    let mut in_flight: BTreeMap<u16, ()> = BTreeMap::new();
+    let start = Instant::now();
+    let more = |sent: u64| {
+        if secs > 0.0 {
+            start.elapsed().as_secs_f64() < secs
+        } else {
+            sent < count
+        }
+    };
+    loop {
+        while (in_flight.len() as u64) < window && more(sent) {
+            let id = (sent & 0xffff) as u16;
+            let name = format!("{prefix}{}.{BENCH_DOMAIN}", first + sent % count);
+            sock.send(&dns_a_query(id, &name))?;
+            in_flight.insert(id, ());
+            sent += 1;
+        }
+        if in_flight.is_empty() {
+            break;
+        }
+        match sock.recv(&mut buf) {
+            Ok(n) if n >= 12 => {
+                let id = u16::from_be_bytes([buf[0], buf[1]]);
+                if in_flight.remove(&id).is_some() {
+                    // RCODE 0 and at least one answer.
+                    if buf[3] & 0x0f == 0 && buf[6..8] != [0, 0] {
+                        answered += 1;
+                    } else {
+                        failed += 1;
+                    }
+                }
+            }
+            Ok(_) => {}
+            Err(_) => {
+                // Nothing for 2 s: whatever is in flight is lost.
+                failed += in_flight.len() as u64;
+                in_flight.clear();
+            }
+        }
+    }
+    let took = start.elapsed().as_secs_f64();
+    println!(
+        "{}",
+        json!({"answered": answered, "failed": failed, "secs": took, "qps": answered as f64 / took})
     );
     Ok(())
 }
