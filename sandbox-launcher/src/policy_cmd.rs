@@ -162,6 +162,10 @@ struct Explanation<'a> {
     destination: Option<VerdictOut<'a>>,
     inspected: bool,
     secrets: Vec<&'a str>,
+    /// Whether a WebSocket upgrade to the name passes the secrets' rule
+    /// (every bound secret opted in); absent when no secret is bound.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    websocket: Option<bool>,
     verdict: VerdictOut<'a>,
 }
 
@@ -236,6 +240,9 @@ fn explain(args: &ExplainArgs) -> i32 {
                     .collect()
             })
             .unwrap_or_default(),
+        websocket: name
+            .filter(|n| policy.secrets_for_host(n).next().is_some())
+            .map(|n| policy.websocket_allowed(n)),
         verdict: final_verdict.into(),
     };
     if args.json {
@@ -291,8 +298,13 @@ fn print_text(ex: &Explanation<'_>) {
         } else {
             ex.secrets.join(", ")
         };
+        let websocket = match ex.websocket {
+            Some(true) => "; websocket: allowed, every secret opted in",
+            Some(false) => "; websocket: refused, a secret did not opt in",
+            None => "",
+        };
         println!(
-            "inspect:     {} (secrets: {secrets})",
+            "inspect:     {} (secrets: {secrets}{websocket})",
             if ex.inspected { "yes" } else { "no" }
         );
     }
