@@ -4,8 +4,9 @@
 # answers every *.bench.test name with one address; per sidecar, after the
 # guest has resolved 10 and then 100,000 distinct names to that address,
 # sequential queries for names already answered (cached) and for names
-# never asked (uncached), with dnsmasq's answers as they come and delayed by
-# DELAY_MS (netem on the fake internet's link: a slow upstream).
+# never asked (uncached); then the same after 10 names in a second world
+# whose resolver is a relay to dnsmasq holding each query DELAY_MS (a slow
+# upstream). docs/benchmarks.md "DNS: many names on one address".
 #
 #   benches/dns-names.sh [SECS_PER_CELL]      # default 3
 #   NAMES=10,1000 DELAY_MS=50 benches/dns-names.sh 2
@@ -37,11 +38,11 @@ cells = {}
 for r in rows:
     cells[(r["names"], r["upstream"], r["mode"], r["sidecar"])] = r
 keys = sorted({(r["names"], r["upstream"], r["mode"]) for r in rows},
-              key=lambda k: (k[0], k[1] != "as is", k[2]))
+              key=lambda k: (k[1] != "as is", k[0], k[2]))
 print("| names on the address | upstream | query | sluice q/s | passt q/s | sluice / passt | failed (sluice, passt) |")
 print("|---:|---|---|---:|---:|---:|---|")
 for k in keys:
-    g, p = cells.get(k + ("gateway",)), cells.get(k + ("passt",))
+    g, p = cells.get(k + ("sluice-gateway",)), cells.get(k + ("passt",))
     gq = g["qps"] if g else None
     pq = p["qps"] if p else None
     ratio = f"{gq / pq:.2f}" if gq and pq else "n/a"

@@ -491,9 +491,9 @@ impl WorldBuilder {
         self.publish.push(p);
         self
     }
-    /// The resolver the gateway is given (`--dns-upstream`; default
-    /// [`DNS_ADDR`], dnsmasq). Another address is added to the fake
-    /// internet, where the test runs its own resolver.
+    /// The resolver the sidecar is given (the gateway's `--dns-upstream`,
+    /// passt's `-D`; default [`DNS_ADDR`], dnsmasq). Another address is
+    /// added to the fake internet, where the test runs its own resolver.
     pub fn dns_upstream(mut self, addr: Ipv4Addr) -> Self {
         self.dns_upstream = addr;
         self
@@ -831,7 +831,7 @@ impl World {
                     .arg(&self.socket)
                     .args(["-m", &self.mtu.to_string()])
                     .args(["-a", "10.0.2.15", "-n", "24", "-g", "10.0.2.2"])
-                    .args(["-D", &DNS_ADDR.to_string()]);
+                    .args(["-D", &self.builder.dns_upstream.to_string()]);
                 let mut any_tcp = false;
                 let mut any_udp = false;
                 for p in &self.builder.publish {

@@ -19,9 +19,10 @@
 //!   resolver (dnsmasq) answers every `*.bench.test` name with one address:
 //!   for each `--names` count (the distinct names the guest has resolved to
 //!   that address before the cell), sequential queries for names already
-//!   answered (cached) and for names never asked (uncached), with the
-//!   resolver's answers as they come and delayed by `--delay-ms` (netem on
-//!   the fake internet's link: a slow upstream); one JSON line per cell.
+//!   answered (cached) and for names never asked (uncached); then, in a
+//!   second world whose resolver is a relay to dnsmasq that holds each
+//!   query `--delay-ms` (a slow upstream), the same at the smallest count;
+//!   one JSON line per cell.
 //! - `connrate`, `dnsqps`, `dnsnames`, `hold`: the clients `run` and `dns`
 //!   start inside the guest namespace.
 //!
@@ -29,7 +30,7 @@
 //! absolutes.
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream, UdpSocket};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream, UdpSocket};
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -155,8 +156,8 @@ struct DnsArgs {
     /// Seconds per cell.
     #[arg(long, default_value_t = 3.0)]
     secs: f64,
-    /// Delay added to the resolver's answers for the slow-upstream cells
-    /// (ms; 0 skips them).
+    /// Delay the slow resolver adds to each query (ms; 0 skips those
+    /// cells).
     #[arg(long, default_value_t = 20)]
     delay_ms: u32,
     /// Queries in flight while filling the table.
@@ -325,84 +326,114 @@ fn dns_bench_policy() -> String {
     )
 }
 
+/// The slow resolver of `dns` in the fake internet: a relay to dnsmasq
+/// that holds each query `--delay-ms` first.
+const SLOW_RESOLVER: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 55);
+
+/// The relay (python3, one query at a time: the cells are sequential).
+const SLOW_RELAY: &str = r#"
+import socket, sys, time
+delay = float(sys.argv[1]) / 1000
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind((sys.argv[2], 53))
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+u.connect((sys.argv[3], 53))
+u.settimeout(2)
+while True:
+    q, peer = s.recvfrom(4096)
+    time.sleep(delay)
+    u.send(q)
+    try:
+        s.sendto(u.recv(4096), peer)
+    except socket.timeout:
+        pass
+"#;
+
 fn dns_cells(a: &DnsArgs) -> Result<()> {
     let s = match a.sidecar.as_str() {
         "gateway" => Sidecar::Gateway,
         "passt" => Sidecar::Passt,
         other => bail!("unknown sidecar {other}"),
     };
-    let w = World::builder()
-        .sidecar(s)
-        .dns_wildcard(BENCH_DOMAIN, ORIGIN_ADDR)
-        .policy(&dns_bench_policy())
-        .start()?;
-    let server = w
-        .lease()
-        .and_then(|l| l.dns.first().copied())
-        .context("no DNS server in the lease")?;
-    let names = |prefix: &str, first: u64, count: u64, window: u32, secs: f64| {
+    let world = |upstream: Ipv4Addr| {
+        World::builder()
+            .sidecar(s)
+            .dns_wildcard(BENCH_DOMAIN, ORIGIN_ADDR)
+            .policy(&dns_bench_policy())
+            .dns_upstream(upstream)
+            .start()
+    };
+    let names = |w: &World, prefix: &str, first: u64, count: u64, window: u32, secs: f64| {
+        let server = w
+            .lease()
+            .and_then(|l| l.dns.first().copied())
+            .context("no DNS server in the lease")?;
         guest_bench(
-            &w,
+            w,
             &format!(
                 "dnsnames --server {server}:53 --prefix {prefix} --first {first} --count {count} --window {window} --secs {secs}"
             ),
             900,
         )
     };
-    // The fake internet's side of its link to the host: netem there delays
-    // every answer of the resolver (and nothing else is in use).
-    let link = w
-        .inet
-        .sh_ok("ip -o link show type veth | cut -d: -f2 | cut -d@ -f1", 10)?
-        .trim()
-        .to_owned();
-    let slow = |on: bool| -> Result<()> {
-        let cmd = if on {
-            format!(
-                "tc qdisc replace dev {link} root netem delay {}ms",
-                a.delay_ms
-            )
-        } else {
-            format!("tc qdisc del dev {link} root")
-        };
-        w.inet.sh_ok(&cmd, 10).map(|_| ())
+    // Cached: the first names filled, answered before and within their TTL
+    // (the gateway's answer cache keeps the first 4,096 answers until they
+    // expire, so the latest names of a large fill are not in it). Uncached:
+    // names never asked, so every query goes upstream.
+    let cells = |w: &World, n: u64, upstream: &str| -> Result<()> {
+        let load = load_average_1min();
+        let cached = names(w, "f", 0, n.min(10), 1, a.secs)?;
+        let uncached = names(w, &format!("u{n}"), 0, u64::MAX / 2, 1, a.secs)?;
+        for (mode, v) in [("cached", cached), ("uncached", uncached)] {
+            println!(
+                "{}",
+                json!({
+                    "sidecar": s.name(), "names": n, "mode": mode, "upstream": upstream,
+                    "qps": v["qps"], "answered": v["answered"], "failed": v["failed"],
+                    "load_1min": load,
+                })
+            );
+        }
+        Ok(())
     };
+    let fill = |w: &World, from: u64, to: u64| -> Result<()> {
+        let t = Instant::now();
+        let v = names(w, "f", from, to - from, a.fill_window, 0.0)?;
+        eprintln!(
+            "dns: {} filled {from}..{to} in {:.1} s: {v}",
+            s.name(),
+            t.elapsed().as_secs_f64()
+        );
+        Ok(())
+    };
+
+    let w = world(sluice_e2e::DNS_ADDR)?;
     let mut filled = 0u64;
     for &n in &a.names {
         if n > filled {
-            let fill = names("f", filled, n - filled, a.fill_window, 0.0)?;
-            if fill["failed"].as_u64() != Some(0) {
-                eprintln!("dns: filling to {n} names: {fill}");
-            }
+            fill(&w, filled, n)?;
             filled = n;
         }
-        let delays: &[bool] = if a.delay_ms > 0 {
-            &[false, true]
-        } else {
-            &[false]
-        };
-        for &delayed in delays {
-            slow(delayed)?;
-            let load = load_average_1min();
-            // The latest names filled: answered before, within their TTL.
-            let recent = n.min(10);
-            let cached = names("f", filled - recent, recent, 1, a.secs)?;
-            // Names never asked: every query goes upstream.
-            let fresh = format!("u{n}{}", if delayed { "s" } else { "" });
-            let uncached = names(&fresh, 0, u64::MAX / 2, 1, a.secs)?;
-            for (mode, v) in [("cached", cached), ("uncached", uncached)] {
-                println!(
-                    "{}",
-                    json!({
-                        "sidecar": s.name(), "names": n, "mode": mode,
-                        "upstream": if delayed { format!("+{} ms", a.delay_ms) } else { "as is".into() },
-                        "qps": v["qps"], "answered": v["answered"], "failed": v["failed"],
-                        "load_1min": load,
-                    })
-                );
-            }
-        }
-        slow(false).ok();
+        cells(&w, n, "as is")?;
+    }
+    drop(w);
+
+    if a.delay_ms > 0 {
+        // A world whose resolver is the relay; the smallest name count.
+        let w = world(SLOW_RESOLVER)?;
+        let script = w.dir().join("slow-relay.py");
+        std::fs::write(&script, SLOW_RELAY)?;
+        let mut c = w.inet.cmd("python3");
+        c.arg(&script)
+            .arg(a.delay_ms.to_string())
+            .arg(SLOW_RESOLVER.to_string())
+            .arg(sluice_e2e::DNS_ADDR.to_string());
+        let _relay = sluice_e2e::Proc::spawn("slow relay", &mut c, &w.dir().join("relay.log"))?;
+        w.inet
+            .wait_listening("the slow relay", "udp", &format!("{SLOW_RESOLVER}:53"))?;
+        let n = a.names.first().copied().unwrap_or(10);
+        fill(&w, 0, n)?;
+        cells(&w, n, &format!("+{} ms", a.delay_ms))?;
     }
     Ok(())
 }
