@@ -9,7 +9,9 @@ pub mod authority;
 pub mod dhcp;
 pub mod dns_query;
 pub mod dns_response;
+pub mod dns_table;
 pub mod dns_tcp_framing;
+pub mod dns_upstream;
 pub mod guest_frames;
 pub mod http_head;
 pub mod packet_classify;
@@ -25,7 +27,9 @@ pub const TARGETS: &[(&str, fn(&[u8]))] = &[
     ("dhcp", dhcp::run),
     ("dns_query", dns_query::run),
     ("dns_response", dns_response::run),
+    ("dns_table", dns_table::run),
     ("dns_tcp_framing", dns_tcp_framing::run),
+    ("dns_upstream", dns_upstream::run),
     ("guest_frames", guest_frames::run),
     ("http_head", http_head::run),
     ("packet_classify", packet_classify::run),

@@ -34,11 +34,14 @@
 //!      dropped where a body is rewritten (it is re-framed);
 //!    - trailers are substituted (request) and scrubbed (response) like
 //!      heads (module `trailers`);
-//!    - upgrades: only WebSocket, and only to a host with no secret bound
-//!      (`crate::http::upgrade`): anything else is `501`, WebSocket to a
-//!      host with bound secrets `403`, both `upgrade_refused` (an upgraded
-//!      stream is spliced, never substituted or scrubbed, so an echo would
-//!      reach the guest);
+//!    - upgrades: only WebSocket (`crate::http::upgrade`), and to a host
+//!      with bound secrets only when the policy opted every one of them in
+//!      (`websocket: true`): anything else is `501`, WebSocket to a host
+//!      with a bound secret not opted in `403`, both `upgrade_refused` (an
+//!      upgraded stream is spliced, never substituted or scrubbed, so an
+//!      echo would reach the guest; opting in accepts that for the secret);
+//!      the upgrade request's head is substituted and the switching
+//!      response's head scrubbed like any other;
 //!    - an allowed HTTP/1.1 `Upgrade: websocket` is forwarded with its
 //!      headers; after `101` the two upgraded streams are spliced byte for
 //!      byte;
@@ -570,7 +573,8 @@ async fn handle(conn: Arc<Conn>, mut req: Request<Incoming>) -> Response<ProxyBo
 
 /// Checks a request before anything of it goes upstream: Host /
 /// `:authority` = SNI, an upstream to send it to, no CONNECT tunnel, and an
-/// upgrade only to WebSocket, never on a host with bound secrets.
+/// upgrade only to WebSocket, and on a host with bound secrets only when
+/// every one of them opted in.
 async fn admit(
     conn: &Conn,
     subst: &HostSubstituter,
@@ -613,28 +617,8 @@ async fn admit(
         None if req.version() < http::Version::HTTP_2 => upgrade::h1_request(req.headers()),
         None => Ask::None,
     };
-    match &ask {
-        Ask::None => {}
-        Ask::Other(p) => {
-            return Err(Refusal::new(
-                Reason::UpgradeRefused,
-                StatusCode::NOT_IMPLEMENTED,
-                "only WebSocket upgrades are proxied",
-            )
-            .detail(format!("upgrade to {p} refused: only WebSocket is proxied")));
-        }
-        Ask::WebSocket if !subst.is_empty() => {
-            return Err(Refusal::new(
-                Reason::UpgradeRefused,
-                StatusCode::FORBIDDEN,
-                "WebSocket is not proxied to a host with bound secrets",
-            )
-            .detail(format!(
-                "WebSocket refused: secrets are bound to {}, and an upgraded stream is neither substituted nor scrubbed",
-                flow.sni
-            )));
-        }
-        Ask::WebSocket => {}
+    if let Some(refusal) = upgrade_refusal(&ask, subst, &flow.sni) {
+        return Err(refusal);
     }
     if ext_connect
         && let Err(why) = conn
@@ -652,6 +636,37 @@ async fn admit(
         guest_upgrade,
         head_only: req.method() == Method::HEAD,
     })
+}
+
+/// The upgrade rule: only WebSocket (`501` otherwise), and to a host with
+/// bound secrets only when every one of them opted in (`403` otherwise,
+/// naming the secrets that did not); both `upgrade_refused`.
+fn upgrade_refusal(ask: &Ask, subst: &HostSubstituter, sni: &str) -> Option<Refusal> {
+    match ask {
+        Ask::None => None,
+        Ask::Other(p) => Some(
+            Refusal::new(
+                Reason::UpgradeRefused,
+                StatusCode::NOT_IMPLEMENTED,
+                "only WebSocket upgrades are proxied",
+            )
+            .detail(format!("upgrade to {p} refused: only WebSocket is proxied")),
+        ),
+        Ask::WebSocket => {
+            let refused_by: Vec<&str> = subst.websocket_refused_by().collect();
+            (!refused_by.is_empty()).then(|| {
+                Refusal::new(
+                    Reason::UpgradeRefused,
+                    StatusCode::FORBIDDEN,
+                    "WebSocket is not proxied to a host with bound secrets the policy did not opt in",
+                )
+                .detail(format!(
+                    "WebSocket refused: secret(s) {} bound to {sni} not opted in (`websocket: true`); an upgraded stream is neither substituted nor scrubbed",
+                    refused_by.join(", ")
+                ))
+            })
+        }
+    }
 }
 
 /// The request as it goes upstream: hop-by-hop headers dropped (an allowed
@@ -975,6 +990,57 @@ mod tests {
         let (_, events) =
             send_body("b.example.com", &["nothing ", "to see PH-tok-placeholde"]).await;
         assert!(events.is_empty(), "{events:?}");
+    }
+
+    /// WebSocket to a host with bound secrets needs every one of them opted
+    /// in; a host without secrets takes it; anything but WebSocket never.
+    #[test]
+    fn websocket_needs_every_bound_secret_opted_in() {
+        let load = |yaml: &str| {
+            let policy = sluice_policy::from_yaml_str(yaml, "t.yaml", &Default::default()).unwrap();
+            SecretStore::load_with(&policy, |var| {
+                Some(zeroize::Zeroizing::new(
+                    format!("REAL-{var}-value").into_bytes(),
+                ))
+            })
+            .unwrap()
+        };
+        let refusal = |store: &SecretStore, sni: &str, ask: Ask| {
+            upgrade_refusal(&ask, &store.for_host(sni), sni).map(|r| (r.status, r.reason, r.detail))
+        };
+        let none = store();
+        let (status, reason, detail) = refusal(&none, "a.example.com", Ask::WebSocket).unwrap();
+        assert_eq!(
+            (status, reason),
+            (StatusCode::FORBIDDEN, Reason::UpgradeRefused)
+        );
+        assert_eq!(
+            detail.as_deref(),
+            Some(
+                "WebSocket refused: secret(s) tok, bod bound to a.example.com not opted in \
+                 (`websocket: true`); an upgraded stream is neither substituted nor scrubbed"
+            )
+        );
+        assert!(refusal(&none, "b.example.com", Ask::WebSocket).is_none());
+        assert!(refusal(&none, "a.example.com", Ask::None).is_none());
+
+        // One of the two opted in: still refused, naming the other.
+        let tok_only =
+            load(&POLICY.replace("    env: TOK\n", "    env: TOK\n    websocket: true\n"));
+        let (status, _, detail) = refusal(&tok_only, "a.example.com", Ask::WebSocket).unwrap();
+        assert_eq!(status, StatusCode::FORBIDDEN);
+        assert!(detail.unwrap().contains("secret(s) bod bound"));
+
+        let both = load(&POLICY.replace("    env: ", "    websocket: true\n    env: "));
+        assert!(refusal(&both, "a.example.com", Ask::WebSocket).is_none());
+        let (status, reason, _) =
+            refusal(&both, "a.example.com", Ask::Other("h2c".into())).unwrap();
+        assert_eq!(
+            (status, reason),
+            (StatusCode::NOT_IMPLEMENTED, Reason::UpgradeRefused)
+        );
+        let (status, _, _) = refusal(&both, "b.example.com", Ask::Other("h2c".into())).unwrap();
+        assert_eq!(status, StatusCode::NOT_IMPLEMENTED);
     }
 
     /// A scrubbed response body keeps its trailers (scrubbed too), sent

@@ -139,6 +139,15 @@ pub struct SecretSpec {
     pub hosts: Vec<String>,
     /// Where it may be substituted.
     pub locations: SecretLocations,
+    /// The policy opts this secret in to WebSocket (`websocket: true`): an
+    /// upgrade to a host it is bound to is allowed when every secret bound
+    /// to that host opted in. After the upgrade nothing is substituted or
+    /// scrubbed, so opting in accepts that an origin echoing the upgrade
+    /// request into the stream hands the value to the guest
+    /// (docs/secrets.md "Upgrades"). Not serialised when false, so the
+    /// version hash of a policy without the key is unchanged.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub websocket: bool,
 }
 
 /// An immutable compiled policy snapshot.
@@ -451,6 +460,14 @@ impl CompiledPolicy {
         platform::classify(ip).is_always_denied() || self.is_host_address(ip)
     }
 
+    /// Whether a WebSocket upgrade to `host` is allowed as far as secrets
+    /// go: no secret is bound to it, or every secret bound to it opted in
+    /// (`websocket: true`).
+    #[must_use]
+    pub fn websocket_allowed(&self, host: &str) -> bool {
+        self.secrets_for_host(host).all(|s| s.websocket)
+    }
+
     /// The secrets bound to `host` (normalised here; exact match only).
     pub fn secrets_for_host(&self, host: &str) -> impl Iterator<Item = &SecretSpec> + '_ {
         let ids: &[u32] = match normalize_name(host) {
@@ -695,6 +712,7 @@ fn yaml_message(e: &serde_saphyr::Error) -> String {
         }
         "expected string scalar" => "expected a single string here",
         "invalid i64" => "expected a whole number here",
+        "invalid boolean" => "expected `true` or `false` here",
         "unexpected end of input" => {
             "unexpected end of input; a policy needs at least `version: 1` and `id: NAME`"
         }
@@ -1373,6 +1391,7 @@ impl<'o> Compiler<'o> {
                     source,
                     hosts,
                     locations,
+                    websocket: s.websocket,
                 });
             }
         }

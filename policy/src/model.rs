@@ -174,6 +174,10 @@ pub(crate) struct RawSecret {
     pub(crate) hosts: Vec<Spanned<String>>,
     #[serde(default)]
     pub(crate) locations: Option<Vec<Spanned<String>>>,
+    /// `websocket: true` opts the secret in to WebSocket upgrades on its
+    /// hosts (default false).
+    #[serde(default)]
+    pub(crate) websocket: bool,
     #[serde(default)]
     #[allow(dead_code, reason = "free-form, kept only so it parses")]
     pub(crate) comment: Option<String>,

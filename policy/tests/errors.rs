@@ -411,6 +411,10 @@ fn secret_errors_table() {
             "  - name: a\n    placeholder: sk-aaaaaaaa\n    env: A\n    hosts: [api.example.com]\n    locations: [headers, cookies]\n",
             &["p.yaml:14:26: unknown secret location `cookies`; use `headers`, `query` or `body`"],
         ),
+        (
+            "  - name: a\n    placeholder: sk-aaaaaaaa\n    env: A\n    hosts: [api.example.com]\n    websocket: sometimes\n",
+            &["p.yaml:14:16: expected `true` or `false` here"],
+        ),
     ];
     let mut failures = Vec::new();
     for (secrets, want) in cases {

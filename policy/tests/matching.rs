@@ -514,6 +514,43 @@ fn secrets_and_inspection() {
 }
 
 #[test]
+fn websocket_opt_in_is_per_secret_and_needs_every_bound_secret() {
+    let src = |ws_a: &str, ws_b: &str| {
+        format!(
+            "version: 1\nid: w\nallow:\n  - domains: [one.example.com, two.example.com, free.example.com]\n\
+             secrets:\n  - name: a\n    placeholder: sk-ph-aaaaaaaa\n    env: A\n    hosts: [one.example.com, two.example.com]\n{ws_a}\
+             \n  - name: b\n    placeholder: sk-ph-bbbbbbbb\n    env: B\n    hosts: [two.example.com]\n{ws_b}\n"
+        )
+    };
+    let compile = |text: String| from_yaml_str(&text, "w", &CompileOptions::default()).unwrap();
+
+    // Default: no secret opted in; a host without secrets is not concerned.
+    let none = compile(src("", ""));
+    assert!(none.secrets().iter().all(|s| !s.websocket));
+    assert!(!none.websocket_allowed("one.example.com"));
+    assert!(!none.websocket_allowed("two.example.com"));
+    assert!(none.websocket_allowed("free.example.com"));
+
+    // `a` opted in: its host alone is open; the host `b` shares is not.
+    let a_only = compile(src("    websocket: true", ""));
+    assert!(a_only.secrets()[0].websocket && !a_only.secrets()[1].websocket);
+    assert!(a_only.websocket_allowed("ONE.example.com."));
+    assert!(!a_only.websocket_allowed("two.example.com"));
+
+    let both = compile(src("    websocket: true", "    websocket: true"));
+    assert!(both.websocket_allowed("one.example.com"));
+    assert!(both.websocket_allowed("two.example.com"));
+
+    // `websocket: false` is the default, the hash says so; opting in is a
+    // policy change.
+    let explicit_false = compile(src("    websocket: false", "    websocket: false"));
+    assert!(!explicit_false.websocket_allowed("one.example.com"));
+    assert_eq!(none.version_hash(), explicit_false.version_hash());
+    assert_ne!(none.version_hash(), a_only.version_hash());
+    assert_ne!(a_only.version_hash(), both.version_hash());
+}
+
+#[test]
 fn version_hash_is_stable_under_formatting_and_changes_with_content() {
     let a = from_yaml_str(
         "version: 1\nid: h\nallow:\n  - domain: Example.COM.\n",

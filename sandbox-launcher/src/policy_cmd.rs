@@ -165,6 +165,10 @@ struct Explanation<'a> {
     /// `unlisted: ask` and a plain allowlist miss: the gateway would hold
     /// the DNS query and ask the approval backend.
     would_ask: bool,
+    /// Whether a WebSocket upgrade to the name passes the secrets' rule
+    /// (every bound secret opted in); absent when no secret is bound.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    websocket: Option<bool>,
     verdict: VerdictOut<'a>,
 }
 
@@ -240,6 +244,9 @@ fn explain(args: &ExplainArgs) -> i32 {
             })
             .unwrap_or_default(),
         would_ask: name.is_some_and(|n| policy.would_ask(n)),
+        websocket: name
+            .filter(|n| policy.secrets_for_host(n).next().is_some())
+            .map(|n| policy.websocket_allowed(n)),
         verdict: final_verdict.into(),
     };
     if args.json {
@@ -295,8 +302,13 @@ fn print_text(ex: &Explanation<'_>) {
         } else {
             ex.secrets.join(", ")
         };
+        let websocket = match ex.websocket {
+            Some(true) => "; websocket: allowed, every secret opted in",
+            Some(false) => "; websocket: refused, a secret did not opt in",
+            None => "",
+        };
         println!(
-            "inspect:     {} (secrets: {secrets})",
+            "inspect:     {} (secrets: {secrets}{websocket})",
             if ex.inspected { "yes" } else { "no" }
         );
     }

@@ -138,7 +138,7 @@ fn explain_text_allow() {
             "address:     93.184.215.14 (public)",
             "dns answer:  allow (dns_answered)",
             "connect:     allow (allowlisted) by rule allow[0] `**.example.com`",
-            "inspect:     yes (secrets: api)",
+            "inspect:     yes (secrets: api; websocket: refused, a secret did not opt in)",
             "verdict:     allow (allowlisted) by rule allow[0] `**.example.com`",
         ]
     );
@@ -251,4 +251,41 @@ fn explain_says_would_ask_only_for_a_plain_miss() {
     ]);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["would_ask"], true);
+}
+
+#[test]
+fn explain_says_whether_websocket_passes_the_secrets() {
+    let t = TempDir::new("ws");
+    let opted = GOOD.replace(
+        "    env: API_KEY\n",
+        "    env: API_KEY\n    websocket: true\n",
+    );
+    let files = [
+        (t.file("refused.yaml", GOOD), false),
+        (t.file("opted.yaml", &opted), true),
+    ];
+    for (file, allowed) in &files {
+        let (code, out, err) = sluice(&[
+            "policy",
+            "explain",
+            file.to_str().unwrap(),
+            "--name",
+            "api.example.com",
+            "--json",
+        ]);
+        assert_eq!(code, 0, "{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["websocket"], *allowed, "{out}");
+    }
+    // No secret bound: the field is absent.
+    let (_, out, _) = sluice(&[
+        "policy",
+        "explain",
+        files[0].0.to_str().unwrap(),
+        "--name",
+        "www.example.com",
+        "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(v.get("websocket").is_none(), "{out}");
 }

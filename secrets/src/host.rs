@@ -238,6 +238,19 @@ impl HostSubstituter {
             .map(|(s, _)| &*s.name)
     }
 
+    /// The secrets bound to this host that the policy did not opt in to
+    /// WebSocket (`websocket: true`), in policy order. A WebSocket upgrade
+    /// to the host is allowed only when this is empty: after an upgrade the
+    /// stream is neither substituted nor scrubbed.
+    pub fn websocket_refused_by(&self) -> impl Iterator<Item = &str> {
+        self.inner
+            .secrets
+            .iter()
+            .zip(&self.inner.bound)
+            .filter(|(s, b)| **b && !s.websocket)
+            .map(|(s, _)| &*s.name)
+    }
+
     /// Substitute in a request head: header values (including
     /// `Authorization: Basic` credentials, base64-decoded, substituted and
     /// re-encoded) for secrets allowing `headers`, and the query string for
@@ -765,6 +778,7 @@ mod tests {
                 query: false,
                 body: false,
             },
+            websocket: false,
         };
         let secrets: Arc<[Secret]> =
             vec![secret("good", b"fine"), secret("bad", b"two\r\nlines")].into();

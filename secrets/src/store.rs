@@ -77,6 +77,8 @@ pub(crate) struct Secret {
     pub(crate) placeholder: SecretBytes,
     pub(crate) value: SecretBytes,
     pub(crate) locations: SecretLocations,
+    /// The policy opted it in to WebSocket upgrades (`websocket: true`).
+    pub(crate) websocket: bool,
 }
 
 /// The real values of every secret in a policy, read once at load.
@@ -87,8 +89,8 @@ pub(crate) struct Secret {
 /// prints the names only; no error or method returns a value.
 ///
 /// Rotation: call [`SecretStore::load`] again (on policy reload, or when the
-/// operator rotates a value) and swap the new store in; connections keep
-/// the substituter they started with.
+/// operator rotates a value) and swap the new store in; a request keeps
+/// the substituter it started with.
 pub struct SecretStore {
     secrets: Arc<[Secret]>,
     /// Every placeholder, pattern index = secret index, replaced by itself
@@ -170,6 +172,7 @@ impl SecretStore {
                 placeholder: secret_bytes(spec.placeholder.as_bytes()),
                 value: Arc::new(value),
                 locations: spec.locations,
+                websocket: spec.websocket,
             });
         }
         let secrets: Arc<[Secret]> = secrets.into();
@@ -391,6 +394,34 @@ secrets:
                 .collect::<Vec<_>>(),
             ["bdy"]
         );
+    }
+
+    #[test]
+    fn websocket_is_refused_by_every_bound_secret_not_opted_in() {
+        let refused = |s: &SecretStore, host: &str| -> Vec<String> {
+            s.for_host(host)
+                .websocket_refused_by()
+                .map(str::to_owned)
+                .collect()
+        };
+        let s = store();
+        assert_eq!(refused(&s, "api.example.com"), ["hdr", "qry"]);
+        assert_eq!(refused(&s, "upload.example.com"), ["bdy"]);
+        assert!(refused(&s, "other.example.com").is_empty());
+
+        let opted = POLICY.replace(
+            "    env: SB_HDR\n",
+            "    env: SB_HDR\n    websocket: true\n",
+        );
+        let s = SecretStore::load_with(&policy(&opted), env).unwrap();
+        assert_eq!(refused(&s, "api.example.com"), ["qry"]);
+        let both = opted.replace(
+            "    env: SB_QRY\n",
+            "    env: SB_QRY\n    websocket: true\n",
+        );
+        let s = SecretStore::load_with(&policy(&both), env).unwrap();
+        assert!(refused(&s, "api.example.com").is_empty());
+        assert_eq!(refused(&s, "upload.example.com"), ["bdy"]);
     }
 
     #[test]

@@ -447,6 +447,7 @@ pub struct WorldBuilder {
     mtu: u32,
     publish: Vec<Publish>,
     records: Vec<(String, Ipv4Addr)>,
+    wildcards: Vec<(String, Ipv4Addr)>,
     policy: Option<String>,
     extra_args: Vec<String>,
     iperf: bool,
@@ -464,6 +465,7 @@ impl Default for WorldBuilder {
                 (ORIGIN_NAME.to_string(), ORIGIN_ADDR),
                 (ORIGIN2_NAME.to_string(), ORIGIN2_ADDR),
             ],
+            wildcards: Vec::new(),
             policy: None,
             extra_args: Vec::new(),
             iperf: false,
@@ -489,9 +491,9 @@ impl WorldBuilder {
         self.publish.push(p);
         self
     }
-    /// The resolver the gateway is given (`--dns-upstream`; default
-    /// [`DNS_ADDR`], dnsmasq). Another address is added to the fake
-    /// internet, where the test runs its own resolver.
+    /// The resolver the sidecar is given (the gateway's `--dns-upstream`,
+    /// passt's `-D`; default [`DNS_ADDR`], dnsmasq). Another address is
+    /// added to the fake internet, where the test runs its own resolver.
     pub fn dns_upstream(mut self, addr: Ipv4Addr) -> Self {
         self.dns_upstream = addr;
         self
@@ -501,6 +503,13 @@ impl WorldBuilder {
     /// is valid for every such name).
     pub fn dns_record(mut self, name: &str, addr: Ipv4Addr) -> Self {
         self.records.push((name.to_string(), addr));
+        self
+    }
+    /// Makes the fake internet's DNS answer every name under `domain` (and
+    /// `domain` itself) with `addr` (dnsmasq `--address`; TTL 0). The
+    /// origin's certificate does not cover these names.
+    pub fn dns_wildcard(mut self, domain: &str, addr: Ipv4Addr) -> Self {
+        self.wildcards.push((domain.to_string(), addr));
         self
     }
     /// Gives the gateway this policy (YAML text), via `--policy`.
@@ -707,6 +716,9 @@ impl World {
         for (name, addr) in &b.records {
             dns.arg(format!("--host-record={name},{addr}"));
         }
+        for (domain, addr) in &b.wildcards {
+            dns.arg(format!("--address=/{domain}/{addr}"));
+        }
         services.push(Proc::spawn("dnsmasq", &mut dns, &d.join("dnsmasq.out"))?);
 
         // The origin.
@@ -819,7 +831,7 @@ impl World {
                     .arg(&self.socket)
                     .args(["-m", &self.mtu.to_string()])
                     .args(["-a", "10.0.2.15", "-n", "24", "-g", "10.0.2.2"])
-                    .args(["-D", &DNS_ADDR.to_string()]);
+                    .args(["-D", &self.builder.dns_upstream.to_string()]);
                 let mut any_tcp = false;
                 let mut any_udp = false;
                 for p in &self.builder.publish {

@@ -15,14 +15,22 @@
 //!   bridge's CPU seconds (utime + stime from `/proc/<pid>/stat`) per GB or
 //!   per operation, and the sidecar's context switches. `--perf FILE`
 //!   records the sidecar with `perf record -g` during all phases.
-//! - `connrate`, `dnsqps`, `hold`: the clients `run` starts inside the guest
-//!   namespace.
+//! - `dns --sidecar gateway|passt`: DNS queries/s through one world whose
+//!   resolver (dnsmasq) answers every `*.bench.test` name with one address:
+//!   for each `--names` count (the distinct names the guest has resolved to
+//!   that address before the cell), sequential queries for names already
+//!   answered (cached) and for names never asked (uncached); then, in a
+//!   second world whose resolver is a relay to dnsmasq that holds each
+//!   query `--delay-ms` (a slow upstream), the same at the smallest count;
+//!   one JSON line per cell.
+//! - `connrate`, `dnsqps`, `dnsnames`, `hold`: the clients `run` and `dns`
+//!   start inside the guest namespace.
 //!
 //! Every figure is one run on a shared, noisy machine: read ratios, not
 //! absolutes.
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream, UdpSocket};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream, UdpSocket};
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -98,6 +106,32 @@ enum Cmd {
         #[arg(long)]
         count: u32,
     },
+    /// DNS queries/s with many names on one address, cached and uncached,
+    /// fast and slow upstream; one JSON line per cell.
+    Dns(DnsArgs),
+    /// A queries for `{prefix}{i}.bench.test`, `i` cycling over
+    /// `first..first+count`, with up to `window` in flight, for `secs`
+    /// seconds (0: until `count` were answered); prints one JSON line.
+    Dnsnames {
+        /// DNS server.
+        #[arg(long)]
+        server: SocketAddr,
+        /// First label's prefix.
+        #[arg(long)]
+        prefix: String,
+        /// First index.
+        #[arg(long, default_value_t = 0)]
+        first: u64,
+        /// Distinct names (indices) to cycle over.
+        #[arg(long)]
+        count: u64,
+        /// Queries in flight.
+        #[arg(long, default_value_t = 1)]
+        window: u32,
+        /// Seconds to run (0: one pass over the names).
+        #[arg(long, default_value_t = 0.0)]
+        secs: f64,
+    },
     /// Opens N connections, prints `ready N`, holds them until stdin closes.
     Hold {
         /// Server address.
@@ -107,6 +141,28 @@ enum Cmd {
         #[arg(long)]
         count: u32,
     },
+}
+
+/// Arguments of `dns`.
+#[derive(clap::Args, Debug)]
+struct DnsArgs {
+    /// `gateway` or `passt`.
+    #[arg(long, default_value = "gateway")]
+    sidecar: String,
+    /// Names resolved to the one address before each pair of cells
+    /// (ascending, comma-separated).
+    #[arg(long, default_value = "10,100000", value_delimiter = ',')]
+    names: Vec<u64>,
+    /// Seconds per cell.
+    #[arg(long, default_value_t = 3.0)]
+    secs: f64,
+    /// Delay the slow resolver adds to each query (ms; 0 skips those
+    /// cells).
+    #[arg(long, default_value_t = 20)]
+    delay_ms: u32,
+    /// Queries in flight while filling the table.
+    #[arg(long, default_value_t = 32)]
+    fill_window: u32,
 }
 
 /// Arguments of `xfer`.
@@ -176,6 +232,15 @@ fn main() -> Result<()> {
             name,
             count,
         } => dnsqps(server, &name, count),
+        Cmd::Dns(a) => dns_cells(&a),
+        Cmd::Dnsnames {
+            server,
+            prefix,
+            first,
+            count,
+            window,
+            secs,
+        } => dnsnames(server, &prefix, first, count, window, secs),
         Cmd::Hold { addr, count } => hold(addr, count),
     }
 }
@@ -244,6 +309,194 @@ fn dnsqps(server: SocketAddr, name: &str, count: u32) -> Result<()> {
     println!(
         "{}",
         json!({"ok": ok, "failed": failed, "qps": f64::from(ok) / secs})
+    );
+    Ok(())
+}
+
+/// The domain the `dns` benchmark's resolver answers wholesale.
+const BENCH_DOMAIN: &str = "bench.test";
+
+/// The gateway's policy for `dns`: the bench domain and the origin allowed,
+/// a TTL floor above any cell's length so that an answer stays cached
+/// (dnsmasq answers `--address` names with TTL 0).
+fn dns_bench_policy() -> String {
+    format!(
+        "version: 1\nid: dns-bench\nallow:\n  - domains: [\"**.{BENCH_DOMAIN}\", \"{ORIGIN_NAME}\"]\n\
+         internal:\n  - 198.51.100.0/24\ndns:\n  ttl_min: 600\n  ttl_max: 3600\n"
+    )
+}
+
+/// The slow resolver of `dns` in the fake internet: a relay to dnsmasq
+/// that holds each query `--delay-ms` first.
+const SLOW_RESOLVER: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 55);
+
+/// The relay (python3, one query at a time: the cells are sequential).
+const SLOW_RELAY: &str = r#"
+import socket, sys, time
+delay = float(sys.argv[1]) / 1000
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind((sys.argv[2], 53))
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+u.connect((sys.argv[3], 53))
+u.settimeout(2)
+while True:
+    q, peer = s.recvfrom(4096)
+    time.sleep(delay)
+    u.send(q)
+    try:
+        s.sendto(u.recv(4096), peer)
+    except socket.timeout:
+        pass
+"#;
+
+fn dns_cells(a: &DnsArgs) -> Result<()> {
+    let s = match a.sidecar.as_str() {
+        "gateway" => Sidecar::Gateway,
+        "passt" => Sidecar::Passt,
+        other => bail!("unknown sidecar {other}"),
+    };
+    let world = |upstream: Ipv4Addr| {
+        World::builder()
+            .sidecar(s)
+            .dns_wildcard(BENCH_DOMAIN, ORIGIN_ADDR)
+            .policy(&dns_bench_policy())
+            .dns_upstream(upstream)
+            .start()
+    };
+    let names = |w: &World, prefix: &str, first: u64, count: u64, window: u32, secs: f64| {
+        let server = w
+            .lease()
+            .and_then(|l| l.dns.first().copied())
+            .context("no DNS server in the lease")?;
+        guest_bench(
+            w,
+            &format!(
+                "dnsnames --server {server}:53 --prefix {prefix} --first {first} --count {count} --window {window} --secs {secs}"
+            ),
+            900,
+        )
+    };
+    // Cached: the first names filled, answered before and within their TTL
+    // (the gateway's answer cache keeps the first 4,096 answers until they
+    // expire, so the latest names of a large fill are not in it). Uncached:
+    // names never asked, so every query goes upstream.
+    let cells = |w: &World, n: u64, upstream: &str| -> Result<()> {
+        let load = load_average_1min();
+        let cached = names(w, "f", 0, n.min(10), 1, a.secs)?;
+        let uncached = names(w, &format!("u{n}"), 0, u64::MAX / 2, 1, a.secs)?;
+        for (mode, v) in [("cached", cached), ("uncached", uncached)] {
+            println!(
+                "{}",
+                json!({
+                    "sidecar": s.name(), "names": n, "mode": mode, "upstream": upstream,
+                    "qps": v["qps"], "answered": v["answered"], "failed": v["failed"],
+                    "load_1min": load,
+                })
+            );
+        }
+        Ok(())
+    };
+    let fill = |w: &World, from: u64, to: u64| -> Result<()> {
+        let t = Instant::now();
+        let v = names(w, "f", from, to - from, a.fill_window, 0.0)?;
+        eprintln!(
+            "dns: {} filled {from}..{to} in {:.1} s: {v}",
+            s.name(),
+            t.elapsed().as_secs_f64()
+        );
+        Ok(())
+    };
+
+    let w = world(sluice_e2e::DNS_ADDR)?;
+    let mut filled = 0u64;
+    for &n in &a.names {
+        if n > filled {
+            fill(&w, filled, n)?;
+            filled = n;
+        }
+        cells(&w, n, "as is")?;
+    }
+    drop(w);
+
+    if a.delay_ms > 0 {
+        // A world whose resolver is the relay; the smallest name count.
+        let w = world(SLOW_RESOLVER)?;
+        let script = w.dir().join("slow-relay.py");
+        std::fs::write(&script, SLOW_RELAY)?;
+        let mut c = w.inet.cmd("python3");
+        c.arg(&script)
+            .arg(a.delay_ms.to_string())
+            .arg(SLOW_RESOLVER.to_string())
+            .arg(sluice_e2e::DNS_ADDR.to_string());
+        let _relay = sluice_e2e::Proc::spawn("slow relay", &mut c, &w.dir().join("relay.log"))?;
+        w.inet
+            .wait_listening("the slow relay", "udp", &format!("{SLOW_RESOLVER}:53"))?;
+        let n = a.names.first().copied().unwrap_or(10);
+        fill(&w, 0, n)?;
+        cells(&w, n, &format!("+{} ms", a.delay_ms))?;
+    }
+    Ok(())
+}
+
+fn dnsnames(
+    server: SocketAddr,
+    prefix: &str,
+    first: u64,
+    count: u64,
+    window: u32,
+    secs: f64,
+) -> Result<()> {
+    let sock = UdpSocket::bind("0.0.0.0:0")?;
+    sock.connect(server)?;
+    sock.set_read_timeout(Some(Duration::from_secs(2)))?;
+    let count = count.max(1);
+    let window = u64::from(window.max(1));
+    let mut buf = [0u8; 1500];
+    let (mut sent, mut answered, mut failed) = (0u64, 0u64, 0u64);
+    let mut in_flight: BTreeMap<u16, ()> = BTreeMap::new();
+    let start = Instant::now();
+    let more = |sent: u64| {
+        if secs > 0.0 {
+            start.elapsed().as_secs_f64() < secs
+        } else {
+            sent < count
+        }
+    };
+    loop {
+        while (in_flight.len() as u64) < window && more(sent) {
+            let id = (sent & 0xffff) as u16;
+            let name = format!("{prefix}{}.{BENCH_DOMAIN}", first + sent % count);
+            sock.send(&dns_a_query(id, &name))?;
+            in_flight.insert(id, ());
+            sent += 1;
+        }
+        if in_flight.is_empty() {
+            break;
+        }
+        match sock.recv(&mut buf) {
+            Ok(n) if n >= 12 => {
+                let id = u16::from_be_bytes([buf[0], buf[1]]);
+                if in_flight.remove(&id).is_some() {
+                    // RCODE 0 and at least one answer.
+                    if buf[3] & 0x0f == 0 && buf[6..8] != [0, 0] {
+                        answered += 1;
+                    } else {
+                        failed += 1;
+                    }
+                }
+            }
+            Ok(_) => {}
+            Err(_) => {
+                // Nothing for 2 s: whatever is in flight is lost.
+                failed += in_flight.len() as u64;
+                in_flight.clear();
+            }
+        }
+    }
+    let took = start.elapsed().as_secs_f64();
+    println!(
+        "{}",
+        json!({"answered": answered, "failed": failed, "secs": took, "qps": answered as f64 / took})
     );
     Ok(())
 }
