@@ -206,11 +206,13 @@ pub(crate) fn qemu_spec(q: &QemuJail<'_>, iso: &Isolation) -> Result<JailSpec, J
     spec.ro_paths
         .extend(["/dev/null", "/dev/urandom"].map(PathBuf::from));
     if q.accel == "kvm" {
-        // QEMU opens /dev/kvm through its group (crw-rw---- root:kvm): run
-        // with that gid, still uid 65534 and no supplementary groups.
+        // QEMU opens /dev/kvm through its group (crw-rw---- root:kvm): as
+        // root, run with that gid, still uid 65534 and no supplementary
+        // groups. Rootless the caller's own groups (kept) open it.
         let kvm = Path::new("/dev/kvm");
         if let Ok(meta) = std::fs::metadata(kvm)
             && meta.gid() != 0
+            && !jail::is_rootless()
         {
             spec.gid = meta.gid();
         }
