@@ -277,6 +277,8 @@ impl Session {
     /// Builds or finds the image, spawns the gateway and QEMU, each jailed.
     fn new(args: &RunArgs, interrupted: Arc<AtomicBool>) -> anyhow::Result<Session> {
         let start = Instant::now();
+        // Before any work: a run that would be refused says so at once.
+        check_isolation(&args.allow_missing_isolation.iter().copied().collect())?;
         let agent = image::find_agent(args.agent.as_deref())?;
         let opts = ImageOptions {
             agent,
@@ -299,7 +301,7 @@ impl Session {
             allow_missing: args.allow_missing_isolation.iter().copied().collect(),
             helper: None,
         };
-        check_isolation(&iso.allow_missing)?;
+
         let sandbox_id = format!("sluice-{}", std::process::id());
 
         let (net_host, net_guest) = UnixStream::pair().context("socketpair")?;
