@@ -605,23 +605,22 @@ fn qemu_and_the_gateway_run_jailed_as(mode: Mode) {
         "--gateway={}",
         user.as_ref().map_or(&gateway, |u| &u.gateway).display()
     )];
-    if let Some(u) = &user {
-        if cgroups_v1 {
-            // Without the flags: one line naming them, and no VM.
-            let out = sluice_as_user(u, &m, &[&args[0], "--", "true"])
-                .output()
-                .unwrap();
-            let err = text(&out.stderr);
-            assert_eq!(out.status.code(), Some(125), "{err}");
-            assert_eq!(err.lines().count(), 1, "{err}");
-            assert!(
-                err.contains("--allow-missing-isolation cgroup-memory")
-                    && err.contains("cgroup v1"),
-                "{err}"
-            );
-            for c in ["memory", "pids", "cpu"] {
-                args.push(format!("--allow-missing-isolation=cgroup-{c}"));
-            }
+    if let Some(u) = &user
+        && cgroups_v1
+    {
+        // Without the flags: one line naming them, and no VM.
+        let out = sluice_as_user(u, &m, &[&args[0], "--", "true"])
+            .output()
+            .unwrap();
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(125), "{err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(
+            err.contains("--allow-missing-isolation cgroup-memory") && err.contains("cgroup v1"),
+            "{err}"
+        );
+        for c in ["memory", "pids", "cpu"] {
+            args.push(format!("--allow-missing-isolation=cgroup-{c}"));
         }
     }
     let mut cmd_args: Vec<&str> = args.iter().map(String::as_str).collect();
