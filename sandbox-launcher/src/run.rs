@@ -1047,6 +1047,11 @@ fn check_isolation(allow_missing: &BTreeSet<Layer>) -> anyhow::Result<()> {
     if missing.is_empty() {
         return Ok(());
     }
+    // Without a user namespace a rootless jail has no namespace at all:
+    // allowing layers one by one would not help; the sysctl line does.
+    if let Some(userns) = missing.iter().find(|m| m.name == Layer::UserNs.name()) {
+        bail!("cannot build the jails without root: {}", userns.reason);
+    }
     // Several layers often share a reason (all cgroups, all namespaces).
     let mut by_reason: Vec<(&str, Vec<&str>)> = Vec::new();
     for m in &missing {
