@@ -59,12 +59,34 @@ pub fn main() -> i32 {
         })
         .unwrap_or(0);
     say!("image cache: {} ({entries} image(s))", cache.display());
+    if let Some(shared) = image::shared_cache_dir() {
+        say!(
+            "  also read (never written): {} (root's cache, where readable)",
+            shared.display()
+        );
+    }
+    let (uid, gid) = jail::default_ids();
+    if jail::is_rootless() {
+        say!(
+            "running as: uid {uid} (rootless: each jail is a user namespace mapping only \
+             uid {uid} and gid {gid}; the program runs as them with no capabilities)"
+        );
+    } else {
+        say!("running as: root (each jail drops to uid {uid}/gid {gid})");
+    }
+    say!("run dirs: {}", jail::default_runtime_dir().display());
     say!("isolation: `sluice run` jails QEMU and the gateway with these layers;");
     say!("  an unavailable one makes it fail unless --allow-missing-isolation NAME is given");
     let mut all_on = true;
     for l in jail::probe_layers() {
-        let state = if l.available { "on" } else { "OFF" };
-        all_on &= l.available;
+        // As root no user namespace is made: its "off" is not a gap.
+        let needed = l.name != "user-ns" || jail::is_rootless();
+        let state = match (l.available, needed) {
+            (true, _) => "on",
+            (false, true) => "OFF",
+            (false, false) => "off",
+        };
+        all_on &= l.available || !needed;
         // The gateway needs the host network: it never gets a new netns.
         let note = if l.name == "net-ns" {
             " [QEMU only: the gateway keeps the host network]"

@@ -2,7 +2,7 @@
 //! file, the secret files and environment variables the policy names, and
 //! the files `sluice run` writes into the run dir for it.
 //!
-//! The gateway runs as uid/gid [`JAIL_UID`] in a mount namespace that holds
+//! The gateway runs as uid/gid [`jail_ids`] in a mount namespace that holds
 //! only what its jail binds (`spawn::gateway_spec`). Reload
 //! (`gateway/src/reload.rs`) re-reads the policy *path* and the secret files
 //! later, so what is bound must keep showing the host's current file:
@@ -30,8 +30,11 @@ use std::path::{Component, Path, PathBuf};
 use anyhow::{Context, anyhow, bail};
 use sluice_policy::{CompiledPolicy, SecretSource};
 
-/// The uid and gid both jails drop to (nobody/nogroup).
-pub(crate) const JAIL_UID: u32 = 65534;
+/// The uid and gid both jails run as: 65534 (nobody/nogroup) as root,
+/// the caller's own rootless (`jail::default_ids`).
+pub(crate) fn jail_ids() -> (u32, u32) {
+    crate::jail::default_ids()
+}
 
 /// How the gateway's jail sees one file it re-reads on reload.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,10 +96,11 @@ impl FileView {
         if !meta.is_file() {
             bail!("{} is not a regular file", path.display());
         }
-        if !readable_by(&meta, JAIL_UID, 0o4) {
+        let (uid, gid) = jail_ids();
+        if !readable_by(&meta, (uid, gid), 0o4) {
             bail!(
                 "{} (mode {:o}, owner {}:{}) is not readable by the gateway, which runs as \
-                 uid/gid {JAIL_UID}: e.g. `chgrp {JAIL_UID} FILE && chmod g+r FILE`",
+                 uid {uid}/gid {gid}: e.g. `chgrp {gid} FILE && chmod g+r FILE`",
                 path.display(),
                 meta.permissions().mode() & 0o7777,
                 meta.uid(),
@@ -137,9 +141,10 @@ fn dir_unfit(dir: &Path, file: &Path) -> Option<String> {
             real_dir.display()
         ));
     }
-    if !readable_by(&meta, JAIL_UID, 0o1) {
+    let (uid, gid) = jail_ids();
+    if !readable_by(&meta, (uid, gid), 0o1) {
         return Some(format!(
-            "its directory {} is not searchable by uid/gid {JAIL_UID}",
+            "its directory {} is not searchable by uid {uid}/gid {gid}",
             real_dir.display()
         ));
     }
@@ -156,11 +161,11 @@ fn dir_unfit(dir: &Path, file: &Path) -> Option<String> {
 /// Whether the permission bit `bit` (4 read, 1 search/execute) of `meta` is
 /// granted to uid `id` with gid `id` and no supplementary groups (the
 /// jail's identity), by the mode bits alone.
-fn readable_by(meta: &fs::Metadata, id: u32, bit: u32) -> bool {
+fn readable_by(meta: &fs::Metadata, (uid, gid): (u32, u32), bit: u32) -> bool {
     let mode = meta.permissions().mode();
-    let shift = if meta.uid() == id {
+    let shift = if meta.uid() == uid {
         6
-    } else if meta.gid() == id {
+    } else if meta.gid() == gid {
         3
     } else {
         0
@@ -221,7 +226,8 @@ pub(crate) fn secret_inputs(policy: &CompiledPolicy) -> anyhow::Result<SecretInp
 }
 
 /// Writes a file of the run dir that the jailed gateway reads (mode 0644;
-/// the run dir itself is 0700 and owned by the jail's uid).
+/// the run dir itself is 0700 and owned by the jail's uid: 65534 as root,
+/// the caller rootless).
 ///
 /// # Errors
 /// The write fails.
@@ -296,7 +302,7 @@ mod tests {
         file(&p, 0o644);
         fs::set_permissions(&t.0, fs::Permissions::from_mode(0o700)).unwrap();
         let v = FileView::of_policy(&p).unwrap();
-        if fs::metadata(&t.0).unwrap().uid() != JAIL_UID {
+        if fs::metadata(&t.0).unwrap().uid() != jail_ids().0 {
             assert!(v.file_only.unwrap().contains("not searchable"));
         }
 
@@ -320,7 +326,7 @@ mod tests {
         let t = tmp("unreadable");
         let p = t.0.join("policy.yaml");
         file(&p, 0o600);
-        if fs::metadata(&p).unwrap().uid() != JAIL_UID {
+        if fs::metadata(&p).unwrap().uid() != jail_ids().0 {
             let e = FileView::of_policy(&p).unwrap_err();
             assert!(
                 format!("{e:#}").contains("not readable by the gateway"),
@@ -341,11 +347,12 @@ mod tests {
         file(&p, 0o640);
         let meta = fs::metadata(&p).unwrap();
         // As the file's owner: owner bits; as its group: group bits; else other.
-        assert!(readable_by(&meta, meta.uid(), 0o4));
-        assert!(!readable_by(&meta, u32::MAX - 1, 0o4));
+        assert!(readable_by(&meta, (meta.uid(), u32::MAX - 2), 0o4));
+        assert!(!readable_by(&meta, (u32::MAX - 1, u32::MAX - 2), 0o4));
+        assert!(readable_by(&meta, (u32::MAX - 1, meta.gid()), 0o4));
         fs::set_permissions(&p, fs::Permissions::from_mode(0o604)).unwrap();
         let meta = fs::metadata(&p).unwrap();
-        assert!(readable_by(&meta, u32::MAX - 1, 0o4));
+        assert!(readable_by(&meta, (u32::MAX - 1, u32::MAX - 2), 0o4));
     }
 
     #[test]

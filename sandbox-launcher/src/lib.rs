@@ -33,6 +33,7 @@ pub fn image_build_main(
                 kernel,
                 rootfs,
                 cache_dir: image::default_cache_dir(),
+                shared_cache: image::shared_cache_dir(),
             },
             &mut |line| eprintln!("sluice: {line}"),
         )

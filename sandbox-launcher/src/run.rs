@@ -15,7 +15,7 @@
 //! jail helper removes after the gateway ends, so a SIGKILL of the launcher
 //! leaves nothing behind.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -33,9 +33,9 @@ use sluice_agent_proto::{
     CHUNK, ExecRequest, ExitStatus, Message, VERSION, read_frame, write_frame,
 };
 
-use crate::gateway_inputs::{FileView, JAIL_UID, secret_inputs, write_for_jail};
+use crate::gateway_inputs::{FileView, jail_ids, secret_inputs, write_for_jail};
 use crate::image::{self, ImageOptions};
-use crate::jail::{FdMap, Layer};
+use crate::jail::{self, CgroupLimits, FdMap, JailSpec, Layer};
 use crate::qemu::{self, AGENT_FD, CONSOLE_FD, NET_FD, VmConfig};
 use crate::spawn::{GatewayJail, Isolation, QemuJail, Sidecar, gateway_spec, qemu_spec};
 use sluice_gateway::args::{GatewayArgs, LogFormat};
@@ -277,12 +277,15 @@ impl Session {
     /// Builds or finds the image, spawns the gateway and QEMU, each jailed.
     fn new(args: &RunArgs, interrupted: Arc<AtomicBool>) -> anyhow::Result<Session> {
         let start = Instant::now();
+        // Before any work: a run that would be refused says so at once.
+        check_isolation(&args.allow_missing_isolation.iter().copied().collect())?;
         let agent = image::find_agent(args.agent.as_deref())?;
         let opts = ImageOptions {
             agent,
             kernel: args.kernel.clone(),
             rootfs: args.rootfs.clone(),
             cache_dir: image::default_cache_dir(),
+            shared_cache: image::shared_cache_dir(),
         };
         let image = image::prepare(&opts, &mut |line| eprintln!("sluice: {line}"))?;
         let qemu_bin = qemu::find_qemu().ok_or_else(|| {
@@ -298,6 +301,7 @@ impl Session {
             allow_missing: args.allow_missing_isolation.iter().copied().collect(),
             helper: None,
         };
+
         let sandbox_id = format!("sluice-{}", std::process::id());
 
         let (net_host, net_guest) = UnixStream::pair().context("socketpair")?;
@@ -1000,10 +1004,16 @@ fn spawn_log_reader(
     });
 }
 
-/// Creates the run dir `<tmp>/<sandbox_id>.run`, owned by the jails'
-/// unprivileged uid (the gateway writes the CA there), mode 0700.
+/// Creates the run dir `<runtime>/<sandbox_id>.run` (mode 0700), where the
+/// gateway writes the CA. As root `<runtime>` is the temp dir and the run
+/// dir is given to the jails' uid 65534; rootless it is the caller's
+/// private runtime dir (`jail::default_runtime_dir`) and stays the caller's.
 fn make_run_dir(sandbox_id: &str) -> anyhow::Result<RunDir> {
-    let path = std::env::temp_dir().join(format!("{sandbox_id}.run"));
+    let base = jail::default_runtime_dir();
+    if jail::is_rootless() {
+        jail::ensure_private_dir(&base).context("the run dir's parent")?;
+    }
+    let path = base.join(format!("{sandbox_id}.run"));
     // A previous launcher with this pid died before its helper started.
     if path.exists() {
         fs::remove_dir_all(&path).with_context(|| format!("removing stale {}", path.display()))?;
@@ -1013,9 +1023,66 @@ fn make_run_dir(sandbox_id: &str) -> anyhow::Result<RunDir> {
         .create(&path)
         .with_context(|| format!("creating {}", path.display()))?;
     let dir = RunDir(path);
-    std::os::unix::fs::chown(&dir.0, Some(JAIL_UID), Some(JAIL_UID))
-        .with_context(|| format!("chown {}", dir.0.display()))?;
+    if !jail::is_rootless() {
+        let (uid, gid) = jail_ids();
+        std::os::unix::fs::chown(&dir.0, Some(uid), Some(gid))
+            .with_context(|| format!("chown {}", dir.0.display()))?;
+    }
     Ok(dir)
+}
+
+/// Refuses, in one line, a run whose jails would miss a layer the user did
+/// not allow to be missing: every such layer with its reason, and the
+/// `--allow-missing-isolation` flags that accept running without them.
+fn check_isolation(allow_missing: &BTreeSet<Layer>) -> anyhow::Result<()> {
+    // QEMU's jail asks for every layer (the gateway's for all but net-ns).
+    let mut spec = JailSpec::new("sluice-check", "/bin/true");
+    spec.cgroup = CgroupLimits {
+        memory_bytes: Some(1),
+        pids: Some(1),
+        cpu_millis: Some(1),
+    };
+    spec.allow_missing.clone_from(allow_missing);
+    let missing = jail::missing_layers(&spec);
+    if missing.is_empty() {
+        return Ok(());
+    }
+    // Without a user namespace a rootless jail has no namespace at all:
+    // allowing layers one by one would not help; the sysctl line does.
+    if let Some(userns) = missing.iter().find(|m| m.name == Layer::UserNs.name()) {
+        bail!("cannot build the jails without root: {}", userns.reason);
+    }
+    // Several layers often share a reason (all cgroups, all namespaces).
+    let mut by_reason: Vec<(&str, Vec<&str>)> = Vec::new();
+    for m in &missing {
+        match by_reason.iter_mut().find(|(r, _)| *r == m.reason) {
+            Some((_, names)) => names.push(&m.name),
+            None => by_reason.push((&m.reason, vec![&m.name])),
+        }
+    }
+    let reasons: Vec<String> = by_reason
+        .iter()
+        .map(|(reason, names)| format!("{}: {reason}", names.join(", ")))
+        .collect();
+    let flags: Vec<String> = missing
+        .iter()
+        .map(|m| format!("--allow-missing-isolation {}", m.name))
+        .collect();
+    let who = if jail::is_rootless() {
+        "or run as root"
+    } else {
+        "or fix the host (`sluice doctor`)"
+    };
+    bail!(
+        "cannot isolate the VM here: {} unavailable ({}); to run without, pass {} ({who})",
+        missing
+            .iter()
+            .map(|m| m.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", "),
+        reasons.join("; "),
+        flags.join(" ")
+    )
 }
 
 /// The gateway's end of its readiness pipe (`--ready-fd`).

@@ -4,8 +4,9 @@
 //! * QEMU: new mount, PID, IPC, UTS and an **empty** network namespace,
 //!   `pivot_root` into a tmpfs holding only its binary, libraries, firmware
 //!   and module dirs, the kernel, the initramfs and `/dev/null`,
-//!   `/dev/urandom` (and `/dev/kvm` under KVM), read-only; uid 65534, no
-//!   capabilities, `no_new_privs`, rlimits, our seccomp filter (QEMU
+//!   `/dev/urandom` (and `/dev/kvm` under KVM), read-only; uid 65534
+//!   (rootless: the caller's, in a user namespace), no capabilities,
+//!   `no_new_privs`, rlimits, our seccomp filter (QEMU
 //!   profile) plus QEMU's own `-sandbox`, Landlock (no TCP at all), cgroup
 //!   memory/pids/cpu limits, only its socketpairs as fds.
 //! * The gateway: the same jail but in the **host's** network namespace (it
@@ -206,11 +207,13 @@ pub(crate) fn qemu_spec(q: &QemuJail<'_>, iso: &Isolation) -> Result<JailSpec, J
     spec.ro_paths
         .extend(["/dev/null", "/dev/urandom"].map(PathBuf::from));
     if q.accel == "kvm" {
-        // QEMU opens /dev/kvm through its group (crw-rw---- root:kvm): run
-        // with that gid, still uid 65534 and no supplementary groups.
+        // QEMU opens /dev/kvm through its group (crw-rw---- root:kvm): as
+        // root, run with that gid, still uid 65534 and no supplementary
+        // groups. Rootless the caller's own groups (kept) open it.
         let kvm = Path::new("/dev/kvm");
         if let Ok(meta) = std::fs::metadata(kvm)
             && meta.gid() != 0
+            && !jail::is_rootless()
         {
             spec.gid = meta.gid();
         }
@@ -360,7 +363,8 @@ mod tests {
         let mib = spec.cgroup.memory_bytes.unwrap() >> 20;
         assert_eq!(mib, 256 + QEMU_OVERHEAD_MIB + crate::qemu::TCG_TB_MIB);
         assert_eq!(spec.cgroup.cpu_millis, Some(3000));
-        assert_eq!(spec.uid, 65534);
+        // 65534 as root; rootless the caller's own ids.
+        assert_eq!((spec.uid, spec.gid), jail::default_ids());
         assert_eq!(spec.seccomp, SeccompProfile::Qemu);
         assert_eq!(
             spec.landlock.as_ref().unwrap().tcp_connect,
@@ -389,10 +393,12 @@ mod tests {
             spec.cgroup.memory_bytes.unwrap() >> 20,
             256 + QEMU_OVERHEAD_MIB
         );
-        assert_eq!(spec.uid, 65534);
+        let (uid, gid) = jail::default_ids();
+        assert_eq!(spec.uid, uid);
         match std::fs::metadata("/dev/kvm") {
-            Ok(m) if m.gid() != 0 => assert_eq!(spec.gid, m.gid()),
-            _ => assert_eq!(spec.gid, 65534),
+            // Rootless the caller's own groups open the device.
+            Ok(m) if m.gid() != 0 && !jail::is_rootless() => assert_eq!(spec.gid, m.gid()),
+            _ => assert_eq!(spec.gid, gid),
         }
     }
 

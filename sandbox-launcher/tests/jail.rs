@@ -1,6 +1,9 @@
 //! The jail, checked from the outside on real processes: `sleep`, busybox
-//! and QEMU itself. Every test needs root (namespaces, cgroups, pivot_root)
-//! and is run by `scripts/test`. Names, cgroups and dirs start with `slj-`.
+//! and QEMU itself. The suite runs as root (`scripts/test`), and
+//! `rootless_jail_suite_passes_as_an_unprivileged_user` runs it again as an
+//! ordinary user it creates: the same checks, with what differs by mode
+//! (ids, the user namespace, cgroups on a v1 host) decided by [`rootless`].
+//! Names, cgroups and dirs start with `slj-`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -22,8 +25,51 @@ const SIGSYS: i32 = 31;
 const SIGKILL: i32 = 9;
 const MEMORY: u64 = 256 << 20;
 
+/// Whether this run of the suite is the rootless one.
+fn rootless() -> bool {
+    jail::is_rootless()
+}
+
+/// The cgroup layers.
+const CGROUP_LAYERS: [Layer; 3] = [Layer::CgroupMemory, Layer::CgroupPids, Layer::CgroupCpu];
+
+/// Whether this mode gets cgroups here: always as root on the test hosts;
+/// rootless only with a delegated v2 subtree (never on a v1 host).
+fn cgroups_available() -> bool {
+    jail::probe_layers()
+        .iter()
+        .filter(|s| s.name.starts_with("cgroup-"))
+        .all(|s| s.available)
+}
+
+/// Layers that are off in this mode by design: `user-ns` as root (not
+/// needed); rootless, the cgroups where no subtree is delegated.
+fn off_by_design(name: &str) -> bool {
+    if rootless() {
+        name.starts_with("cgroup-") && !cgroups_available()
+    } else {
+        name == "user-ns"
+    }
+}
+
+/// The `Uid`/`Gid` a jailed program has: 65534 as root, the caller's own
+/// rootless.
+fn expected_ids() -> (String, String) {
+    let (uid, gid) = jail::default_ids();
+    (uid.to_string(), gid.to_string())
+}
+
+/// The jail helper: `SLJ_HELPER` (the rootless run's copy) or the built one.
+fn helper() -> PathBuf {
+    std::env::var_os("SLJ_HELPER").map_or_else(
+        || PathBuf::from(env!("CARGO_BIN_EXE_sluice-jail")),
+        PathBuf::from,
+    )
+}
+
 /// A spec for `program` with its libraries and /dev/null, the test helper
-/// binary, and cgroup limits on all three controllers.
+/// binary, and cgroup limits on all three controllers (allowed to be
+/// missing in a rootless run that cannot have them).
 fn make_spec(test: &str, program: &str, args: &[&str]) -> JailSpec {
     let name = format!("slj-{test}-{}", std::process::id());
     remove_stale(&name);
@@ -32,12 +78,15 @@ fn make_spec(test: &str, program: &str, args: &[&str]) -> JailSpec {
     spec.env = vec![("PATH".to_owned(), "/bin:/usr/bin".to_owned())];
     spec.ro_paths = jail::library_deps(Path::new(program)).unwrap();
     spec.ro_paths.push(PathBuf::from("/dev/null"));
-    spec.helper = Some(PathBuf::from(env!("CARGO_BIN_EXE_sluice-jail")));
+    spec.helper = Some(helper());
     spec.cgroup = CgroupLimits {
         memory_bytes: Some(MEMORY),
         pids: Some(64),
         cpu_millis: Some(500),
     };
+    if rootless() && !cgroups_available() {
+        spec.allow_missing.extend(CGROUP_LAYERS);
+    }
     spec
 }
 
@@ -113,14 +162,14 @@ fn remove_stale(name: &str) {
     for dir in cgroup_dirs(name) {
         let _ = fs::remove_dir(dir);
     }
-    let _ = fs::remove_dir(std::env::temp_dir().join(format!("{name}.jail")));
+    let _ = fs::remove_dir(jail::default_runtime_dir().join(format!("{name}.jail")));
 }
 
 fn assert_no_leftovers(name: &str, pid: u32) {
     for dir in cgroup_dirs(name) {
         assert!(!dir.exists(), "cgroup {} left behind", dir.display());
     }
-    let jail_dir = std::env::temp_dir().join(format!("{name}.jail"));
+    let jail_dir = jail::default_runtime_dir().join(format!("{name}.jail"));
     assert!(!jail_dir.exists(), "{} left behind", jail_dir.display());
     eventually("the jailed process to be gone", || {
         !Path::new(&format!("/proc/{pid}")).exists() || status_field(pid, "State").starts_with('Z')
@@ -130,11 +179,17 @@ fn assert_no_leftovers(name: &str, pid: u32) {
 /// The layers a test host (root, v1 cgroups, Landlock ABI 7) must offer.
 #[test]
 #[ignore = "needs root: run via scripts/test"]
-fn probe_reports_every_layer_available_as_root() {
+fn probe_reports_every_layer_this_mode_needs() {
     let layers = jail::probe_layers();
     assert_eq!(layers.len(), Layer::ALL.len());
     for l in &layers {
-        assert!(l.available, "{} unavailable: {}", l.name, l.reason);
+        if off_by_design(&l.name) {
+            assert!(!l.available, "{} on: {}", l.name, l.reason);
+            let why = if rootless() { "cgroup" } else { "not needed" };
+            assert!(l.reason.contains(why), "{}: {}", l.name, l.reason);
+        } else {
+            assert!(l.available, "{} unavailable: {}", l.name, l.reason);
+        }
     }
 }
 
@@ -145,39 +200,81 @@ fn sleep_runs_with_every_layer_and_leaves_nothing_after_kill() {
     let mut jailed = jail::spawn(&spec).unwrap();
     let pid = jailed.pid;
     for l in &jailed.layers {
-        assert!(l.available, "{} off: {}", l.name, l.reason);
+        assert_eq!(
+            l.available,
+            !off_by_design(&l.name),
+            "{}: {}",
+            l.name,
+            l.reason
+        );
     }
 
-    // Credentials, capabilities, no_new_privs, seccomp.
+    // Credentials, capabilities (none, in any namespace), no_new_privs,
+    // seccomp.
     assert_eq!(status_field(pid, "Seccomp"), "2");
     assert_eq!(status_field(pid, "NoNewPrivs"), "1");
     assert_eq!(status_field(pid, "CapEff"), "0000000000000000");
     assert_eq!(status_field(pid, "CapPrm"), "0000000000000000");
     assert_eq!(status_field(pid, "CapBnd"), "0000000000000000");
     assert_eq!(status_field(pid, "CapAmb"), "0000000000000000");
+    let (uid, gid) = expected_ids();
     assert!(
         status_field(pid, "Uid")
             .split_whitespace()
-            .all(|u| u == "65534")
+            .all(|u| u == uid)
     );
     assert!(
         status_field(pid, "Gid")
             .split_whitespace()
-            .all(|g| g == "65534")
+            .all(|g| g == gid)
     );
-    assert_eq!(status_field(pid, "Groups"), "");
+    let map = |f: &str| {
+        fs::read_to_string(format!("/proc/{pid}/{f}"))
+            .unwrap()
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    if rootless() {
+        // Only the caller's ids are mapped, each to itself; setgroups is
+        // denied, so the caller's groups stay (none of them root).
+        assert_eq!(map("uid_map"), format!("{uid} {uid} 1"));
+        assert_eq!(map("gid_map"), format!("{gid} {gid} 1"));
+        assert_eq!(map("setgroups"), "deny");
+        let groups = status_field(pid, "Groups");
+        assert!(!groups.split_whitespace().any(|g| g == "0"), "{groups}");
+    } else {
+        assert_eq!(map("uid_map"), "0 0 4294967295");
+        assert_eq!(status_field(pid, "Groups"), "");
+    }
     // PID 1 of its own PID namespace.
     let nspid = status_field(pid, "NSpid");
     assert_eq!(nspid.split_whitespace().last(), Some("1"), "NSpid {nspid}");
 
-    // Every namespace differs from ours.
-    for ns in ["mnt", "pid", "ipc", "uts", "net"] {
+    // Every namespace differs from ours; the user namespace only rootless.
+    for ns in ["mnt", "pid", "ipc", "uts", "net", "user"] {
         let ours = fs::read_link(format!("/proc/self/ns/{ns}")).unwrap();
         let theirs = fs::read_link(format!("/proc/{pid}/ns/{ns}")).unwrap();
-        assert_ne!(ours, theirs, "{ns} namespace shared");
+        if ns == "user" && !rootless() {
+            assert_eq!(ours, theirs, "a user namespace as root");
+        } else {
+            assert_ne!(ours, theirs, "{ns} namespace shared");
+        }
     }
 
     // cgroups: member of ours, with the limits written.
+    if cgroups_available() {
+        check_cgroups(&spec, pid);
+    }
+    check_mounts_fds_and_net(&spec, pid);
+
+    // The launcher outlives nothing: kill, then nothing is left.
+    assert_eq!(jailed.kill().unwrap(), JailExit::Signal(SIGKILL));
+    assert_no_leftovers(&spec.name, pid);
+}
+
+/// The jail's v1 cgroups hold `pid` and the limits of [`make_spec`].
+fn check_cgroups(spec: &JailSpec, pid: u32) {
     let cgroups = fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
     for ctrl in ["memory", "pids", "cpu"] {
         let line = cgroups
@@ -198,7 +295,11 @@ fn sleep_runs_with_every_layer_and_leaves_nothing_after_kill() {
     assert_eq!(read(pids.join("pids.max")), "64");
     assert_eq!(read(cpu.join("cpu.cfs_quota_us")), "50000");
     assert_eq!(read(mem.join("cgroup.procs")), pid.to_string());
+}
 
+/// Only the jail's root and binds, all read-only; only stdio open; only
+/// `lo` in its network namespace.
+fn check_mounts_fds_and_net(spec: &JailSpec, pid: u32) {
     // Mount table: only the jail's tmpfs root and the bind mounts.
     let expected: BTreeSet<String> = std::iter::once("/".to_owned())
         .chain(
@@ -230,10 +331,14 @@ fn sleep_runs_with_every_layer_and_leaves_nothing_after_kill() {
     );
 
     // Network namespace: loopback only.
-    let out = Command::new("nsenter")
-        .args(["-t", &pid.to_string(), "-n", "ip", "-o", "link"])
-        .output()
-        .unwrap();
+    // Rootless the net namespace belongs to the jail's user namespace:
+    // enter that first (as its owner), keeping our ids.
+    let mut nsenter = Command::new("nsenter");
+    nsenter.args(["-t", &pid.to_string()]);
+    if rootless() {
+        nsenter.args(["-U", "--preserve-credentials"]);
+    }
+    let out = nsenter.args(["-n", "ip", "-o", "link"]).output().unwrap();
     assert!(out.status.success());
     let links = String::from_utf8(out.stdout).unwrap();
     let names: Vec<&str> = links
@@ -241,10 +346,6 @@ fn sleep_runs_with_every_layer_and_leaves_nothing_after_kill() {
         .map(|l| l.split(':').nth(1).unwrap().trim())
         .collect();
     assert_eq!(names, ["lo"], "{links}");
-
-    // The launcher outlives nothing: kill, then nothing is left.
-    assert_eq!(jailed.kill().unwrap(), JailExit::Signal(SIGKILL));
-    assert_no_leftovers(&spec.name, pid);
 }
 
 #[test]
@@ -485,7 +586,7 @@ fn qemu_runs_jailed() {
     assert_eq!(status_field(pid, "CapEff"), "0000000000000000");
     assert_eq!(
         status_field(pid, "Uid").split_whitespace().next(),
-        Some("65534")
+        Some(expected_ids().0.as_str())
     );
     assert_eq!(jailed.kill().unwrap(), JailExit::Signal(SIGKILL));
     assert_no_leftovers(&spec.name, pid);
@@ -539,7 +640,7 @@ fn sigkill_of_the_launcher_leaves_nothing() {
         }
     };
     assert_eq!(status_field(pid, "Seccomp"), "2");
-    assert!(cgroup_dirs(&name)[0].exists());
+    assert_eq!(cgroup_dirs(&name)[0].exists(), cgroups_available());
     launcher.kill().unwrap();
     launcher.wait().unwrap();
     eventually("the helper to clean up", || {
@@ -794,4 +895,92 @@ fn qemu_in_the_jail_opens_dev_kvm() {
         stderr_of(&err_ours)
     );
     assert_no_leftovers(&spec.name, pid);
+}
+
+/// The unprivileged user the rootless runs use (created if missing).
+const TEST_USER: &str = "sluice-rootless";
+
+/// Creates [`TEST_USER`] (a system user without a home) unless it exists.
+fn ensure_test_user() {
+    let exists = Command::new("id")
+        .args(["-u", TEST_USER])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .unwrap()
+        .success();
+    if !exists {
+        let st = Command::new("useradd")
+            .args([
+                "--system",
+                "--no-create-home",
+                "--shell",
+                "/usr/sbin/nologin",
+            ])
+            .arg(TEST_USER)
+            .status()
+            .unwrap();
+        assert!(st.success(), "useradd {TEST_USER} failed");
+    }
+}
+
+/// The whole suite again as an unprivileged user: this test binary and the
+/// helper are copied to a directory the user can read (the build dir may
+/// not be), then run with `runuser`. Skipped there: what needs root or a
+/// group the user lacks (cgroup limits on a v1 host, `/dev/kvm`), the
+/// timing figure, and this test itself.
+#[test]
+#[ignore = "needs root: run via scripts/test"]
+fn rootless_jail_suite_passes_as_an_unprivileged_user() {
+    assert!(
+        !rootless(),
+        "run as root: it creates the user and runs the suite as that user"
+    );
+    ensure_test_user();
+    let dir = std::env::temp_dir().join(format!("slj-rootless-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir(&dir).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).unwrap();
+    let suite = dir.join("jail-suite");
+    let helper_copy = dir.join("sluice-jail");
+    fs::copy(std::env::current_exe().unwrap(), &suite).unwrap();
+    fs::copy(helper(), &helper_copy).unwrap();
+    let out = Command::new("runuser")
+        .args(["-u", TEST_USER, "--"])
+        .arg(&suite)
+        .args([
+            "--include-ignored",
+            "--test-threads=2",
+            "--skip",
+            "rootless_",
+            "--skip",
+            "cgroup_memory_and_pids_limits_bite",
+            "--skip",
+            "qemu_in_the_jail_opens_dev_kvm",
+            "--skip",
+            "jail_setup_cost_is_printed",
+        ])
+        .env("SLJ_HELPER", &helper_copy)
+        .env_remove("XDG_RUNTIME_DIR")
+        .current_dir("/")
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    fs::remove_dir_all(&dir).unwrap();
+    assert!(out.status.success(), "rootless suite failed:\n{text}");
+    // The real suite ran: at least the sleep, fd, seccomp, Landlock, QEMU
+    // and SIGKILL tests passed as the user.
+    let passed: u32 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("test result: ok. "))
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(passed >= 10, "only {passed} passed:\n{text}");
+    println!("{text}");
 }

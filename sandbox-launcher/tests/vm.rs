@@ -10,6 +10,10 @@
 //! their command line. After the launcher exits, no process may carry any of
 //! these, and no cgroup, jail dir or run dir named after the launcher's pid
 //! may exist.
+//!
+//! The suite runs as root; `qemu_and_the_gateway_run_jailed_rootless` boots
+//! once more with `sluice` started as an unprivileged user the test creates
+//! ([`Mode::Rootless`]), with the same checks.
 
 // Test code: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -130,8 +134,13 @@ fn marked(mark: &str, launcher: u32) -> Vec<u32> {
     pids
 }
 
-/// The cgroups, jail dirs and run dir a launcher with this pid creates.
+/// The cgroups, jail dirs and run dir a launcher with this pid creates
+/// (as root in the temp dir, rootless in the test user's private dir).
 fn launcher_paths(launcher: u32) -> Vec<PathBuf> {
+    let mut bases = vec![std::env::temp_dir()];
+    if let Some(uid) = test_user_uid() {
+        bases.push(std::env::temp_dir().join(format!("sluice-{uid}")));
+    }
     let mut paths = Vec::new();
     for jail in ["qemu", "gateway"] {
         let name = format!("sluice-{launcher}-{jail}");
@@ -143,10 +152,107 @@ fn launcher_paths(launcher: u32) -> Vec<PathBuf> {
         // v2: the unified hierarchy at the root (and a hybrid host's `unified/`).
         paths.push(root.join(&name));
         paths.push(root.join("unified").join(&name));
-        paths.push(std::env::temp_dir().join(format!("{name}.jail")));
+        for base in &bases {
+            paths.push(base.join(format!("{name}.jail")));
+        }
     }
-    paths.push(std::env::temp_dir().join(format!("sluice-{launcher}.run")));
+    for base in &bases {
+        paths.push(base.join(format!("sluice-{launcher}.run")));
+    }
     paths
+}
+
+/// Who starts `sluice`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Root, as `scripts/test` runs the suite.
+    Root,
+    /// [`TEST_USER`], through `runuser`: a rootless run.
+    Rootless,
+}
+
+/// The unprivileged user of rootless runs (created if missing).
+const TEST_USER: &str = "sluice-rootless";
+
+/// [`TEST_USER`]'s uid, if the user exists.
+fn test_user_uid() -> Option<u32> {
+    let out = Command::new("id").args(["-u", TEST_USER]).output().ok()?;
+    text(&out.stdout).trim().parse().ok()
+}
+
+/// The binaries a rootless run uses, copied where [`TEST_USER`] can read
+/// them (the build dir may not be traversable by other users), and a cache
+/// dir of the user's (`XDG_CACHE_HOME`; root's image cache is read first).
+struct UserCopy {
+    dir: PathBuf,
+    sluice: PathBuf,
+    gateway: PathBuf,
+    agent: PathBuf,
+    uid: u32,
+}
+
+impl Drop for UserCopy {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn user_copy(agent: &Path, gateway: &Path) -> UserCopy {
+    use std::os::unix::fs::PermissionsExt;
+    if test_user_uid().is_none() {
+        let st = Command::new("useradd")
+            .args([
+                "--system",
+                "--no-create-home",
+                "--shell",
+                "/usr/sbin/nologin",
+            ])
+            .arg(TEST_USER)
+            .status()
+            .unwrap();
+        assert!(st.success(), "useradd {TEST_USER} failed");
+    }
+    let uid = test_user_uid().unwrap();
+    let dir = std::env::temp_dir().join(format!("slv-rootless-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir(&dir).unwrap();
+    fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).unwrap();
+    let copy = |from: &Path, name: &str| {
+        let to = dir.join(name);
+        fs::copy(from, &to).unwrap();
+        fs::set_permissions(&to, fs::Permissions::from_mode(0o755)).unwrap();
+        to
+    };
+    let cache = dir.join("cache");
+    fs::create_dir(&cache).unwrap();
+    std::os::unix::fs::chown(&cache, Some(uid), None).unwrap();
+    UserCopy {
+        sluice: copy(Path::new(SLUICE), "sluice"),
+        gateway: copy(gateway, "sluice-gateway"),
+        agent: copy(agent, "sluice-agent"),
+        dir,
+        uid,
+    }
+}
+
+/// `sluice run ARGS` as [`TEST_USER`] (its environment: the copies, the
+/// mark, no runtime dir, so the run dirs go in `/tmp/sluice-<uid>`).
+fn sluice_as_user(u: &UserCopy, mark: &str, args: &[&str]) -> Command {
+    let mut c = Command::new("runuser");
+    c.args(["-u", TEST_USER, "--"])
+        .arg(&u.sluice)
+        .arg("run")
+        .args(args)
+        .env("SLUICE_AGENT", &u.agent)
+        .env("SLV_TEST_MARK", mark)
+        .env("XDG_CACHE_HOME", u.dir.join("cache"))
+        .env_remove("XDG_RUNTIME_DIR")
+        .env_remove("SLUICE_CACHE")
+        .current_dir("/")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    c
 }
 
 /// Waits (bounded, generously: a loaded 2-core machine tears down two VMs
@@ -423,17 +529,31 @@ fn fd_targets(pid: u32) -> BTreeMap<i32, String> {
         .collect()
 }
 
-fn assert_confined(pid: u32, what: &str) {
+/// Every layer of a jail, from /proc: seccomp, no_new_privs, no
+/// capabilities, running as `uid` (65534 as root, the user's rootless),
+/// the namespaces (rootless also its own user namespace mapping only
+/// `uid`), read-only mounts.
+fn assert_confined(pid: u32, what: &str, mode: Mode, expected_uid: u32) {
     assert_eq!(status_field(pid, "Seccomp"), "2", "{what}: seccomp filter");
     assert_eq!(status_field(pid, "NoNewPrivs"), "1", "{what}");
     assert_eq!(status_field(pid, "CapEff"), "0000000000000000", "{what}");
+    assert_eq!(status_field(pid, "CapPrm"), "0000000000000000", "{what}");
     assert_eq!(status_field(pid, "CapBnd"), "0000000000000000", "{what}");
     let uid = status_field(pid, "Uid");
     assert!(
-        uid.split_whitespace().all(|u| u == "65534"),
+        uid.split_whitespace()
+            .all(|u| u == expected_uid.to_string()),
         "{what}: uid {uid}"
     );
     let ns = |p: &str| fs::read_link(p).unwrap();
+    let user_ns_shared = ns(&format!("/proc/{pid}/ns/user")) == ns("/proc/self/ns/user");
+    assert_eq!(user_ns_shared, mode == Mode::Root, "{what}: user namespace");
+    if mode == Mode::Rootless {
+        let map = fs::read_to_string(format!("/proc/{pid}/uid_map")).unwrap();
+        let map: Vec<&str> = map.split_whitespace().collect();
+        let u = expected_uid.to_string();
+        assert_eq!(map, [u.as_str(), u.as_str(), "1"], "{what}: uid_map");
+    }
     for n in ["mnt", "pid", "ipc", "uts"] {
         assert_ne!(
             ns(&format!("/proc/{pid}/ns/{n}")),
@@ -463,27 +583,74 @@ fn assert_confined(pid: u32, what: &str) {
 #[test]
 #[ignore = "needs root: run via scripts/test"]
 fn qemu_and_the_gateway_run_jailed() {
+    qemu_and_the_gateway_run_jailed_as(Mode::Root);
+}
+
+/// The same as an unprivileged user: every layer but the cgroups (this
+/// host is cgroup v1, which cannot be delegated: the run must name them in
+/// `--allow-missing-isolation`, and refuses in one line without).
+#[test]
+#[ignore = "needs root: run via scripts/test"]
+fn qemu_and_the_gateway_run_jailed_rootless() {
+    qemu_and_the_gateway_run_jailed_as(Mode::Rootless);
+}
+
+fn qemu_and_the_gateway_run_jailed_as(mode: Mode) {
     let Some(agent) = agent() else { return };
     let Some(gateway) = gateway_bin() else { return };
     let m = mark();
-    let gateway = format!("--gateway={}", gateway.display());
-    let mut child = sluice(
-        &agent,
-        &m,
-        &[&gateway, "--", "sh", "-c", "echo started; sleep 100000"],
-    )
+    let user = (mode == Mode::Rootless).then(|| user_copy(&agent, &gateway));
+    let cgroups_v1 = Path::new("/sys/fs/cgroup/memory/cgroup.clone_children").exists();
+    let mut args = vec![format!(
+        "--gateway={}",
+        user.as_ref().map_or(&gateway, |u| &u.gateway).display()
+    )];
+    if let Some(u) = &user
+        && cgroups_v1
+    {
+        // Without the flags: one line naming them, and no VM.
+        let out = sluice_as_user(u, &m, &[&args[0], "--", "true"])
+            .output()
+            .unwrap();
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(125), "{err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(
+            err.contains("--allow-missing-isolation cgroup-memory") && err.contains("cgroup v1"),
+            "{err}"
+        );
+        for c in ["memory", "pids", "cpu"] {
+            args.push(format!("--allow-missing-isolation=cgroup-{c}"));
+        }
+    }
+    let mut cmd_args: Vec<&str> = args.iter().map(String::as_str).collect();
+    cmd_args.extend(["--", "sh", "-c", "echo started; sleep 100000"]);
+    let mut child = match &user {
+        None => sluice(&agent, &m, &cmd_args),
+        Some(u) => sluice_as_user(u, &m, &cmd_args),
+    }
     .spawn()
     .unwrap();
-    let launcher = child.id();
     let mut stdout = child.stdout.take().unwrap();
     let mut first = [0u8; 8];
     std::io::Read::read_exact(&mut stdout, &mut first).unwrap();
     assert_eq!(&first, b"started\n");
+    // Rootless the child is runuser; the launcher is the marked `sluice`.
+    let launcher = match &user {
+        None => child.id(),
+        Some(_) => marked(&m, 0)
+            .into_iter()
+            .find(|p| {
+                fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == "sluice")
+            })
+            .expect("the launcher runs"),
+    };
+    let expected_uid = user.as_ref().map_or(65534, |u| u.uid);
 
     let qemu = jailed_pid(launcher, "qemu-system-x86").expect("QEMU runs");
     let gw = jailed_pid(launcher, "sluice-gateway").expect("the gateway runs");
-    assert_confined(qemu, "QEMU");
-    assert_confined(gw, "the gateway");
+    assert_confined(qemu, "QEMU", mode, expected_uid);
+    assert_confined(gw, "the gateway", mode, expected_uid);
 
     // QEMU: an empty network namespace (only lo), the gateway: the host's.
     let dev = fs::read_to_string(format!("/proc/{qemu}/net/dev")).unwrap();
@@ -500,7 +667,28 @@ fn qemu_and_the_gateway_run_jailed() {
         "the gateway keeps the host network"
     );
 
-    // cgroups: QEMU is in its own memory, pids and cpu cgroups, with limits.
+    // cgroups: QEMU is in its own memory, pids and cpu cgroups, with limits
+    // (as root; rootless on this v1 host there are none).
+    if mode == Mode::Root {
+        assert_qemu_cgroups(qemu, launcher);
+    }
+    assert_qemu_view(qemu, gw);
+
+    // SIGKILL of the launcher (rootless: `sluice`, not runuser).
+    Command::new("kill")
+        .args(["-KILL", &launcher.to_string()])
+        .status()
+        .unwrap();
+    child.wait().unwrap();
+    assert_no_leftovers(&m, launcher);
+    assert!(
+        !Path::new(&format!("/proc/{qemu}")).exists()
+            || is_zombie(Path::new(&format!("/proc/{qemu}")))
+    );
+}
+
+/// QEMU's v1 cgroups (named after `launcher`) hold it, with limits.
+fn assert_qemu_cgroups(qemu: u32, launcher: u32) {
     let cgroups = fs::read_to_string(format!("/proc/{qemu}/cgroup")).unwrap();
     let name = format!("sluice-{launcher}-qemu");
     for c in ["memory", "pids", "cpu"] {
@@ -521,7 +709,11 @@ fn qemu_and_the_gateway_run_jailed() {
     assert!(limit > 256 << 20 && limit < 2 << 30, "memory limit {limit}");
     let pids_max = fs::read_to_string(format!("/sys/fs/cgroup/pids/{name}/pids.max")).unwrap();
     assert_ne!(pids_max.trim(), "max");
+}
 
+/// QEMU sees only its data dirs and the image and holds only its
+/// socketpairs; the gateway holds its pipes and socketpair.
+fn assert_qemu_view(qemu: u32, gw: u32) {
     // QEMU's mounts: its data dirs and the image, nothing of the host's /etc.
     let points: Vec<String> = mounts(qemu).into_iter().map(|(p, _)| p).collect();
     assert!(points.iter().any(|p| p == "/usr/share/qemu"), "{points:?}");
@@ -552,14 +744,6 @@ fn qemu_and_the_gateway_run_jailed() {
     let gfds = fd_targets(gw);
     assert!(gfds[&1].starts_with("pipe:"), "{gfds:?}");
     assert!(gfds[&3].starts_with("socket:"), "{gfds:?}");
-
-    child.kill().unwrap();
-    child.wait().unwrap();
-    assert_no_leftovers(&m, launcher);
-    assert!(
-        !Path::new(&format!("/proc/{qemu}")).exists()
-            || is_zombie(Path::new(&format!("/proc/{qemu}")))
-    );
 }
 
 /// `--rootfs DIR`: the guest boots the user's tree (here a small one made

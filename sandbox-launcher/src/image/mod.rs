@@ -109,8 +109,11 @@ pub struct ImageOptions {
     pub kernel: Option<PathBuf>,
     /// A root filesystem directory to pack instead of the default userland.
     pub rootfs: Option<PathBuf>,
-    /// The cache directory (`/var/cache/sluice/images` by default).
+    /// The cache directory ([`default_cache_dir`]): read, and written on a
+    /// miss.
     pub cache_dir: PathBuf,
+    /// A cache only read, before `cache_dir` ([`shared_cache_dir`]).
+    pub shared_cache: Option<PathBuf>,
 }
 
 /// A built image, ready to boot.
@@ -126,11 +129,41 @@ pub struct Image {
     pub built: bool,
 }
 
-/// The default cache directory.
+/// The cache root builds go into: `/var/cache/sluice/images`.
+pub const SYSTEM_CACHE: &str = "/var/cache/sluice/images";
+
+/// The default cache directory: `$SLUICE_CACHE` if set; as root
+/// [`SYSTEM_CACHE`]; rootless `$XDG_CACHE_HOME/sluice/images`, else
+/// `$HOME/.cache/sluice/images`, else `images` in the caller's private
+/// runtime dir (`jail::default_runtime_dir`).
 pub fn default_cache_dir() -> PathBuf {
-    std::env::var_os("SLUICE_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/var/cache/sluice/images"))
+    if let Some(dir) = std::env::var_os("SLUICE_CACHE") {
+        return PathBuf::from(dir);
+    }
+    if !crate::jail::is_rootless() {
+        return PathBuf::from(SYSTEM_CACHE);
+    }
+    let absolute = |v: &str| {
+        std::env::var_os(v)
+            .map(PathBuf::from)
+            .filter(|p| p.is_absolute())
+    };
+    if let Some(xdg) = absolute("XDG_CACHE_HOME") {
+        return xdg.join("sluice/images");
+    }
+    if let Some(home) = absolute("HOME") {
+        return home.join(".cache/sluice/images");
+    }
+    crate::jail::default_runtime_dir().join("images")
+}
+
+/// A cache that is only read: root's [`SYSTEM_CACHE`] for a rootless run
+/// that uses its own cache (`None` as root or with `$SLUICE_CACHE`). An
+/// entry found there is used when both files can be opened; the user never
+/// writes there.
+pub fn shared_cache_dir() -> Option<PathBuf> {
+    (crate::jail::is_rootless() && std::env::var_os("SLUICE_CACHE").is_none())
+        .then(|| PathBuf::from(SYSTEM_CACHE))
 }
 
 /// Finds the static guest agent: `explicit` (from `--agent` or
@@ -227,6 +260,18 @@ pub fn prepare(opts: &ImageOptions, progress: &mut dyn FnMut(&str)) -> Result<Im
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect();
+    if let Some(shared) = &opts.shared_cache {
+        let dir = shared.join(&hash);
+        let (kernel, initrd) = (dir.join("vmlinux"), dir.join("initramfs.cpio"));
+        if fs::File::open(&kernel).is_ok() && fs::File::open(&initrd).is_ok() {
+            return Ok(Image {
+                kernel,
+                initrd,
+                dir,
+                built: false,
+            });
+        }
+    }
     let dir = opts.cache_dir.join(&hash);
     let image = Image {
         kernel: dir.join("vmlinux"),

@@ -8,6 +8,11 @@
 //! hierarchy is used there; otherwise the unified hierarchy must be mounted
 //! at `/sys/fs/cgroup` itself (a hybrid host's `unified/` mount typically
 //! holds no controllers).
+//!
+//! Rootless, only a v2 subtree delegated to the caller can be used: the
+//! highest ancestor of the process's own cgroup that the caller owns (e.g.
+//! systemd's `user@<uid>.service`); the jail's dir is made inside it. v1
+//! hierarchies belong to root and are never delegated.
 
 use std::fs;
 use std::io;
@@ -43,12 +48,82 @@ impl Controller {
 enum Hierarchy {
     /// A v1 hierarchy mounted at this dir.
     V1(PathBuf),
-    /// The v2 unified hierarchy at [`ROOT`].
-    V2,
+    /// The v2 unified hierarchy: jail dirs go directly below this dir
+    /// ([`ROOT`] as root, the delegated subtree rootless).
+    V2(PathBuf),
 }
 
 fn locate(c: Controller) -> Option<Hierarchy> {
-    locate_in(Path::new(ROOT), c)
+    if is_root() {
+        locate_in(Path::new(ROOT), c)
+    } else {
+        locate_rootless(c).ok()
+    }
+}
+
+/// Where a rootless jail's `c` cgroup goes, or why there is none.
+fn locate_rootless(c: Controller) -> Result<Hierarchy, String> {
+    let own = fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    delegated_in(Path::new(ROOT), &own, super::sys::geteuid(), c)
+}
+
+/// [`locate_rootless`] under `root`, for the process whose
+/// `/proc/self/cgroup` is `own`, running as `uid`.
+fn delegated_in(root: &Path, own: &str, uid: u32, c: Controller) -> Result<Hierarchy, String> {
+    use std::os::unix::fs::MetadataExt;
+    if let Some(Hierarchy::V1(_)) = locate_in(root, c) {
+        return Err(format!(
+            "this host has cgroup v1, whose hierarchies belong to root and cannot be \
+             delegated to uid {uid}"
+        ));
+    }
+    if !root.join("cgroup.controllers").exists() {
+        return Err(format!(
+            "no cgroup v2 hierarchy at {} to delegate to uid {uid}",
+            root.display()
+        ));
+    }
+    // The v2 line is "0::/path".
+    let Some(path) = own.lines().find_map(|l| l.strip_prefix("0::")) else {
+        return Err(
+            "this process is in no cgroup v2 (no 0:: line in /proc/self/cgroup)".to_owned(),
+        );
+    };
+    let owned = |d: &Path| {
+        let mine = |p: &Path| fs::metadata(p).is_ok_and(|m| m.uid() == uid);
+        mine(d) && mine(&d.join("cgroup.procs")) && mine(&d.join("cgroup.subtree_control"))
+    };
+    // The highest owned ancestor: moving a process between two of its
+    // descendants needs write access to the common ancestor's cgroup.procs.
+    let mut dir = root.to_path_buf();
+    let mut delegated = None;
+    for part in path
+        .trim()
+        .split('/')
+        .filter(|p| !p.is_empty() && *p != "..")
+    {
+        dir.push(part);
+        if owned(&dir) {
+            delegated = Some(dir.clone());
+            break;
+        }
+    }
+    let Some(base) = delegated else {
+        return Err(format!(
+            "cgroup v2, but no part of this process's cgroup {} is delegated to uid {uid} \
+             (start sluice in a delegated one, e.g. `systemd-run --user --scope -p Delegate=yes`)",
+            path.trim()
+        ));
+    };
+    let controllers = fs::read_to_string(base.join("cgroup.controllers")).unwrap_or_default();
+    if !controllers.split_whitespace().any(|n| n == c.name()) {
+        return Err(format!(
+            "cgroup v2 subtree {} delegated to uid {uid} lacks the {} controller",
+            base.display(),
+            c.name()
+        ));
+    }
+    Ok(Hierarchy::V2(base))
 }
 
 /// [`locate`] under `root` (the cgroup mount root; a fake tree in tests).
@@ -67,17 +142,28 @@ fn locate_in(root: &Path, c: Controller) -> Option<Hierarchy> {
     controllers
         .split_whitespace()
         .any(|n| n == c.name())
-        .then_some(Hierarchy::V2)
+        .then_some(Hierarchy::V2(root.to_path_buf()))
 }
 
 /// Whether `c` can be used here, and how.
 pub(super) fn probe(c: Controller) -> (bool, String) {
     if !is_root() {
-        return (false, "not root: cannot create cgroups".to_owned());
+        return match locate_rootless(c) {
+            Ok(Hierarchy::V2(base)) => (
+                true,
+                format!(
+                    "cgroup v2 subtree {} delegated to uid {}",
+                    base.display(),
+                    super::sys::geteuid()
+                ),
+            ),
+            Ok(Hierarchy::V1(_)) => (false, "cgroup v1 cannot be delegated".to_owned()),
+            Err(why) => (false, why),
+        };
     }
     match locate(c) {
         Some(Hierarchy::V1(dir)) => (true, format!("cgroup v1 {}", dir.display())),
-        Some(Hierarchy::V2) => (true, format!("cgroup v2 {ROOT}")),
+        Some(Hierarchy::V2(_)) => (true, format!("cgroup v2 {ROOT}")),
         None => (
             false,
             format!(
@@ -105,12 +191,23 @@ pub(super) fn create(name: &str, limits: &CgroupLimits) -> io::Result<Vec<PathBu
 }
 
 fn create_inner(name: &str, limits: &CgroupLimits, created: &mut Vec<PathBuf>) -> io::Result<()> {
-    create_in(Path::new(ROOT), name, limits, created)
+    create_with(&locate, name, limits, created)
 }
 
-/// [`create_inner`] under `root`.
+/// [`create_inner`] under `root` (as root).
+#[cfg(test)]
 fn create_in(
     root: &Path,
+    name: &str,
+    limits: &CgroupLimits,
+    created: &mut Vec<PathBuf>,
+) -> io::Result<()> {
+    create_with(&|c| locate_in(root, c), name, limits, created)
+}
+
+/// Creates the dirs where `locate` puts each controller.
+fn create_with(
+    locate: &dyn Fn(Controller) -> Option<Hierarchy>,
     name: &str,
     limits: &CgroupLimits,
     created: &mut Vec<PathBuf>,
@@ -122,17 +219,16 @@ fn create_in(
     ];
     for (c, limit) in wanted {
         let Some(limit) = limit else { continue };
-        let Some(hierarchy) = locate_in(root, c) else {
+        let Some(hierarchy) = locate(c) else {
             return Err(io::Error::other(format!("no {} controller", c.name())));
         };
         let dir = match &hierarchy {
-            Hierarchy::V1(base) => base.join(name),
-            Hierarchy::V2 => root.join(name),
+            Hierarchy::V1(base) | Hierarchy::V2(base) => base.join(name),
         };
+        if let Hierarchy::V2(base) = &hierarchy {
+            enable_v2_controller(base, c)?;
+        }
         if !created.contains(&dir) {
-            if hierarchy == Hierarchy::V2 {
-                enable_v2_controller(root, c)?;
-            }
             fs::create_dir(&dir)
                 .map_err(|e| io::Error::new(e.kind(), format!("mkdir {}: {e}", dir.display())))?;
             created.push(dir.clone());
@@ -248,7 +344,11 @@ mod tests {
         )
         .unwrap();
         for c in [Controller::Memory, Controller::Pids, Controller::Cpu] {
-            assert_eq!(locate_in(&root, c), Some(Hierarchy::V2), "{c:?}");
+            assert_eq!(
+                locate_in(&root, c),
+                Some(Hierarchy::V2(root.clone())),
+                "{c:?}"
+            );
         }
         // A v2 root without the pids controller delegated.
         fs::write(root.join("cgroup.controllers"), "cpu memory\n").unwrap();
@@ -298,16 +398,65 @@ mod tests {
         let dir = root.join("j");
         fs::create_dir_all(&dir).unwrap();
         fs::write(dir.join("memory.swap.max"), "max").unwrap();
-        write_limit(&dir, &Hierarchy::V2, Controller::Memory, 1 << 30).unwrap();
+        write_limit(
+            &dir,
+            &Hierarchy::V2(root.clone()),
+            Controller::Memory,
+            1 << 30,
+        )
+        .unwrap();
         assert_eq!(
             fs::read_to_string(dir.join("memory.swap.max")).unwrap(),
             "0"
         );
         // A tiny CPU share is raised to the 1 ms minimum quota.
-        write_limit(&dir, &Hierarchy::V2, Controller::Cpu, 1).unwrap();
+        write_limit(&dir, &Hierarchy::V2(root.clone()), Controller::Cpu, 1).unwrap();
         assert_eq!(
             fs::read_to_string(dir.join("cpu.max")).unwrap(),
             "1000 100000"
+        );
+        fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn rootless_uses_the_highest_delegated_v2_ancestor_or_says_why_not() {
+        use std::os::unix::fs::MetadataExt;
+        let root = fake_root("deleg");
+        let me = fs::metadata(&root).unwrap().uid();
+        fs::write(root.join("cgroup.controllers"), "cpu memory pids\n").unwrap();
+        let user = root.join("user.slice/user-1000.slice/user@1000.service");
+        let app = user.join("app.slice/run-1.scope");
+        fs::create_dir_all(&app).unwrap();
+        for d in [&user, &user.join("app.slice"), &app] {
+            fs::write(d.join("cgroup.procs"), "").unwrap();
+            fs::write(d.join("cgroup.subtree_control"), "").unwrap();
+        }
+        fs::write(user.join("cgroup.controllers"), "memory pids\n").unwrap();
+        let own = "0::/user.slice/user-1000.slice/user@1000.service/app.slice/run-1.scope\n";
+        // Dirs without the delegated files (user.slice, user-1000.slice)
+        // are not the user's; user@1000.service is the highest that is.
+        assert_eq!(
+            delegated_in(&root, own, me, Controller::Memory),
+            Ok(Hierarchy::V2(user.clone()))
+        );
+        let e = delegated_in(&root, own, me, Controller::Cpu).unwrap_err();
+        assert!(e.contains("lacks the cpu controller"), "{e}");
+        let other = me.wrapping_add(4242);
+        let e = delegated_in(&root, own, other, Controller::Memory).unwrap_err();
+        assert!(e.contains("no part of this process's cgroup"), "{e}");
+        assert!(e.contains("systemd-run --user --scope"), "{e}");
+        // Without a v2 line.
+        let e = delegated_in(&root, "1:name=systemd:/\n", me, Controller::Pids).unwrap_err();
+        assert!(e.contains("no 0:: line"), "{e}");
+        // A v1 hierarchy for the controller: never delegated.
+        let v1 = root.join("memory");
+        fs::create_dir_all(&v1).unwrap();
+        fs::write(v1.join("cgroup.clone_children"), "0").unwrap();
+        fs::write(v1.join("memory.limit_in_bytes"), "max").unwrap();
+        let e = delegated_in(&root, own, me, Controller::Memory).unwrap_err();
+        assert!(
+            e.contains("cgroup v1") && e.contains("cannot be delegated"),
+            "{e}"
         );
         fs::remove_dir_all(&root).unwrap();
     }

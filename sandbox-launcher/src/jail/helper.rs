@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use sluice_confine::{LandlockOutcome, LandlockRules};
 
 use super::sys::{self, Forked, WaitStatus};
-use super::{HelperRequest, JailExit, JailSpec, Layer, LayerStatus, Report, cgroup};
+use super::{HelperRequest, JailExit, JailSpec, Layer, LayerStatus, Report, cgroup, userns};
 
 /// The hidden argument that makes the launcher binary act as the helper.
 pub const HELPER_ARG: &str = "__jail-exec";
@@ -150,7 +150,11 @@ fn supervise(req: &HelperRequest) -> Result<(), String> {
 
     // 2. The jail's mount point on the host: an empty dir, removed afterwards.
     let jail_dir = spec.runtime_dir.join(format!("{}.jail", spec.name));
+    let rootless = on.contains(&Layer::UserNs);
     if on.contains(&Layer::PivotRoot) {
+        if rootless {
+            super::ensure_private_dir(&spec.runtime_dir).map_err(|e| e.to_string())?;
+        }
         fs::DirBuilder::new()
             .mode(0o700)
             .create(&jail_dir)
@@ -170,7 +174,12 @@ fn supervise(req: &HelperRequest) -> Result<(), String> {
         .unwrap_or(63);
     let (mut err_read, err_write) = io::pipe().map_err(|e| format!("pipe: {e}"))?;
 
-    // 3. PID namespace for the children, then fork.
+    // 3. Rootless: a user namespace mapping only the caller's ids, which
+    //    owns every namespace made from here on. Then the PID namespace for
+    //    the children, then fork.
+    if rootless {
+        userns::enter(spec.uid, spec.gid).map_err(|e| e.to_string())?;
+    }
     if on.contains(&Layer::PidNs) {
         sys::unshare(libc::CLONE_NEWPID).map_err(|e| format!("unshare(CLONE_NEWPID): {e}"))?;
     }
@@ -185,6 +194,7 @@ fn supervise(req: &HelperRequest) -> Result<(), String> {
                 dev_null: dev_null.as_raw_fd(),
                 err_fd: err_write.as_raw_fd(),
                 last_cap,
+                rootless,
             };
             let Err(error) = jail_child(&ctx);
             let mut err_write = err_write;
@@ -252,6 +262,9 @@ struct ChildContext<'a> {
     dev_null: RawFd,
     err_fd: RawFd,
     last_cap: u32,
+    /// Inside a user namespace of the caller's (no `setgroups`; the
+    /// capabilities it holds in that namespace are cleared explicitly).
+    rootless: bool,
 }
 
 /// The child, top to bottom. Returns only on error.
@@ -294,7 +307,7 @@ fn jail_child(ctx: &ChildContext<'_>) -> Result<std::convert::Infallible, String
 
     // The root filesystem.
     if on(Layer::PivotRoot) {
-        build_root(spec, ctx.jail_dir)?;
+        build_root(spec, ctx.jail_dir, ctx.rootless)?;
     }
 
     // File descriptors.
@@ -317,7 +330,18 @@ fn jail_child(ctx: &ChildContext<'_>) -> Result<std::convert::Infallible, String
         "dropping capabilities",
         sys::drop_bounding_and_ambient_caps(ctx.last_cap),
     )?;
-    step("dropping uid/gid", sys::drop_ids(spec.uid, spec.gid))?;
+    step(
+        "dropping uid/gid",
+        sys::drop_ids(spec.uid, spec.gid, !ctx.rootless),
+    )?;
+    // Rootless the uid does not change, so setresuid kept the capabilities
+    // this process holds inside its user namespace: clear them.
+    step("clearing capabilities", sys::clear_capabilities())?;
+    // A change of ids clears the parent-death signal: set it again.
+    step(
+        "PR_SET_PDEATHSIG",
+        sys::set_parent_death_signal(libc::SIGKILL),
+    )?;
     sluice_confine::set_no_new_privs().map_err(|e| e.to_string())?;
 
     // Landlock, then seccomp last: after it only execve runs.
@@ -361,7 +385,7 @@ fn is_device(p: &Path) -> bool {
 /// Mount namespace is new: make it private, mount a tmpfs on the jail dir,
 /// bind-mount every path at its own path, pivot_root, drop the old root,
 /// remount the new root read-only.
-fn build_root(spec: &JailSpec, jail: &Path) -> Result<(), String> {
+fn build_root(spec: &JailSpec, jail: &Path, rootless: bool) -> Result<(), String> {
     let c = |p: &Path| sys::cstring(p.as_os_str().as_bytes()).map_err(|e| e.to_string());
     let root = c(Path::new("/"))?;
     sys::mount(None, &root, None, libc::MS_REC | libc::MS_PRIVATE, None)
@@ -386,7 +410,7 @@ fn build_root(spec: &JailSpec, jail: &Path) -> Result<(), String> {
         if !seen.insert(path.clone()) {
             continue;
         }
-        bind_into(jail, path, writable)?;
+        bind_into(jail, path, writable, rootless)?;
     }
 
     let old = jail.join(".old");
@@ -408,8 +432,9 @@ fn build_root(spec: &JailSpec, jail: &Path) -> Result<(), String> {
 
 /// Bind-mounts host `path` at `jail/path`: read-only unless `writable`,
 /// always `nosuid`; `nodev` and `noexec` except where a device node must
-/// keep working.
-fn bind_into(jail: &Path, path: &Path, writable: bool) -> Result<(), String> {
+/// keep working. Rootless, the flags the host's mount had are kept as well
+/// (the kernel locks them in a user namespace; the remount fails without).
+fn bind_into(jail: &Path, path: &Path, writable: bool, rootless: bool) -> Result<(), String> {
     let meta = fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let rel = path.strip_prefix("/").unwrap_or(path);
     let target = jail.join(rel);
@@ -428,6 +453,10 @@ fn bind_into(jail: &Path, path: &Path, writable: bool) -> Result<(), String> {
         .map_err(|e| format!("bind-mounting {}: {e}", path.display()))?;
     let device = meta.file_type().is_char_device() || meta.file_type().is_block_device();
     let mut flags = libc::MS_REMOUNT | libc::MS_BIND | libc::MS_NOSUID;
+    if rootless {
+        flags |= sys::mount_flags(&dst)
+            .map_err(|e| format!("reading the mount flags of {}: {e}", path.display()))?;
+    }
     if !writable {
         flags |= libc::MS_RDONLY;
     }

@@ -35,7 +35,9 @@
 
 mod cgroup;
 mod helper;
+mod runtime;
 mod sys;
+mod userns;
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Write};
@@ -47,6 +49,8 @@ use serde::{Deserialize, Serialize};
 pub use sluice_confine::{LandlockRules, Rlimits, SeccompProfile};
 
 pub use helper::{HELPER_ARG, helper_main_if_requested};
+pub use runtime::{NOBODY, default_ids, default_runtime_dir, ensure_private_dir, is_rootless};
+pub use userns::UsernsError;
 
 /// An isolation layer, as `sluice doctor` and `--json` name it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -81,6 +85,9 @@ pub enum Layer {
     CgroupPids,
     /// cgroup CPU quota.
     CgroupCpu,
+    /// Rootless only: a user namespace mapping only the caller's uid and
+    /// gid, owning every other namespace of the jail.
+    UserNs,
     /// Every fd but the passed ones closed.
     CloseFds,
     /// Killed when the supervisor or launcher dies (PDEATHSIG + lifeline).
@@ -89,11 +96,12 @@ pub enum Layer {
 
 impl Layer {
     /// Every layer, in the order the jail applies them.
-    pub const ALL: [Self; 16] = [
+    pub const ALL: [Self; 17] = [
         Self::DeathSignal,
         Self::CgroupMemory,
         Self::CgroupPids,
         Self::CgroupCpu,
+        Self::UserNs,
         Self::PidNs,
         Self::MountNs,
         Self::IpcNs,
@@ -125,6 +133,7 @@ impl Layer {
             Self::CgroupMemory => "cgroup-memory",
             Self::CgroupPids => "cgroup-pids",
             Self::CgroupCpu => "cgroup-cpu",
+            Self::UserNs => "user-ns",
             Self::CloseFds => "close-fds",
             Self::DeathSignal => "death-signal",
         }
@@ -223,7 +232,9 @@ pub struct JailSpec {
     /// Files and dirs bind-mounted read-write at their own path (e.g. the
     /// console log); they must be writable by `uid`/`gid`.
     pub rw_paths: Vec<PathBuf>,
-    /// Where the jail's (empty, host-side) mount point dir is created.
+    /// Where the jail's (empty, host-side) mount point dir is created
+    /// (default [`default_runtime_dir`]; rootless, the helper creates it
+    /// private to the caller if missing).
     pub runtime_dir: PathBuf,
     /// Directories the helper removes, with everything in them, after the
     /// program has ended (also when the launcher died): per-run files of the
@@ -231,11 +242,13 @@ pub struct JailSpec {
     /// `..`, never `/`.
     #[serde(default)]
     pub remove_after: Vec<PathBuf>,
-    /// The uid to drop to; must not be 0. Default 65534 (nobody): with the
-    /// PID namespace and Landlock's signal scope, jails sharing a uid still
-    /// cannot see or signal each other.
+    /// The uid to drop to; must not be 0. Default ([`default_ids`]) 65534
+    /// (nobody) as root: with the PID namespace and Landlock's signal
+    /// scope, jails sharing a uid still cannot see or signal each other.
+    /// Rootless it must be the caller's own (the only uid mapped).
     pub uid: u32,
-    /// The gid to drop to. Default 65534 (nogroup).
+    /// The gid to drop to: 65534 (nogroup) by default as root; rootless
+    /// the caller's own.
     pub gid: u32,
     /// Namespaces to create.
     pub namespaces: Namespaces,
@@ -290,10 +303,12 @@ pub(crate) fn env_names(env: &[(String, String)]) -> Vec<&str> {
 }
 
 impl JailSpec {
-    /// A spec with every layer on: all namespaces, uid/gid 65534, default
-    /// rlimits, the QEMU seccomp profile, Landlock with no TCP at all, no
-    /// cgroup limits, the system temp dir as runtime dir.
+    /// A spec with every layer on: all namespaces, uid/gid
+    /// [`default_ids`] (65534 as root), default rlimits, the QEMU seccomp
+    /// profile, Landlock with no TCP at all, no cgroup limits, the
+    /// [`default_runtime_dir`].
     pub fn new(name: impl Into<String>, program: impl Into<PathBuf>) -> Self {
+        let (uid, gid) = default_ids();
         Self {
             name: name.into(),
             program: program.into(),
@@ -301,10 +316,10 @@ impl JailSpec {
             env: Vec::new(),
             ro_paths: Vec::new(),
             rw_paths: Vec::new(),
-            runtime_dir: std::env::temp_dir(),
+            runtime_dir: default_runtime_dir(),
             remove_after: Vec::new(),
-            uid: 65534,
-            gid: 65534,
+            uid,
+            gid,
             namespaces: Namespaces::default(),
             cgroup: CgroupLimits::default(),
             rlimits: Rlimits::default(),
@@ -333,6 +348,8 @@ impl JailSpec {
             Layer::CgroupMemory => self.cgroup.memory_bytes.is_some(),
             Layer::CgroupPids => self.cgroup.pids.is_some(),
             Layer::CgroupCpu => self.cgroup.cpu_millis.is_some(),
+            // Only a rootless jail needs one; as root it is never made.
+            Layer::UserNs => is_rootless(),
             Layer::DropIds
             | Layer::Rlimits
             | Layer::NoNewPrivs
@@ -381,6 +398,14 @@ impl JailSpec {
         }
         if self.uid == 0 || self.gid == 0 {
             return bad("uid and gid must not be 0".to_owned());
+        }
+        if is_rootless() && (self.uid, self.gid) != default_ids() {
+            let (uid, gid) = default_ids();
+            return bad(format!(
+                "a rootless jail runs as the caller's uid {uid} and gid {gid} (the only ids \
+                 its user namespace maps), not {}/{}",
+                self.uid, self.gid
+            ));
         }
         let mut seen = BTreeSet::new();
         for m in &self.fds {
@@ -672,7 +697,9 @@ fn plan_layers(
             available: on,
             reason,
         };
-        let entry = if !spec.requested(layer) {
+        let entry = if layer == Layer::UserNs && !spec.requested(layer) {
+            status(false, format!("off: {probe_reason}"))
+        } else if !spec.requested(layer) {
             status(false, "off: not requested by the caller".to_owned())
         } else if available {
             status(true, probe_reason.to_owned())
@@ -692,28 +719,79 @@ fn plan_layers(
     Ok(plan)
 }
 
+/// The layers `spec` asks for that this host cannot apply and
+/// `spec.allow_missing` does not list, each with the probe's reason: what
+/// [`spawn`] would refuse (it names only the first). Empty when the jail
+/// can be built.
+pub fn missing_layers(spec: &JailSpec) -> Vec<LayerStatus> {
+    probe_layers()
+        .into_iter()
+        .filter(|s| !s.available)
+        .filter(|s| {
+            Layer::ALL
+                .iter()
+                .find(|l| l.name() == s.name)
+                .is_some_and(|&l| spec.requested(l) && !spec.allow_missing.contains(&l))
+        })
+        .collect()
+}
+
 /// What this host can apply, one entry per layer of [`Layer::ALL`], for
 /// `sluice doctor` and the `--json` result. Cheap: reads /proc and /sys and
 /// asks the kernel its Landlock ABI; changes nothing.
 pub fn probe_layers() -> Vec<LayerStatus> {
-    let root = sys::geteuid() == 0;
+    let host = if is_rootless() {
+        let (uid, gid) = default_ids();
+        Builder::User {
+            uid,
+            gid,
+            userns: userns::probe().map_err(|e| e.to_string()),
+        }
+    } else {
+        Builder::Root
+    };
     let ns_file = |ns: &str| Path::new("/proc/self/ns").join(ns).exists();
     Layer::ALL
         .iter()
         .map(|&layer| {
             let (available, reason) = match layer {
-                Layer::MountNs | Layer::PivotRoot => ns_probe(root, ns_file("mnt"), "mnt"),
-                Layer::PidNs => ns_probe(root, ns_file("pid"), "pid"),
-                Layer::IpcNs => ns_probe(root, ns_file("ipc"), "ipc"),
-                Layer::UtsNs => ns_probe(root, ns_file("uts"), "uts"),
-                Layer::NetNs => ns_probe(root, ns_file("net"), "net"),
-                Layer::DropIds => {
-                    if root {
-                        (true, "root: can drop to an unprivileged uid".to_owned())
-                    } else {
-                        (false, "not root: cannot build the jail".to_owned())
-                    }
-                }
+                Layer::MountNs | Layer::PivotRoot => ns_probe(&host, ns_file("mnt"), "mnt"),
+                Layer::PidNs => ns_probe(&host, ns_file("pid"), "pid"),
+                Layer::IpcNs => ns_probe(&host, ns_file("ipc"), "ipc"),
+                Layer::UtsNs => ns_probe(&host, ns_file("uts"), "uts"),
+                Layer::NetNs => ns_probe(&host, ns_file("net"), "net"),
+                Layer::UserNs => match &host {
+                    Builder::Root => (
+                        false,
+                        "not needed: running as root, the jail drops to uid 65534".to_owned(),
+                    ),
+                    Builder::User { uid, gid, userns } => match userns {
+                        Ok(()) if ns_file("user") => (
+                            true,
+                            format!("maps only uid {uid} and gid {gid}, each to itself"),
+                        ),
+                        Ok(()) => (false, "kernel lacks user namespaces".to_owned()),
+                        Err(why) => (false, why.clone()),
+                    },
+                },
+                Layer::DropIds => match &host {
+                    Builder::Root => (true, "root: can drop to an unprivileged uid".to_owned()),
+                    Builder::User {
+                        uid,
+                        gid,
+                        userns: Ok(()),
+                    } => (
+                        true,
+                        format!(
+                            "rootless: runs as uid {uid}/gid {gid} with no capabilities \
+                             (supplementary groups stay: setgroups is denied in an \
+                             unprivileged user namespace)"
+                        ),
+                    ),
+                    Builder::User {
+                        userns: Err(why), ..
+                    } => (false, why.clone()),
+                },
                 Layer::Rlimits | Layer::NoNewPrivs | Layer::CloseFds | Layer::DeathSignal => {
                     (true, "always available on Linux".to_owned())
                 }
@@ -732,11 +810,34 @@ pub fn probe_layers() -> Vec<LayerStatus> {
         .collect()
 }
 
-fn ns_probe(root: bool, exists: bool, ns: &str) -> (bool, String) {
-    match (root, exists) {
-        (true, true) => (true, format!("{ns} namespaces supported, running as root")),
-        (false, _) => (false, "not root".to_owned()),
-        (true, false) => (false, format!("kernel lacks {ns} namespaces")),
+/// Who builds the jail, for [`probe_layers`].
+enum Builder {
+    /// Root: namespaces directly, then a drop to 65534.
+    Root,
+    /// An ordinary user: everything inside a user namespace.
+    User {
+        uid: u32,
+        gid: u32,
+        /// Whether the sysctls allow unprivileged user namespaces (the
+        /// one-line reason if not).
+        userns: Result<(), String>,
+    },
+}
+
+fn ns_probe(host: &Builder, exists: bool, ns: &str) -> (bool, String) {
+    match (host, exists) {
+        (_, false) => (false, format!("kernel lacks {ns} namespaces")),
+        (Builder::Root, true) => (true, format!("{ns} namespaces supported, running as root")),
+        (Builder::User { userns: Ok(()), .. }, true) => (
+            true,
+            format!("{ns} namespace owned by the jail's user namespace (rootless)"),
+        ),
+        (
+            Builder::User {
+                userns: Err(why), ..
+            },
+            true,
+        ) => (false, why.clone()),
     }
 }
 
@@ -886,7 +987,7 @@ mod tests {
                     | Layer::CgroupMemory
                     | Layer::CgroupPids
                     | Layer::CgroupCpu
-            );
+            ) || (layer == Layer::UserNs && !is_rootless());
             assert_eq!(status.available, !off, "{layer:?}: {}", status.reason);
         }
     }

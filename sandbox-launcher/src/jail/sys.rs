@@ -189,6 +189,65 @@ pub(crate) fn geteuid() -> u32 {
     unsafe { libc::geteuid() }
 }
 
+/// `getegid()`.
+pub(crate) fn getegid() -> u32 {
+    // SAFETY: no arguments, cannot fail.
+    unsafe { libc::getegid() }
+}
+
+/// Empties the permitted, effective and inheritable capability sets
+/// (`capset(2)`, version 3). In a user namespace its creator keeps every
+/// capability *inside* it across `setresuid` to the same non-zero uid; this
+/// is what takes them away before `execve`.
+pub(crate) fn clear_capabilities() -> io::Result<()> {
+    const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: libc::c_int,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    let mut header = Header {
+        version: LINUX_CAPABILITY_VERSION_3,
+        pid: 0,
+    };
+    let data = [Data {
+        effective: 0,
+        permitted: 0,
+        inheritable: 0,
+    }; 2];
+    // SAFETY: `header` and the two-element `data` array are the layout
+    // capset(2) expects for version 3; both outlive the call.
+    check(unsafe { libc::syscall(libc::SYS_capset, &raw mut header, data.as_ptr()) }).map(drop)
+}
+
+/// The mount flags (`MS_RDONLY`, `MS_NOSUID`, `MS_NODEV`, `MS_NOEXEC` and
+/// the atime flags) of the mount holding `path`, from `statvfs(3)`. In a
+/// user namespace a bind remount must keep the flags the mount inherited
+/// from the host (the kernel locks them), or it fails with EPERM.
+pub(crate) fn mount_flags(path: &CStr) -> io::Result<libc::c_ulong> {
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: a NUL-terminated path and a valid out-pointer for the call.
+    check(unsafe { libc::statvfs(path.as_ptr(), st.as_mut_ptr()) }.into())?;
+    // SAFETY: statvfs returned 0, so it filled the struct.
+    let st = unsafe { st.assume_init() };
+    // The ST_* bits equal the MS_* bits on Linux.
+    let keep = libc::MS_RDONLY
+        | libc::MS_NOSUID
+        | libc::MS_NODEV
+        | libc::MS_NOEXEC
+        | libc::MS_NOATIME
+        | libc::MS_NODIRATIME
+        | libc::MS_RELATIME;
+    Ok(st.f_flag & keep)
+}
+
 /// Drops every capability from the bounding set (0..=`last_cap`) and clears
 /// the ambient set, so nothing exec'd later can regain one.
 pub(crate) fn drop_bounding_and_ambient_caps(last_cap: u32) -> io::Result<()> {
@@ -216,12 +275,15 @@ pub(crate) fn drop_bounding_and_ambient_caps(last_cap: u32) -> io::Result<()> {
     .map(drop)
 }
 
-/// Drops to `uid`/`gid` for real, effective and saved ids, with no
-/// supplementary groups. From root to a non-zero uid this also clears the
-/// permitted and effective capability sets.
-pub(crate) fn drop_ids(uid: u32, gid: u32) -> io::Result<()> {
-    // SAFETY: a zero-length group list with a null pointer is valid.
-    check(unsafe { libc::setgroups(0, std::ptr::null()) }.into())?;
+/// Drops to `uid`/`gid` for real, effective and saved ids, and with
+/// `clear_groups` to no supplementary groups (a rootless jail cannot:
+/// `setgroups` is denied in its user namespace). From root to a non-zero
+/// uid this also clears the permitted and effective capability sets.
+pub(crate) fn drop_ids(uid: u32, gid: u32, clear_groups: bool) -> io::Result<()> {
+    if clear_groups {
+        // SAFETY: a zero-length group list with a null pointer is valid.
+        check(unsafe { libc::setgroups(0, std::ptr::null()) }.into())?;
+    }
     // SAFETY: integer arguments only (glibc applies it to all threads; there is one).
     check(unsafe { libc::setresgid(gid, gid, gid) }.into())?;
     // SAFETY: as above.
