@@ -20,6 +20,8 @@
 //! and removed by [`ingress::IngressFloor::remove`] /
 //! [`egress::EgressFloor::remove`] (and on drop, best effort).
 
+#![forbid(unsafe_code)]
+
 pub mod egress;
 pub mod ingress;
 mod netns;
