@@ -449,6 +449,7 @@ pub struct WorldBuilder {
     records: Vec<(String, Ipv4Addr)>,
     policy: Option<String>,
     extra_args: Vec<String>,
+    env: Vec<(String, String)>,
     iperf: bool,
     connect_guest: bool,
     dns_upstream: Ipv4Addr,
@@ -466,6 +467,7 @@ impl Default for WorldBuilder {
             ],
             policy: None,
             extra_args: Vec::new(),
+            env: Vec::new(),
             iperf: false,
             connect_guest: true,
             dns_upstream: DNS_ADDR,
@@ -511,6 +513,12 @@ impl WorldBuilder {
     /// Extra sidecar arguments; `{dir}` is replaced by the world's directory.
     pub fn sidecar_arg(mut self, a: &str) -> Self {
         self.extra_args.push(a.to_string());
+        self
+    }
+    /// Sets an environment variable of the gateway's process (a policy's
+    /// `env:` secret); the gateway otherwise inherits the test's environment.
+    pub fn sidecar_env(mut self, key: &str, value: &str) -> Self {
+        self.env.push((key.to_string(), value.to_string()));
         self
     }
     /// Also runs an iperf3 server on the origin addresses (port 5201).
@@ -807,6 +815,7 @@ impl World {
                         if p.udp { "udp" } else { "tcp" }
                     ));
                 }
+                c.envs(self.builder.env.iter().map(|(k, v)| (k, v)));
                 c.env(
                     "RUST_LOG",
                     std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
