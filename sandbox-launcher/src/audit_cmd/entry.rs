@@ -173,7 +173,7 @@ impl Entry {
             "/dst_endpoint/hostname",
         ]
         .into_iter()
-        .filter_map(|p| s(p))
+        .filter_map(&s)
         .fold(Vec::new(), |mut acc, n| {
             if !acc.iter().any(|a: &String| a == n) {
                 acc.push(n.to_owned());

@@ -26,9 +26,9 @@ pub struct Filter {
 impl Filter {
     /// Whether `e` passes every filter given.
     pub fn matches(&self, e: &Entry) -> bool {
-        (self.kinds.is_empty() || self.kinds.iter().any(|k| *k == e.kind))
+        (self.kinds.is_empty() || self.kinds.contains(&e.kind))
             && self.deny.is_none_or(|d| d == e.deny)
-            && (self.reasons.is_empty() || self.reasons.iter().any(|r| *r == e.reason))
+            && (self.reasons.is_empty() || self.reasons.contains(&e.reason))
             && self
                 .name
                 .as_deref()
