@@ -29,6 +29,25 @@ impl LogFormat {
     }
 }
 
+/// How audit records are written (`--audit-format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+pub enum AuditFormat {
+    /// sluice's own schema-1 JSON lines (docs/audit.md).
+    #[default]
+    Schema1,
+    /// OCSF 1.1.0 events, one JSON object per line (docs/audit.md, "OCSF").
+    Ocsf,
+}
+
+impl AuditFormat {
+    fn as_flag(self) -> &'static str {
+        match self {
+            Self::Schema1 => "schema1",
+            Self::Ocsf => "ocsf",
+        }
+    }
+}
+
 /// The per-VM network sidecar: a userspace network for one QEMU guest in which
 /// every flow is decided before it leaves the host.
 ///
@@ -61,6 +80,10 @@ pub struct GatewayArgs {
     /// Audit JSON lines destination: a file path (appended) or `-` for stdout.
     #[arg(long, default_value = "-")]
     pub audit: String,
+    /// Audit record format: `schema1` (sluice's schema, docs/audit.md) or `ocsf` (the same
+    /// records as OCSF 1.1.0 events).
+    #[arg(long, value_enum, default_value = "schema1")]
+    pub audit_format: AuditFormat,
     /// Log format on stderr.
     #[arg(long, value_enum, default_value = "human")]
     pub log_format: LogFormat,
@@ -127,6 +150,7 @@ impl GatewayArgs {
             ready_fd: None,
             policy: None,
             audit: "-".to_owned(),
+            audit_format: AuditFormat::Schema1,
             log_format: LogFormat::Human,
             sandbox_id: "sandbox".to_owned(),
             subnet: config::DEFAULT_SUBNET.to_owned(),
@@ -165,6 +189,7 @@ impl GatewayArgs {
             flag("policy", path.into());
         }
         flag("audit", self.audit.clone().into());
+        flag("audit-format", self.audit_format.as_flag().into());
         flag("log-format", self.log_format.as_flag().into());
         flag("sandbox-id", self.sandbox_id.clone().into());
         flag("subnet", self.subnet.clone().into());
@@ -216,6 +241,7 @@ mod tests {
         a.ready_fd = Some(5);
         a.policy = Some("/p/policy.yaml".into());
         a.audit = "/a/audit.jsonl".into();
+        a.audit_format = AuditFormat::Ocsf;
         a.log_format = LogFormat::Json;
         a.sandbox_id = "sb-1".into();
         a.subnet = "10.9.0.0/24".into();
@@ -238,6 +264,18 @@ mod tests {
         s.fd = None;
         s.socket = Some("/tmp/g.sock".into());
         assert_eq!(parse(s.to_argv()), s);
+    }
+
+    #[test]
+    fn the_audit_format_defaults_to_schema1_and_round_trips() {
+        assert_eq!(GatewayArgs::with_fd(3).audit_format, AuditFormat::Schema1);
+        for f in [AuditFormat::Schema1, AuditFormat::Ocsf] {
+            let mut a = GatewayArgs::with_fd(3);
+            a.audit_format = f;
+            let argv = a.to_argv();
+            assert!(argv.contains(&f.as_flag().into()), "{argv:?}");
+            assert_eq!(parse(argv).audit_format, f);
+        }
     }
 
     #[test]

@@ -37,6 +37,9 @@
 //! [`MAX_LINES_PER_WINDOW`] lines, and every suppressed record is still
 //! counted.
 //!
+//! With [`AuditSink::set_format`] `Ocsf` the same records are written as
+//! OCSF events (module [`ocsf`]); limits and clamping are unchanged.
+//!
 //! Write errors are logged once and counted, never fatal.
 
 use std::borrow::Cow;
@@ -52,6 +55,9 @@ use sluice_policy::{CompiledPolicy, Reason, Transport, Verdict};
 use crate::enforce::WireName;
 
 mod limit;
+pub mod ocsf;
+
+pub use crate::args::AuditFormat;
 
 use limit::Limiter;
 pub use limit::{
@@ -263,6 +269,7 @@ struct LineWriter {
     line: Vec<u8>,
     write_errors: u64,
     lines: u64,
+    format: AuditFormat,
 }
 
 /// A line buffer that grew past this (a huge `detail`) is shrunk back after
@@ -358,11 +365,18 @@ impl AuditSink {
                 line: Vec::with_capacity(1024),
                 write_errors: 0,
                 lines: 0,
+                format: AuditFormat::Schema1,
             },
             limiter: Limiter::new(Instant::now()),
             sandbox: sandbox.to_owned(),
             policy: None,
         }
+    }
+
+    /// Writes every record in `format` from now on (default schema 1); the
+    /// records, limits and clamping are the same in both formats.
+    pub fn set_format(&mut self, format: AuditFormat) {
+        self.writer.format = format;
     }
 
     /// The policy in force from now on: its reference goes into every line
@@ -488,7 +502,10 @@ impl LineWriter {
 impl LineWriter {
     fn serialise(&mut self, rec: &AuditRecord<'_>) -> std::io::Result<()> {
         self.line.clear();
-        rec.write_line(&mut self.line)
+        match self.format {
+            AuditFormat::Schema1 => rec.write_line(&mut self.line),
+            AuditFormat::Ocsf => ocsf::write_line(rec, &mut self.line),
+        }
     }
 }
 

@@ -107,6 +107,7 @@ fn main() -> anyhow::Result<()> {
         }
     }
     let mut audit = AuditSink::new(out, &cfg.sandbox_id);
+    audit.set_format(args.audit_format);
     audit.set_policy(policy.clone());
     let broadcast = cfg.subnet.broadcast();
     // Read now, kept current by a refresher on the runtime (hostaddrs module docs).

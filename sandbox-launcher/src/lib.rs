@@ -6,10 +6,11 @@
 //! (the policy, secrets and CA files as the gateway's jail sees them), `qemu` (accelerator
 //! choice and the QEMU command line), `spawn` (children that never outlive
 //! the launcher), [`run`] (`sluice run`), [`doctor`] (`sluice doctor`), [`policy_cmd`]
-//! (`sluice policy check|explain`).
+//! (`sluice policy check|explain`), [`audit_cmd`] (`sluice audit`).
 
 use std::io::Write as _;
 
+pub mod audit_cmd;
 pub mod doctor;
 mod gateway_inputs;
 pub mod image;

@@ -29,6 +29,8 @@ enum Cmd {
         #[command(subcommand)]
         command: sluice_launcher::policy_cmd::PolicyCmd,
     },
+    /// Read, follow and filter gateway audit logs (schema-1 or OCSF).
+    Audit(sluice_launcher::audit_cmd::AuditArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -63,6 +65,7 @@ fn main() {
         } => sluice_launcher::image_build_main(agent.as_deref(), kernel, rootfs),
         Cmd::Doctor => sluice_launcher::doctor::main(),
         Cmd::Policy { command } => sluice_launcher::policy_cmd::main(command),
+        Cmd::Audit(args) => sluice_launcher::audit_cmd::main(args),
     };
     std::process::exit(code);
 }

@@ -38,7 +38,7 @@ use crate::image::{self, ImageOptions};
 use crate::jail::{self, CgroupLimits, FdMap, JailSpec, Layer};
 use crate::qemu::{self, AGENT_FD, CONSOLE_FD, NET_FD, VmConfig};
 use crate::spawn::{GatewayJail, Isolation, QemuJail, Sidecar, gateway_spec, qemu_spec};
-use sluice_gateway::args::{GatewayArgs, LogFormat};
+use sluice_gateway::args::{AuditFormat, GatewayArgs, LogFormat};
 use sluice_gateway::config::{Proto, PublishSpec};
 
 /// Exit status when `--timeout` expired.
@@ -95,6 +95,10 @@ pub struct RunArgs {
     /// Write the gateway's audit log to this file (default: summarised only).
     #[arg(long, value_name = "PATH")]
     pub audit: Option<PathBuf>,
+    /// The audit's format (`--audit` file and `--debug` lines): schema1 or ocsf (the
+    /// gateway's `--audit-format`).
+    #[arg(long, value_enum, default_value = "schema1")]
+    pub audit_format: AuditFormat,
     /// Print one JSON result (exit code, timings, output, audit summary) on
     /// stdout instead of streaming the command's output.
     #[arg(long)]
@@ -1171,6 +1175,7 @@ fn spawn_gateway(
         gw_args.upstream_ca.push(copy);
     }
     gw_args.audit = "-".to_owned();
+    gw_args.audit_format = args.audit_format;
     gw_args.publish.clone_from(&args.publish);
     gw_args.allow_missing_landlock = iso.allow_missing.contains(&Layer::Landlock);
     gw_args.log_format = LogFormat::Human;
@@ -1261,7 +1266,8 @@ fn spawn_gateway(
                 serde_json::from_str::<serde_json::Value>(&line),
                 keep.lock(),
             ) {
-                a.push(v);
+                // The --json summary counts schema-1 fields, in either format.
+                a.push(crate::audit_cmd::entry::schema1_view(v));
             }
             line.clear();
         }

@@ -450,6 +450,7 @@ pub struct WorldBuilder {
     wildcards: Vec<(String, Ipv4Addr)>,
     policy: Option<String>,
     extra_args: Vec<String>,
+    env: Vec<(String, String)>,
     iperf: bool,
     connect_guest: bool,
     dns_upstream: Ipv4Addr,
@@ -468,6 +469,7 @@ impl Default for WorldBuilder {
             wildcards: Vec::new(),
             policy: None,
             extra_args: Vec::new(),
+            env: Vec::new(),
             iperf: false,
             connect_guest: true,
             dns_upstream: DNS_ADDR,
@@ -520,6 +522,12 @@ impl WorldBuilder {
     /// Extra sidecar arguments; `{dir}` is replaced by the world's directory.
     pub fn sidecar_arg(mut self, a: &str) -> Self {
         self.extra_args.push(a.to_string());
+        self
+    }
+    /// Sets an environment variable of the gateway's process (a policy's
+    /// `env:` secret); the gateway otherwise inherits the test's environment.
+    pub fn sidecar_env(mut self, key: &str, value: &str) -> Self {
+        self.env.push((key.to_string(), value.to_string()));
         self
     }
     /// Also runs an iperf3 server on the origin addresses (port 5201).
@@ -819,6 +827,7 @@ impl World {
                         if p.udp { "udp" } else { "tcp" }
                     ));
                 }
+                c.envs(self.builder.env.iter().map(|(k, v)| (k, v)));
                 c.env(
                     "RUST_LOG",
                     std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
