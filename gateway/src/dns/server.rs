@@ -36,7 +36,8 @@ pub const MAX_IN_FLIGHT: usize = 256;
 /// Guest queries waiting on one question in flight; beyond it SERVFAIL.
 pub const MAX_WAITERS_PER_QUESTION: usize = 64;
 /// Answers cached at once (per sandbox). When full, expired answers are
-/// dropped; if none had expired, the new answer is not cached.
+/// dropped (at most one sweep a second); if none had expired, the answer
+/// that expires first is dropped to make room for the new one.
 pub const MAX_CACHED_ANSWERS: usize = 4096;
 
 /// Who asked: where the answer goes.
@@ -340,17 +341,25 @@ impl DnsServer {
             return;
         }
         if self.cache.len() >= MAX_CACHED_ANSWERS {
-            // At most one O(n) sweep a second.
+            // At most one sweep of expired answers a second; when the cache
+            // is still full, the answer that expires first makes room, so a
+            // sandbox that has asked for many names still has its newest
+            // ones answered locally.
             if self
                 .cache_purged
-                .is_some_and(|t| now.saturating_duration_since(t) < Duration::from_secs(1))
+                .is_none_or(|t| now.saturating_duration_since(t) >= Duration::from_secs(1))
             {
-                return;
+                self.cache_purged = Some(now);
+                self.cache.retain(|_, c| c.expires > now);
             }
-            self.cache_purged = Some(now);
-            self.cache.retain(|_, c| c.expires > now);
-            if self.cache.len() >= MAX_CACHED_ANSWERS {
-                return;
+            if self.cache.len() >= MAX_CACHED_ANSWERS
+                && let Some(first) = self
+                    .cache
+                    .iter()
+                    .min_by_key(|(_, c)| c.expires)
+                    .map(|(k, _)| k.clone())
+            {
+                self.cache.remove(&first);
             }
         }
         self.cache.insert(

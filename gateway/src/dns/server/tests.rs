@@ -525,3 +525,45 @@ fn mismatched_or_garbage_responses_are_errors() {
     );
     assert!(t.is_empty());
 }
+
+#[test]
+fn a_full_cache_makes_room_for_the_newest_answer() {
+    let now = Instant::now();
+    let secs = Duration::from_secs;
+    let d = Policy {
+        bounds: Some((secs(5), secs(100_000))),
+        ..Policy::default()
+    };
+    let mut s = DnsServer::new(4 * MAX_CACHED_ANSWERS);
+    let name = |i: usize| format!("n{i}.example.com");
+    // One more answer than the cache holds, none expired; the first name's
+    // answer expires first.
+    for i in 0..=MAX_CACHED_ANSWERS {
+        let n = name(i);
+        assert!(matches!(ask(&mut s, &d, GUEST, 1, &format!("{n}."), now), Served::Ask(_)));
+        let ttl = 1_000 + u32::try_from(i).unwrap();
+        let out = s.answered(
+            UpstreamReply {
+                key: key(&n),
+                message: Some(upstream_answer(&n, 7, ttl)),
+                dropped: 0,
+            },
+            &d,
+            now,
+        );
+        assert_eq!(out.len(), 1);
+    }
+    let newest = format!("{}.", name(MAX_CACHED_ANSWERS));
+    assert!(
+        matches!(ask(&mut s, &d, GUEST, 2, &newest, now), Served::Now(_)),
+        "the newest answer was not cached"
+    );
+    assert!(
+        matches!(ask(&mut s, &d, GUEST, 3, "n1.example.com.", now), Served::Now(_)),
+        "an answer that does not expire first was dropped"
+    );
+    assert!(
+        matches!(ask(&mut s, &d, GUEST, 4, "n0.example.com.", now), Served::Ask(_)),
+        "the answer that expires first was kept"
+    );
+}
