@@ -40,7 +40,7 @@
 //! - **Valid file**: [`PolicyDecider::swap`] installs it; audit
 //!   `policy_reload` / `reload_applied` with the *new* policy's reference and
 //!   the previous version in `detail`. Then the datapath (see
-//!   `datapath/revoke.rs`): sets the DNS table's TTL bounds to the new
+//!   `revoke.rs`): sets the DNS table's TTL bounds to the new
 //!   policy's; purges names the new policy no longer allows from the table
 //!   (later connections to their addresses fail `ip_not_resolved_for_name`);
 //!   re-checks every TCP flow that is open or connecting with
@@ -87,8 +87,8 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 
 use crate::audit::{AuditEvent, AuditSink};
-use crate::datapath::Event;
 use crate::enforce::PolicyDecider;
+use crate::session::Event;
 
 /// How often the policy file's metadata is polled.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(500);

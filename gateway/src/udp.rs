@@ -29,6 +29,8 @@
 //! leaves, even if the host gained that address after the deny set was last
 //! refreshed.
 
+mod forward;
+
 use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};

@@ -15,6 +15,7 @@
 //! closed).
 
 pub mod server;
+pub(crate) mod session;
 pub mod table;
 pub mod upstream;
 

@@ -27,9 +27,10 @@ use smoltcp::socket::tcp;
 use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::mpsc;
 
-use super::{Datapath, Event, Flow};
+use super::Flow;
 use crate::decide::FlowKey;
 use crate::enforce::WireName;
+use crate::session::{Datapath, Event};
 
 /// Datapath reason code: the policy inspects the SNI, but it is outside the
 /// running sandbox CA's name constraints (audited `inspect_failed`, see
@@ -41,7 +42,7 @@ pub(crate) const NO_SANDBOX_CA: &str = "no_sandbox_ca";
 
 /// The host side of an open flow.
 #[derive(Debug)]
-pub(super) enum HostStream {
+pub(crate) enum HostStream {
     /// A host TCP connection to the destination (spliced).
     Tcp(TcpStream),
     /// One end of a pair whose other end the interception proxy holds.
@@ -55,28 +56,28 @@ impl From<TcpStream> for HostStream {
 }
 
 impl HostStream {
-    pub(super) fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
+    pub(crate) fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
         match self {
             Self::Tcp(s) => s.try_read(buf),
             Self::Local(s) => s.try_read(buf),
         }
     }
 
-    pub(super) fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
+    pub(crate) fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
         match self {
             Self::Tcp(s) => s.try_write(buf),
             Self::Local(s) => s.try_write(buf),
         }
     }
 
-    pub(super) fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+    pub(crate) fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self {
             Self::Tcp(s) => s.poll_read_ready(cx),
             Self::Local(s) => s.poll_read_ready(cx),
         }
     }
 
-    pub(super) fn poll_write_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+    pub(crate) fn poll_write_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self {
             Self::Tcp(s) => s.poll_write_ready(cx),
             Self::Local(s) => s.poll_write_ready(cx),
@@ -110,7 +111,7 @@ impl Datapath {
     /// plain-HTTP proxy). True when the flow was taken (opened towards the
     /// proxy, or reset because the hand-over failed); false when it is to be
     /// spliced as usual.
-    pub(super) fn try_intercept(&mut self, id: u64, handle: SocketHandle, key: &FlowKey) -> bool {
+    pub(crate) fn try_intercept(&mut self, id: u64, handle: SocketHandle, key: &FlowKey) -> bool {
         let wire = match self.flows.get(&id) {
             Some(Flow { wire: Some(w), .. }) => w.clone(),
             _ => return false,
@@ -237,7 +238,7 @@ impl Datapath {
     }
 
     /// Writes one proxy event as an audit record.
-    pub(super) fn on_intercept_event(&mut self, event: &HttpEvent) {
+    pub(crate) fn on_intercept_event(&mut self, event: &HttpEvent) {
         let sandbox = self.audit.sandbox().to_owned();
         let policy = self.audit.policy().cloned();
         let policy_ref = match policy.as_deref() {
@@ -261,7 +262,7 @@ impl Datapath {
     /// After a reload: the proxy picks up the new policy's secret values
     /// (rotation) and the inspected patterns outside the running CA are
     /// found; the lines for the reload record (`crate::reload`).
-    pub(super) fn reload_intercept(&mut self, loaded: &crate::reload::Loaded) -> String {
+    pub(crate) fn reload_intercept(&mut self, loaded: &crate::reload::Loaded) -> String {
         crate::reload::reload_interception(loaded, self.cfg.intercept.as_deref())
     }
 }

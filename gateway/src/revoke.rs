@@ -8,15 +8,16 @@ use std::time::{Duration, Instant};
 
 use smoltcp::socket::tcp;
 
-use super::{Datapath, FlowState};
 use crate::audit::AuditEvent;
 use crate::decide::DenyReason;
 use crate::enforce::MAX_NAMES_PER_IP;
 use crate::reload::PolicyReload;
+use crate::session::Datapath;
+use crate::tcp::FlowState;
 
 impl Datapath {
     /// Applies one reload attempt (see `crate::reload`).
-    pub(super) fn on_reload(&mut self, reload: PolicyReload) {
+    pub(crate) fn on_reload(&mut self, reload: PolicyReload) {
         let trigger = reload.trigger.as_str();
         let loaded = match reload.outcome {
             Ok(loaded) => loaded,
@@ -129,7 +130,7 @@ impl Datapath {
             }
         }
         for (syn, src, dst) in held_syns {
-            let seq = super::syn_seq(&syn);
+            let seq = crate::tcp::syn_seq(&syn);
             self.rst_syn(&syn, src, dst, seq);
         }
         self.egress();

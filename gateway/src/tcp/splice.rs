@@ -1,0 +1,101 @@
+//! The byte pump of an open TCP flow: one copy each way between the
+//! smoltcp socket's buffers and the host stream (`recv` into `try_write`,
+//! `send` from `try_read`), half-closes passed on both ways, a reset on
+//! either side passed to the other.
+
+use std::time::Duration;
+
+use smoltcp::socket::tcp;
+
+use super::{Flow, FlowState, guest_finished};
+use crate::session::{Datapath, would_block};
+
+impl Datapath {
+    /// Registers this task's waker with every host socket that has something
+    /// to do; true when one is ready now.
+    pub(crate) fn poll_hosts(&mut self, cx: &mut std::task::Context<'_>) -> bool {
+        let mut ready = false;
+        for flow in self.flows.values() {
+            if let FlowState::Open {
+                handle,
+                host,
+                host_eof,
+                host_write_shut,
+            } = &flow.state
+            {
+                let sock = self.sockets.get::<tcp::Socket<'_>>(*handle);
+                if !*host_eof && sock.can_send() && host.poll_read_ready(cx).is_ready() {
+                    ready = true;
+                }
+                if !*host_write_shut && sock.can_recv() && host.poll_write_ready(cx).is_ready() {
+                    ready = true;
+                }
+            }
+        }
+        ready
+    }
+}
+
+/// Moves what both sides can take now for the open flow `flow` whose guest
+/// socket is `sock`. Returns how it ended (`closed`, or `reset` when either
+/// side reset) once the guest socket is closed; `None` while it lives.
+pub(super) fn pump(sock: &mut tcp::Socket<'_>, flow: &mut Flow) -> Option<&'static str> {
+    let FlowState::Open {
+        host,
+        host_eof,
+        host_write_shut,
+        ..
+    } = &mut flow.state
+    else {
+        return None;
+    };
+    // Guest -> host.
+    while !*host_write_shut && sock.can_recv() {
+        match sock.recv(|b| match host.try_write(b) {
+            Ok(n) => (n, Ok(n)),
+            Err(e) => (0, Err(e)),
+        }) {
+            Ok(Ok(0)) | Err(_) => break,
+            Ok(Ok(n)) => flow.up += n as u64,
+            Ok(Err(e)) if would_block(&e) => break,
+            Ok(Err(_)) => {
+                sock.abort();
+                *host_eof = true;
+                *host_write_shut = true;
+            }
+        }
+    }
+    if !*host_write_shut && guest_finished(sock) {
+        *host_write_shut = true;
+        let _ = socket2::SockRef::from(&*host).shutdown(std::net::Shutdown::Write);
+    }
+    // Host -> guest.
+    while !*host_eof && sock.can_send() {
+        match sock.send(|b| match host.try_read(b) {
+            Ok(n) => (n, Ok(n)),
+            Err(e) => (0, Err(e)),
+        }) {
+            Ok(Ok(0)) => {
+                *host_eof = true;
+                sock.close();
+            }
+            Ok(Ok(n)) => flow.down += n as u64,
+            Ok(Err(e)) if would_block(&e) => break,
+            Ok(Err(_)) => {
+                *host_eof = true;
+                *host_write_shut = true;
+                sock.abort();
+            }
+            Err(_) => break,
+        }
+    }
+    if matches!(sock.state(), tcp::State::Closed | tcp::State::TimeWait) {
+        let clean = *host_eof && *host_write_shut;
+        if !clean {
+            // Propagate the guest's RST (or our abort) to the host side.
+            let _ = socket2::SockRef::from(&*host).set_linger(Some(Duration::ZERO));
+        }
+        return Some(if clean { "closed" } else { "reset" });
+    }
+    None
+}
