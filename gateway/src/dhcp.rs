@@ -13,12 +13,13 @@ use dhcproto::{Decodable, Decoder, Encodable, Encoder};
 use crate::config::Config;
 
 /// DHCP server port.
-pub const SERVER_PORT: u16 = 67;
+pub(crate) const SERVER_PORT: u16 = 67;
 /// DHCP client port.
-pub const CLIENT_PORT: u16 = 68;
+pub(crate) const CLIENT_PORT: u16 = 68;
 
 /// A reply to send to the guest.
 #[derive(Debug, PartialEq, Eq)]
+#[cfg_attr(not(feature = "test-util"), expect(unreachable_pub))]
 pub struct DhcpReply {
     /// UDP payload.
     pub payload: Vec<u8>,
@@ -30,6 +31,7 @@ pub struct DhcpReply {
 
 /// The DHCP server state.
 #[derive(Debug)]
+#[cfg_attr(not(feature = "test-util"), expect(unreachable_pub))]
 pub struct DhcpServer {
     guest_ip: Ipv4Addr,
     gateway_ip: Ipv4Addr,
@@ -42,6 +44,7 @@ pub struct DhcpServer {
 
 impl DhcpServer {
     /// A server handing out `cfg.guest_ip`.
+    #[cfg_attr(not(feature = "test-util"), expect(unreachable_pub))]
     pub fn new(cfg: &Config) -> Self {
         Self {
             guest_ip: cfg.guest_ip,
@@ -55,17 +58,20 @@ impl DhcpServer {
     }
 
     /// The guest's MAC once a client has been served.
+    #[cfg_attr(not(feature = "test-util"), expect(unreachable_pub))]
     pub fn client_mac(&self) -> Option<[u8; 6]> {
         self.client
     }
 
     /// Whether the guest has been ACKed a lease.
+    #[cfg_attr(not(feature = "test-util"), expect(unreachable_pub))]
     pub fn leased(&self) -> bool {
         self.leased
     }
 
     /// Handles one DHCP payload; `None` for anything that gets no answer
     /// (malformed, not a request, another client, unknown type).
+    #[cfg_attr(not(feature = "test-util"), expect(unreachable_pub))]
     pub fn handle(&mut self, payload: &[u8]) -> Option<DhcpReply> {
         let req = Message::decode(&mut Decoder::new(payload)).ok()?;
         if req.opcode() != Opcode::BootRequest || req.hlen() != 6 {

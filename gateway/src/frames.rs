@@ -10,14 +10,16 @@
 use thiserror::Error;
 
 /// The smallest acceptable frame: an Ethernet header.
+#[cfg_attr(not(feature = "test-util"), expect(unreachable_pub))]
 pub const MIN_FRAME: usize = 14;
 /// The largest frame the stream protocol can carry (QEMU and passt agree).
-pub const MAX_FRAME: usize = 65535;
+pub(crate) const MAX_FRAME: usize = 65535;
 /// Length of the big-endian frame length prefix.
 const LEN_PREFIX: usize = 4;
 
 /// A malformed stream from the guest side.
 #[derive(Debug, Error, PartialEq, Eq)]
+#[cfg_attr(not(feature = "test-util"), expect(unreachable_pub))]
 pub enum FrameError {
     /// A frame length outside `[MIN_FRAME, max]`: the peer is not speaking the stream protocol.
     #[error("frame length {len} outside {min}..={max}")]
@@ -36,6 +38,7 @@ pub enum FrameError {
 /// The buffer holds `capacity` bytes plus room for one maximal frame, so a
 /// read never needs to grow it. Memory is bounded by construction.
 #[derive(Debug)]
+#[cfg_attr(not(feature = "test-util"), expect(unreachable_pub))]
 pub struct FrameReader {
     buf: Vec<u8>,
     /// Start of unparsed bytes.
@@ -47,6 +50,7 @@ pub struct FrameReader {
 
 impl FrameReader {
     /// A reader that reads up to `chunk` bytes per syscall and accepts frames up to `max_frame`.
+    #[cfg_attr(not(feature = "test-util"), expect(unreachable_pub))]
     pub fn new(chunk: usize, max_frame: usize) -> Self {
         let max_frame = max_frame.clamp(MIN_FRAME, MAX_FRAME);
         Self {
@@ -59,6 +63,7 @@ impl FrameReader {
 
     /// The free tail of the buffer to read into; call [`Self::filled`] after the read.
     /// Compacts the buffer first when the unparsed remainder is not at its start.
+    #[cfg_attr(not(feature = "test-util"), expect(unreachable_pub))]
     pub fn spare(&mut self) -> &mut [u8] {
         if self.start > 0 {
             self.buf.copy_within(self.start..self.end, 0);
@@ -69,11 +74,13 @@ impl FrameReader {
     }
 
     /// Records that `n` bytes were read into [`Self::spare`].
+    #[cfg_attr(not(feature = "test-util"), expect(unreachable_pub))]
     pub fn filled(&mut self, n: usize) {
         self.end = (self.end + n).min(self.buf.len());
     }
 
     /// The next complete frame, `Ok(None)` when more bytes are needed.
+    #[cfg_attr(not(feature = "test-util"), expect(unreachable_pub))]
     pub fn next_frame(&mut self) -> Result<Option<&[u8]>, FrameError> {
         let avail = &self.buf[self.start..self.end];
         let Some(prefix) = avail.get(..LEN_PREFIX) else {
@@ -96,7 +103,8 @@ impl FrameReader {
     }
 
     /// Bytes received but not yet returned as frames.
-    pub fn pending(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn pending(&self) -> usize {
         self.end - self.start
     }
 }
@@ -122,6 +130,7 @@ const TRIM_KEEP: usize = 256 * 1024;
 /// zeroed and re-faulted every frame: a third of the gateway's CPU during a
 /// download). [`Self::trim`] gives memory back when the datapath is idle.
 #[derive(Debug, Default)]
+#[cfg_attr(not(feature = "test-util"), expect(unreachable_pub))]
 pub struct TxBatch {
     /// Initialised storage; `buf.len()` is its high-water mark, not the queue.
     buf: Vec<u8>,
@@ -137,7 +146,7 @@ impl TxBatch {
     /// The slice is cleared up to [`CLEARED_PREFIX`] bytes; beyond that it
     /// may hold bytes of earlier frames, so `fill` must write the payload in
     /// full (every builder in the gateway and smoltcp's do).
-    pub fn push_with<R>(&mut self, len: usize, fill: impl FnOnce(&mut [u8]) -> R) -> R {
+    pub(crate) fn push_with<R>(&mut self, len: usize, fill: impl FnOnce(&mut [u8]) -> R) -> R {
         // Lengths are bounded by MAX_FRAME by the callers (MTU); saturate rather than truncate.
         let prefix = u32::try_from(len).unwrap_or(u32::MAX).to_be_bytes();
         let at = self.end + prefix.len();
@@ -154,23 +163,25 @@ impl TxBatch {
     }
 
     /// Appends a copy of `frame`.
-    pub fn push(&mut self, frame: &[u8]) {
+    #[cfg(test)]
+    pub(crate) fn push(&mut self, frame: &[u8]) {
         self.push_with(frame.len(), |b| b.copy_from_slice(frame));
     }
 
     /// Bytes queued and not yet written.
-    pub fn queued(&self) -> usize {
+    pub(crate) fn queued(&self) -> usize {
         self.end - self.written
     }
 
     /// The unwritten bytes.
+    #[cfg_attr(not(feature = "test-util"), expect(unreachable_pub))]
     pub fn unwritten(&self) -> &[u8] {
         &self.buf[self.written..self.end]
     }
 
     /// Records that `n` bytes of [`Self::unwritten`] were written; the
     /// storage is reused from its start once everything was written.
-    pub fn consume(&mut self, n: usize) {
+    pub(crate) fn consume(&mut self, n: usize) {
         self.written = (self.written + n).min(self.end);
         if self.written == self.end {
             self.written = 0;
@@ -179,19 +190,20 @@ impl TxBatch {
     }
 
     /// Bytes of storage held (initialised), queued or not.
-    pub fn storage(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn storage(&self) -> usize {
         self.buf.len()
     }
 
     /// Whether [`Self::trim`] would give storage back once drained.
-    pub fn holds_surplus(&self) -> bool {
+    pub(crate) fn holds_surplus(&self) -> bool {
         self.buf.len() > TRIM_KEEP
     }
 
     /// Gives back storage beyond [`TRIM_KEEP`] when nothing is queued (call
     /// it when the datapath has been idle for a while, not per frame: the
     /// next burst pays the allocation and page faults again).
-    pub fn trim(&mut self) {
+    pub(crate) fn trim(&mut self) {
         if self.end == 0 && self.buf.len() > TRIM_KEEP {
             self.buf.truncate(TRIM_KEEP);
             self.buf.shrink_to_fit();

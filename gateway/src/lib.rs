@@ -6,30 +6,68 @@
 //! ([`dns`]) itself, decides every new flow ([`decide`]) and re-originates
 //! allowed flows from ordinary host sockets, writing an audit trail
 //! ([`audit`]). See `docs/gateway.md`.
+//!
+//! # Public API
+//!
+//! Public is only what the binary (`main.rs`), the launcher (`sluice run`
+//! builds the gateway's argv from [`args::GatewayArgs`] and
+//! [`config::PublishSpec`]; its tests render records with [`audit::ocsf`])
+//! and the end-to-end tests (the audit rate limits) use: [`serve`], [`serve_with_reload`], their argument
+//! types, and the modules [`args`], [`audit`], [`config`], [`decide`],
+//! [`enforce`], [`hostaddrs`] and [`reload`]. Every other module is private.
+//!
+//! The `test-util` feature (nothing that ships enables it) also makes
+//! `dhcp`, `dns` (`server`, `table`, `upstream`), `frames`, `packet`,
+//! `session` and its alias `datapath` public, for the in-process drivers:
+//! the fuzz targets (`fuzz/`) and `tests/src/bin/sluice-dns-bench.rs`. In
+//! those modules an item a driver uses is `pub` with
+//! `#[cfg_attr(not(feature = "test-util"), expect(unreachable_pub))]`, so
+//! that without the feature the compiler still checks it is reachable from
+//! nowhere else; every other item there is `pub(crate)`.
 #![forbid(unsafe_code)]
 
+// The public API (see the crate doc).
 pub mod args;
 pub mod audit;
 pub mod config;
 pub mod decide;
-pub mod dhcp;
-pub mod dns;
 pub mod enforce;
-pub mod frames;
 pub mod hostaddrs;
-pub mod packet;
-mod publish;
 pub mod reload;
-mod revoke;
+
+// Public only for the in-process drivers, with `test-util`.
+#[cfg(feature = "test-util")]
+pub mod dhcp;
+#[cfg(not(feature = "test-util"))]
+mod dhcp;
+#[cfg(feature = "test-util")]
+pub mod dns;
+#[cfg(not(feature = "test-util"))]
+mod dns;
+#[cfg(feature = "test-util")]
+pub mod frames;
+#[cfg(not(feature = "test-util"))]
+mod frames;
+#[cfg(feature = "test-util")]
+pub mod packet;
+#[cfg(not(feature = "test-util"))]
+mod packet;
+#[cfg(feature = "test-util")]
 pub mod session;
+#[cfg(not(feature = "test-util"))]
+mod session;
 /// The session under its earlier name, for in-process drivers
 /// (`tests/src/bin/sluice-dns-bench.rs`) written against that path.
+#[cfg(feature = "test-util")]
 pub mod datapath {
     pub use crate::session::Datapath;
 }
+
+mod publish;
+mod revoke;
 mod stack;
 mod tcp;
-pub mod udp;
+mod udp;
 
 #[cfg(test)]
 mod name_corpus_tests;

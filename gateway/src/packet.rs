@@ -25,6 +25,7 @@ const TCP_HEADER: usize = 20;
 
 /// Why a guest frame was dropped (counted per reason).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(feature = "test-util"), expect(unreachable_pub))]
 pub enum DropReason {
     /// Truncated or inconsistent headers, bad IPv4 checksum.
     Malformed,
@@ -46,12 +47,12 @@ pub enum DropReason {
 
 impl DropReason {
     /// Index into [`DropReason::ALL`] for counters.
-    pub fn index(self) -> usize {
+    pub(crate) fn index(self) -> usize {
         self as usize
     }
 
     /// Every reason, in index order.
-    pub const ALL: [DropReason; 8] = [
+    pub(crate) const ALL: [DropReason; 8] = [
         Self::Malformed,
         Self::Ipv6,
         Self::EtherType,
@@ -66,7 +67,7 @@ impl DropReason {
     /// names (`spoofed_source`, `ipv6_blocked`, `icmp_blocked`); `None` for
     /// the others (malformed frames, other EtherTypes, foreign ARP,
     /// fragments, other IP protocols), which only count.
-    pub fn audit_reason(self) -> Option<sluice_policy::Reason> {
+    pub(crate) fn audit_reason(self) -> Option<sluice_policy::Reason> {
         use sluice_policy::Reason;
         match self {
             Self::Spoofed => Some(Reason::SpoofedSource),
@@ -77,7 +78,7 @@ impl DropReason {
     }
 
     /// Counter name.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Malformed => "malformed",
             Self::Ipv6 => "ipv6",
@@ -93,6 +94,7 @@ impl DropReason {
 
 /// Where a guest frame goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(feature = "test-util"), expect(unreachable_pub))]
 pub enum Class {
     /// Hand to smoltcp (ARP/ICMP for the gateway, TCP segments that are not new SYNs).
     Stack,
@@ -131,6 +133,7 @@ pub enum Class {
 
 /// What [`classify`] needs to know about the virtual network.
 #[derive(Debug, Clone, Copy)]
+#[cfg_attr(not(feature = "test-util"), expect(unreachable_pub))]
 pub struct Addresses {
     /// The gateway's address.
     pub gateway_ip: Ipv4Addr,
@@ -141,6 +144,7 @@ pub struct Addresses {
 }
 
 /// Classifies one Ethernet frame from the guest.
+#[cfg_attr(not(feature = "test-util"), expect(unreachable_pub))]
 pub fn classify(frame: &[u8], a: &Addresses) -> Class {
     let Ok(eth) = EthernetFrame::new_checked(frame) else {
         return Class::Drop(DropReason::Malformed);
@@ -242,6 +246,7 @@ fn classify_ipv4(payload: &[u8], a: &Addresses) -> Class {
 }
 
 /// Appends an Ethernet/IPv4/UDP frame to `out`.
+#[cfg_attr(not(feature = "test-util"), expect(unreachable_pub))]
 pub fn write_udp(
     out: &mut TxBatch,
     src_mac: [u8; 6],
@@ -284,6 +289,7 @@ pub fn write_udp(
 
 /// Appends the echo reply to an echo request `frame` already classified as
 /// [`Class::IcmpEcho`]; nothing when the frame does not hold one.
+#[cfg_attr(not(feature = "test-util"), expect(unreachable_pub))]
 pub fn write_echo_reply(out: &mut TxBatch, gateway_mac: [u8; 6], request: &[u8]) {
     let Ok(eth) = EthernetFrame::new_checked(request) else {
         return;
@@ -322,6 +328,7 @@ pub fn write_echo_reply(out: &mut TxBatch, gateway_mac: [u8; 6], request: &[u8])
 }
 
 /// Appends a RST|ACK answering a SYN from `guest` to `dst` with sequence `seq`.
+#[cfg_attr(not(feature = "test-util"), expect(unreachable_pub))]
 pub fn write_rst_for_syn(
     out: &mut TxBatch,
     gateway_mac: [u8; 6],

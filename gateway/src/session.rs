@@ -30,7 +30,7 @@ use crate::audit::{AuditEvent, AuditSink};
 use crate::config::Config;
 use crate::decide::{Decider, DenyReason, FlowKey, Transport};
 use crate::dhcp::{self, DhcpServer};
-use crate::dns::{DnsServer, DnsTable, UpstreamReply};
+use crate::dns::{DnsServer, UpstreamReply};
 use crate::frames::{FrameError, FrameReader, TxBatch};
 use crate::packet::{self, Addresses, Class, DropReason};
 use crate::publish::Published;
@@ -99,6 +99,7 @@ pub enum Event {
 
 /// Why a guest session ended.
 #[derive(Debug)]
+#[cfg_attr(not(feature = "test-util"), expect(unreachable_pub))]
 pub enum SessionEnd {
     /// The guest closed its stream (go back to accepting).
     GuestClosed,
@@ -112,7 +113,7 @@ pub enum SessionEnd {
 
 /// Frame and flow counters, logged periodically, on SIGUSR1 and at exit.
 #[derive(Debug, Default, Clone)]
-pub struct Counters {
+pub(crate) struct Counters {
     /// Frames received from the guest.
     pub frames_in: u64,
     /// Frames dropped before the stack, by [`DropReason::index`].
@@ -170,6 +171,7 @@ impl Counters {
 }
 
 /// One guest session's datapath state.
+#[cfg_attr(not(feature = "test-util"), expect(unreachable_pub))]
 pub struct Datapath {
     pub(crate) cfg: Arc<Config>,
     pub(crate) decider: Arc<dyn Decider>,
@@ -212,6 +214,7 @@ pub(crate) fn would_block(e: &io::Error) -> bool {
 
 impl Datapath {
     /// A fresh datapath (new interface, no flows) for one guest session.
+    #[cfg_attr(not(feature = "test-util"), expect(unreachable_pub))]
     pub fn new(
         cfg: Arc<Config>,
         decider: Arc<dyn Decider>,
@@ -250,18 +253,8 @@ impl Datapath {
     }
 
     /// Ends the session, handing back the audit sink.
-    pub fn into_audit(self) -> AuditSink {
+    pub(crate) fn into_audit(self) -> AuditSink {
         self.audit
-    }
-
-    /// The counters so far.
-    pub fn counters(&self) -> &Counters {
-        &self.counters
-    }
-
-    /// The DNS table.
-    pub fn dns_table(&self) -> &DnsTable {
-        self.dns.table()
     }
 
     pub(crate) fn addresses(&self) -> Addresses {
@@ -273,6 +266,7 @@ impl Datapath {
     }
 
     /// Runs until the guest disconnects, breaks the protocol, or shutdown.
+    #[cfg_attr(not(feature = "test-util"), expect(unreachable_pub))]
     pub async fn run(
         &mut self,
         guest: &UnixStream,
@@ -453,7 +447,7 @@ impl Datapath {
     }
 
     /// Handles one guest frame.
-    pub fn on_frame(&mut self, frame: &[u8]) {
+    pub(crate) fn on_frame(&mut self, frame: &[u8]) {
         self.counters.frames_in += 1;
         match packet::classify(frame, &self.addresses()) {
             Class::Stack => self.ingress(frame),

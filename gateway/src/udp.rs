@@ -44,11 +44,11 @@ use crate::audit::FlowTotals;
 use crate::decide::FlowKey;
 
 /// Default bound on concurrent UDP flows.
-pub const DEFAULT_MAX_UDP_FLOWS: usize = 256;
+pub(crate) const DEFAULT_MAX_UDP_FLOWS: usize = 256;
 /// Default idle expiry of a UDP flow that has seen traffic both ways.
-pub const DEFAULT_UDP_IDLE: Duration = Duration::from_secs(60);
+pub(crate) const DEFAULT_UDP_IDLE: Duration = Duration::from_secs(60);
 /// Default idle expiry of a UDP flow the destination never answered.
-pub const DEFAULT_UDP_IDLE_UNANSWERED: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_UDP_IDLE_UNANSWERED: Duration = Duration::from_secs(30);
 /// Datagrams read from one flow's host socket per [`UdpFlows::recv_ready`]
 /// call, so one busy flow cannot starve the others or the guest input.
 const RECV_BUDGET_PER_FLOW: usize = 64;
@@ -79,7 +79,7 @@ impl Default for UdpLimits {
 
 /// Why a UDP flow could not be opened.
 #[derive(Debug, Error)]
-pub enum UdpOpenError {
+pub(crate) enum UdpOpenError {
     /// The table holds [`UdpLimits::max_flows`] flows already.
     #[error("too many UDP flows ({0})")]
     TooMany(usize),
@@ -99,7 +99,7 @@ pub enum UdpOpenError {
 
 /// How a UDP flow ended (the audit `end` value is [`UdpEnd::as_str`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum UdpEnd {
+pub(crate) enum UdpEnd {
     /// No datagram for the idle period.
     Idle,
     /// The host socket failed with an error other than an ICMP refusal.
@@ -110,7 +110,7 @@ pub enum UdpEnd {
 
 impl UdpEnd {
     /// Audit value.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Idle => "idle_timeout",
             Self::Error => "upstream_error",
@@ -121,7 +121,7 @@ impl UdpEnd {
 
 /// What happened to a guest datagram handed to [`UdpFlows::send`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SendOutcome {
+pub(crate) enum SendOutcome {
     /// Written to the host socket.
     Sent,
     /// Dropped: the host socket's send buffer is full, or the destination
@@ -133,7 +133,7 @@ pub enum SendOutcome {
 
 /// A flow that ended, for the close audit line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ClosedUdpFlow {
+pub(crate) struct ClosedUdpFlow {
     /// The flow id given at open.
     pub id: u64,
     /// Guest endpoint and destination.
@@ -150,7 +150,7 @@ pub struct ClosedUdpFlow {
 
 impl ClosedUdpFlow {
     /// Its identity and totals, for its `flow_close` audit line.
-    pub fn totals(&self) -> FlowTotals {
+    pub(crate) fn totals(&self) -> FlowTotals {
         FlowTotals {
             flow: self.id,
             proto: "udp",
@@ -204,7 +204,7 @@ impl UdpFlow {
 
 /// Counters of the UDP forwarder.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct UdpCounters {
+pub(crate) struct UdpCounters {
     /// Guest datagrams written to host sockets.
     pub dgrams_up: u64,
     /// Datagrams delivered to the guest.
@@ -216,7 +216,7 @@ pub struct UdpCounters {
 }
 
 /// The table of open UDP flows and their host sockets.
-pub struct UdpFlows {
+pub(crate) struct UdpFlows {
     flows: HashMap<FlowKey, UdpFlow>,
     limits: UdpLimits,
     counters: UdpCounters,
@@ -234,7 +234,7 @@ impl std::fmt::Debug for UdpFlows {
 
 impl UdpFlows {
     /// An empty table with these bounds.
-    pub fn new(limits: UdpLimits) -> Self {
+    pub(crate) fn new(limits: UdpLimits) -> Self {
         Self {
             flows: HashMap::new(),
             limits,
@@ -243,29 +243,26 @@ impl UdpFlows {
         }
     }
 
-    /// Open flows.
-    pub fn len(&self) -> usize {
-        self.flows.len()
-    }
-
     /// Whether no flow is open.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.flows.is_empty()
     }
 
     /// The counters so far.
-    pub fn counters(&self) -> UdpCounters {
+    #[cfg(test)]
+    pub(crate) fn counters(&self) -> UdpCounters {
         self.counters
     }
 
     /// Whether a flow for `key` is open.
-    pub fn contains(&self, key: &FlowKey) -> bool {
+    #[cfg(test)]
+    pub(crate) fn contains(&self, key: &FlowKey) -> bool {
         self.flows.contains_key(key)
     }
 
     /// Opens a flow for an allowed `key` with a host socket connected to
     /// `key.dst`. Must be called inside a tokio runtime.
-    pub fn open(&mut self, id: u64, key: FlowKey, now: Instant) -> Result<(), UdpOpenError> {
+    pub(crate) fn open(&mut self, id: u64, key: FlowKey, now: Instant) -> Result<(), UdpOpenError> {
         if self.flows.len() >= self.limits.max_flows {
             return Err(UdpOpenError::TooMany(self.limits.max_flows));
         }
@@ -276,7 +273,7 @@ impl UdpFlows {
 
     /// Remembers the names that admitted the open flow for `key` (the DNS
     /// table's names for its destination at open), for [`UdpFlows::revoke`].
-    pub fn set_names(&mut self, key: &FlowKey, names: &[&str]) {
+    pub(crate) fn set_names(&mut self, key: &FlowKey, names: &[&str]) {
         if let Some(flow) = self.flows.get_mut(key) {
             flow.names = names.iter().map(|n| Box::from(*n)).collect();
         }
@@ -285,7 +282,7 @@ impl UdpFlows {
     /// Removes and returns the flows `deny` refuses (given each flow's key
     /// and admitting names), with the reason it gave: a policy reload
     /// revoking what the new policy denies. The host sockets are closed.
-    pub fn revoke<R>(
+    pub(crate) fn revoke<R>(
         &mut self,
         now: Instant,
         mut deny: impl FnMut(&FlowKey, &[&str]) -> Option<R>,
@@ -305,7 +302,7 @@ impl UdpFlows {
     }
 
     /// Writes a guest datagram to the flow's host socket (never blocks).
-    pub fn send(&mut self, key: &FlowKey, payload: &[u8], now: Instant) -> SendOutcome {
+    pub(crate) fn send(&mut self, key: &FlowKey, payload: &[u8], now: Instant) -> SendOutcome {
         let Some(flow) = self.flows.get_mut(key) else {
             return SendOutcome::NoFlow;
         };
@@ -330,7 +327,7 @@ impl UdpFlows {
 
     /// Registers `cx`'s waker with every host socket; true when one has a
     /// datagram (or an error) to read now.
-    pub fn poll_ready(&self, cx: &mut Context<'_>) -> bool {
+    pub(crate) fn poll_ready(&self, cx: &mut Context<'_>) -> bool {
         let mut ready = false;
         for flow in self.flows.values() {
             if flow.socket.poll_recv_ready(cx).is_ready() {
@@ -346,7 +343,7 @@ impl UdpFlows {
     /// kernel). Call only when there is room. Datagrams larger than
     /// `max_payload` are dropped and counted. Returns the flows whose socket
     /// failed (already removed).
-    pub fn recv_ready(
+    pub(crate) fn recv_ready(
         &mut self,
         max_payload: usize,
         now: Instant,
@@ -397,7 +394,7 @@ impl UdpFlows {
     }
 
     /// Removes and returns the flows idle past their expiry at `now`.
-    pub fn expire(&mut self, now: Instant) -> Vec<ClosedUdpFlow> {
+    pub(crate) fn expire(&mut self, now: Instant) -> Vec<ClosedUdpFlow> {
         let limits = self.limits;
         let mut out = Vec::new();
         self.flows.retain(|key, flow| {
@@ -417,7 +414,7 @@ impl UdpFlows {
     }
 
     /// Removes and returns every flow (session end).
-    pub fn close_all(&mut self, now: Instant) -> Vec<ClosedUdpFlow> {
+    pub(crate) fn close_all(&mut self, now: Instant) -> Vec<ClosedUdpFlow> {
         self.flows
             .drain()
             .map(|(key, flow)| flow.closed(key, UdpEnd::Closed, now))

@@ -14,11 +14,23 @@
 //! not parse or does not match the query is replaced by SERVFAIL (fail
 //! closed).
 
+// `server`, `table` and `upstream` are public for the in-process drivers
+// (`test-util`), like the gateway's own driver modules.
+#[cfg(feature = "test-util")]
 pub mod server;
+#[cfg(not(feature = "test-util"))]
+pub(crate) mod server;
 pub(crate) mod session;
+#[cfg(feature = "test-util")]
 pub mod table;
+#[cfg(not(feature = "test-util"))]
+pub(crate) mod table;
+#[cfg(feature = "test-util")]
 pub mod upstream;
+#[cfg(not(feature = "test-util"))]
+pub(crate) mod upstream;
 
-pub use server::{Asker, Delivery, DnsServer, Outcome, Question, Served};
-pub use table::{DEFAULT_MAX_TTL, DEFAULT_MIN_TTL, DnsTable};
-pub use upstream::{UpstreamKey, UpstreamReply};
+pub(crate) use server::{Asker, Delivery, DnsServer, Outcome, Served};
+#[cfg_attr(not(feature = "test-util"), expect(unreachable_pub))]
+pub use table::DnsTable;
+pub(crate) use upstream::UpstreamReply;

@@ -29,20 +29,20 @@ use crate::decide::Decider;
 
 /// A validated guest query (sluice-inspect's reader: one IN question, opcode
 /// QUERY, the name normalised exactly as the policy normalises names).
-pub use sluice_inspect::dns::Query as Question;
+pub(crate) use sluice_inspect::dns::Query as Question;
 
 /// Distinct questions forwarded at once; beyond it the guest gets SERVFAIL.
-pub const MAX_IN_FLIGHT: usize = 256;
+pub(crate) const MAX_IN_FLIGHT: usize = 256;
 /// Guest queries waiting on one question in flight; beyond it SERVFAIL.
-pub const MAX_WAITERS_PER_QUESTION: usize = 64;
+pub(crate) const MAX_WAITERS_PER_QUESTION: usize = 64;
 /// Answers cached at once (per sandbox). When full, expired answers are
 /// dropped (at most one sweep a second); if none had expired, the answer
 /// that expires first is dropped to make room for the new one.
-pub const MAX_CACHED_ANSWERS: usize = 4096;
+pub(crate) const MAX_CACHED_ANSWERS: usize = 4096;
 
 /// Who asked: where the answer goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Asker {
+pub(crate) enum Asker {
     /// A UDP query from this guest endpoint.
     Udp(SocketAddrV4),
     /// A query on the DNS-over-TCP flow with this id.
@@ -51,7 +51,7 @@ pub enum Asker {
 
 /// What became of one guest query (the audit line and counters follow it).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// The query could not be read (no name): answered with this code.
     Unreadable(ResponseCode),
     /// The policy refused the name: answered `rcode` locally.
@@ -87,7 +87,7 @@ pub enum Outcome {
 
 impl Outcome {
     /// Whether the query counts as denied.
-    pub fn is_denial(&self) -> bool {
+    pub(crate) fn is_denial(&self) -> bool {
         matches!(
             self,
             Outcome::Unreadable(_)
@@ -98,7 +98,7 @@ impl Outcome {
     }
 
     /// The response code the guest was given.
-    pub fn rcode(&self) -> ResponseCode {
+    pub(crate) fn rcode(&self) -> ResponseCode {
         match self {
             Outcome::Unreadable(rcode)
             | Outcome::Denied { rcode, .. }
@@ -112,7 +112,7 @@ impl Outcome {
 
 /// One answer to deliver.
 #[derive(Debug)]
-pub struct Delivery {
+pub(crate) struct Delivery {
     /// Where it goes.
     pub to: Asker,
     /// The question, when the query could be read.
@@ -126,7 +126,7 @@ pub struct Delivery {
 
 /// What [`DnsServer::query`] did with a query.
 #[derive(Debug)]
-pub enum Served {
+pub(crate) enum Served {
     /// Answered now.
     Now(Delivery),
     /// Waiting on a question already in flight.
@@ -155,7 +155,7 @@ struct Cached {
 /// The sandbox's DNS server: its name-to-address table, its answer cache and
 /// the questions in flight. One per gateway (one sandbox); never shared.
 #[derive(Debug)]
-pub struct DnsServer {
+pub(crate) struct DnsServer {
     table: DnsTable,
     cache: HashMap<(String, RecordType), Cached>,
     cache_purged: Option<Instant>,
@@ -164,7 +164,7 @@ pub struct DnsServer {
 
 impl DnsServer {
     /// A server whose table holds at most `table_capacity` pairs.
-    pub fn new(table_capacity: usize) -> Self {
+    pub(crate) fn new(table_capacity: usize) -> Self {
         Self {
             table: DnsTable::new(table_capacity),
             cache: HashMap::new(),
@@ -174,28 +174,29 @@ impl DnsServer {
     }
 
     /// The name-to-address table.
-    pub fn table(&self) -> &DnsTable {
+    pub(crate) fn table(&self) -> &DnsTable {
         &self.table
     }
 
     /// The name-to-address table, to pin names, purge and reload it.
-    pub fn table_mut(&mut self) -> &mut DnsTable {
+    pub(crate) fn table_mut(&mut self) -> &mut DnsTable {
         &mut self.table
     }
 
     /// Questions in flight upstream.
-    pub fn in_flight(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn in_flight(&self) -> usize {
         self.pending.len()
     }
 
     /// Forgets every cached answer (a reload: the next query of each name is
     /// decided and asked afresh).
-    pub fn clear_cache(&mut self) {
+    pub(crate) fn clear_cache(&mut self) {
         self.cache.clear();
     }
 
     /// Serves one guest query. `can_forward`: a resolver is configured.
-    pub fn query(
+    pub(crate) fn query(
         &mut self,
         bytes: &[u8],
         to: Asker,
@@ -265,7 +266,7 @@ impl DnsServer {
 
     /// Hands an upstream reply to every guest query waiting on it, each
     /// with its own id and question, and caches it when it carried addresses.
-    pub fn answered(
+    pub(crate) fn answered(
         &mut self,
         reply: UpstreamReply,
         decider: &dyn Decider,
@@ -461,7 +462,7 @@ fn ttl_range(decider: &dyn Decider) -> RangeInclusive<u32> {
 /// would carry ECH configurations and alternative endpoints, TXT, MX, ...)
 /// gets an empty NOERROR answer locally and is audited `dns_type_withheld`.
 /// CNAME chains leading to A records are part of A answers.
-pub fn forwarded_type(qtype: RecordType) -> bool {
+pub(crate) fn forwarded_type(qtype: RecordType) -> bool {
     qtype == RecordType::A
 }
 
@@ -470,7 +471,7 @@ pub fn forwarded_type(qtype: RecordType) -> bool {
 /// the A records at the end of the question's CNAME chain survive; TTLs
 /// clamped into `ttl`; `keep(ip)` refuses addresses (rebinding defense).
 /// Nothing is recorded.
-pub fn sanitize(
+pub(crate) fn sanitize(
     question: &Question,
     upstream: &[u8],
     keep: impl Fn(IpAddr) -> bool,
@@ -482,7 +483,7 @@ pub fn sanitize(
 /// Records every kept address of `clean` in `table` under its owner name and
 /// under the question's name (the name the guest will send as SNI / Host);
 /// nothing for a private answer.
-pub fn record(question: &Question, clean: &Sanitized, table: &mut DnsTable, now: Instant) {
+pub(crate) fn record(question: &Question, clean: &Sanitized, table: &mut DnsTable, now: Instant) {
     if !clean.private_answer() {
         for (owner, ip, ttl) in &clean.answers {
             let ttl = Duration::from_secs(u64::from(*ttl));
@@ -495,6 +496,7 @@ pub fn record(question: &Question, clean: &Sanitized, table: &mut DnsTable, now:
 /// Takes one complete length-prefixed DNS-over-TCP message off the front of
 /// `inbuf` (RFC 1035 4.2.2: a 2-byte big-endian length, then the message);
 /// `None` until one has arrived whole. Pure: no I/O, never panics.
+#[cfg_attr(not(feature = "test-util"), expect(unreachable_pub))]
 pub fn tcp_message(inbuf: &mut Vec<u8>) -> Option<Vec<u8>> {
     let [hi, lo, ..] = inbuf[..] else {
         return None;
@@ -508,12 +510,13 @@ pub fn tcp_message(inbuf: &mut Vec<u8>) -> Option<Vec<u8>> {
 
 /// The most a DNS-over-TCP connection buffers from the guest: one whole
 /// message and its prefix.
+#[cfg_attr(not(feature = "test-util"), expect(unreachable_pub))]
 pub const TCP_INBUF_MAX: usize = MAX_TCP_MESSAGE + 2;
 
 /// Writes `reply` length-prefixed to the guest's DNS-over-TCP socket, whole
 /// or not at all: when there is no reply, it is too long for the prefix, or
 /// the socket's send buffer cannot take it whole, the connection is aborted.
-pub fn send_tcp_reply(sock: &mut tcp::Socket<'_>, reply: Option<&[u8]>) {
+pub(crate) fn send_tcp_reply(sock: &mut tcp::Socket<'_>, reply: Option<&[u8]>) {
     let framed = reply.and_then(|b| u16::try_from(b.len()).ok().map(|len| (len, b)));
     match framed {
         Some((len, b)) if sock.send_capacity() - sock.send_queue() >= b.len() + 2 => {

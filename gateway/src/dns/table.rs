@@ -14,20 +14,20 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Default upper bound on TTLs recorded in the table.
-pub const DEFAULT_MAX_TTL: Duration = Duration::from_secs(24 * 3600);
+pub(crate) const DEFAULT_MAX_TTL: Duration = Duration::from_secs(24 * 3600);
 /// Default lower bound on TTLs recorded in the table: answers with TTL 0 (common
 /// for local resolvers) must still cover the connection that follows them.
-pub const DEFAULT_MIN_TTL: Duration = Duration::from_secs(10);
+pub(crate) const DEFAULT_MIN_TTL: Duration = Duration::from_secs(10);
 /// Default bound on the names held for one address. Past it, the address's
 /// soonest-expiring name that no live flow was admitted with is evicted.
-pub const DEFAULT_MAX_NAMES_PER_ADDRESS: usize = 4096;
+pub(crate) const DEFAULT_MAX_NAMES_PER_ADDRESS: usize = 4096;
 
 /// The one normalisation of a name before it is stored or compared in the
 /// table: the project's one normaliser ([`sluice_name::normalize_name`]:
 /// ASCII lower case, one trailing dot removed, DNS limits). `None` for a
 /// name it refuses: such a name is never recorded and was resolved for
 /// nothing. The result is held inline: lookups do not allocate.
-pub fn normalise(name: &str) -> Option<sluice_name::NormalName> {
+pub(crate) fn normalise(name: &str) -> Option<sluice_name::NormalName> {
     sluice_name::normalize_name(name).ok()
 }
 

@@ -27,7 +27,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpStream, UdpSocket};
 
 /// Largest DNS message accepted over TCP (the 2-byte length prefix allows 65535).
-pub const MAX_TCP_MESSAGE: usize = 65535;
+pub(crate) const MAX_TCP_MESSAGE: usize = 65535;
 
 /// One distinct question asked upstream: guest queries with equal keys
 /// while one is in flight share its answer.
@@ -55,6 +55,7 @@ pub struct UpstreamReply {
 
 /// Why no query could be built: nothing is sent (fail closed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[cfg_attr(not(feature = "test-util"), expect(unreachable_pub))]
 pub enum QueryError {
     /// The system random number generator failed.
     #[error("the system random number generator failed")]
@@ -66,6 +67,7 @@ pub enum QueryError {
 
 /// A query as sent upstream: what an answer must match.
 #[derive(Debug, Clone)]
+#[cfg_attr(not(feature = "test-util"), expect(unreachable_pub))]
 pub struct SentQuery {
     /// The random id.
     pub id: u16,
@@ -79,6 +81,7 @@ pub struct SentQuery {
 
 /// Why an upstream datagram was not taken as the answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[cfg_attr(not(feature = "test-util"), expect(unreachable_pub))]
 pub enum Mismatch {
     /// It came from another address or port than the resolver asked.
     #[error("answer from another address or port")]
@@ -99,10 +102,11 @@ pub enum Mismatch {
 
 /// Random bytes one query takes: 2 for the id, 32 for the case of up to
 /// 256 name bytes.
+#[cfg_attr(not(feature = "test-util"), expect(unreachable_pub))]
 pub const QUERY_RANDOM_BYTES: usize = 2 + 32;
 
 /// [`build_query`] with fresh bytes from `rng`.
-pub fn random_query(
+pub(crate) fn random_query(
     name: &str,
     qtype: RecordType,
     rng: &dyn SecureRandom,
@@ -118,6 +122,7 @@ pub fn random_query(
 /// size and nothing else. `name` is a normalised name (lower case, no
 /// trailing dot). Errs only if the name does not encode (never for a name
 /// from a validated guest query): nothing is sent then.
+#[cfg_attr(not(feature = "test-util"), expect(unreachable_pub))]
 pub fn build_query(
     name: &str,
     qtype: RecordType,
@@ -158,6 +163,7 @@ pub fn build_query(
 /// `resolver`: same address and port, a response, the id sent, and exactly
 /// one question equal to the one sent with the letter case compared
 /// exactly.
+#[cfg_attr(not(feature = "test-util"), expect(unreachable_pub))]
 pub fn accept(
     sent: &SentQuery,
     resolver: SocketAddr,
@@ -189,7 +195,7 @@ pub fn accept(
 
 /// Asks each of `upstreams` in turn (each with a new query, socket and
 /// id), `per_try` each, until one answers acceptably.
-pub async fn resolve(
+pub(crate) async fn resolve(
     key: UpstreamKey,
     upstreams: Vec<SocketAddr>,
     per_try: Duration,
