@@ -540,7 +540,10 @@ fn a_full_cache_makes_room_for_the_newest_answer() {
     // answer expires first.
     for i in 0..=MAX_CACHED_ANSWERS {
         let n = name(i);
-        assert!(matches!(ask(&mut s, &d, GUEST, 1, &format!("{n}."), now), Served::Ask(_)));
+        assert!(matches!(
+            ask(&mut s, &d, GUEST, 1, &format!("{n}."), now),
+            Served::Ask(_)
+        ));
         let ttl = 1_000 + u32::try_from(i).unwrap();
         let out = s.answered(
             UpstreamReply {
@@ -559,11 +562,17 @@ fn a_full_cache_makes_room_for_the_newest_answer() {
         "the newest answer was not cached"
     );
     assert!(
-        matches!(ask(&mut s, &d, GUEST, 3, "n1.example.com.", now), Served::Now(_)),
+        matches!(
+            ask(&mut s, &d, GUEST, 3, "n1.example.com.", now),
+            Served::Now(_)
+        ),
         "an answer that does not expire first was dropped"
     );
     assert!(
-        matches!(ask(&mut s, &d, GUEST, 4, "n0.example.com.", now), Served::Ask(_)),
+        matches!(
+            ask(&mut s, &d, GUEST, 4, "n0.example.com.", now),
+            Served::Ask(_)
+        ),
         "the answer that expires first was kept"
     );
 }
