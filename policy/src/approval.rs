@@ -36,6 +36,14 @@ pub enum Unlisted {
     Ask,
 }
 
+impl Unlisted {
+    /// Whether this is the default, [`Unlisted::Deny`].
+    #[must_use]
+    pub fn is_deny(&self) -> bool {
+        *self == Self::Deny
+    }
+}
+
 /// Who answers approval questions.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -364,6 +372,16 @@ mod tests {
             let err = compile(&format!("version: 1\nid: t\n{yaml}")).unwrap_err();
             assert!(err.contains(needle), "{yaml:?}: {err}");
         }
+    }
+
+    #[test]
+    fn a_policy_without_approval_keeps_its_hash() {
+        // `unlisted: deny` is the default: it must not change the hash
+        // (gateway `audit::tests::flow_close_lines_are_unchanged` pins one).
+        let p = compile("version: 1\nid: t\nallow:\n  - domain: a.example.com\n").unwrap();
+        let q = compile("version: 1\nid: t\nunlisted: deny\nallow:\n  - domain: a.example.com\n")
+            .unwrap();
+        assert_eq!(p.version_hash(), q.version_hash());
     }
 
     #[test]

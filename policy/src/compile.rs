@@ -743,7 +743,11 @@ struct Canonical<'a> {
     secrets: &'a [SecretSpec],
     upstream: &'a Upstream,
     ttl: (u64, u64),
+    // Absent when at their defaults, so a policy that does not use runtime
+    // approval keeps the hash it had before these keys existed.
+    #[serde(skip_serializing_if = "Unlisted::is_deny")]
     unlisted: Unlisted,
+    #[serde(skip_serializing_if = "Option::is_none")]
     approval: Option<&'a ApprovalSpec>,
 }
 
