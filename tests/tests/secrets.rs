@@ -842,36 +842,43 @@ fn a_kept_alive_connection_follows_rotation_and_unbinding() -> Result<()> {
         !out.contains(TOK_VALUE) && !out.contains(rotated),
         "the guest saw a value: {out}"
     );
-    let auth = |path: &str| -> Result<String> {
-        let got = origin_got(&w, path);
+    origin_followed_the_reloads(&w, "ka-", rotated, false)?;
+    w.check_alive()
+}
+
+/// What the origin and the audit must show after the reloads of the
+/// rotation tests: the three requests `/echo/{prefix}1..3` carried the old
+/// value, the rotated one, then the placeholder (unbound), all on one
+/// gateway flow (over HTTP/2 when `http2`), and the third was audited
+/// `secret_host_mismatch`.
+fn origin_followed_the_reloads(w: &World, prefix: &str, rotated: &str, http2: bool) -> Result<()> {
+    let auth = |n: u32| -> Result<String> {
+        let path = format!("/echo/{prefix}{n}");
+        let got = origin_got(w, &path);
         ensure!(got.len() == 1, "{path}: {got:?}");
+        ensure!(!http2 || got[0]["version"] == "HTTP/2.0", "{path}: {got:?}");
         Ok(header(&got[0], "authorization")
             .unwrap_or_default()
             .to_owned())
     };
+    ensure!(auth(1)? == format!("Bearer {TOK_VALUE}"), "before");
     ensure!(
-        auth("/echo/ka-1")? == format!("Bearer {TOK_VALUE}"),
-        "before"
-    );
-    ensure!(
-        auth("/echo/ka-2")? == format!("Bearer {rotated}"),
+        auth(2)? == format!("Bearer {rotated}"),
         "after rotation the old value was sent: {}",
-        auth("/echo/ka-2")?
+        auth(2)?
     );
     ensure!(
-        auth("/echo/ka-3")? == format!("Bearer {TOK_PLACEHOLDER}"),
+        auth(3)? == format!("Bearer {TOK_PLACEHOLDER}"),
         "after unbinding: {}",
-        auth("/echo/ka-3")?
+        auth(3)?
     );
-    // One gateway flow carried all three requests.
-    let flows: Vec<_> = audit_lines(&w)
+    let echo = format!("/echo/{prefix}");
+    let flows: Vec<_> = audit_lines(w)
         .into_iter()
         .filter(|r| {
             r["kind"] == "http"
                 && r["reason"] == "allowlisted"
-                && r["path"]
-                    .as_str()
-                    .is_some_and(|p| p.starts_with("/echo/ka-"))
+                && r["path"].as_str().is_some_and(|p| p.starts_with(&echo))
         })
         .map(|r| r["flow"].clone())
         .collect();
@@ -879,13 +886,14 @@ fn a_kept_alive_connection_follows_rotation_and_unbinding() -> Result<()> {
         flows.len() == 3 && flows.iter().all(|f| *f == flows[0]),
         "flows: {flows:?}"
     );
-    let mismatch = wait_audit(&w, "secret_host_mismatch for ka-3", |r| {
+    let third = format!("{echo}3");
+    let mismatch = wait_audit(w, "secret_host_mismatch for the third request", |r| {
         r["reason"] == "secret_host_mismatch"
-            && r["path"] == "/echo/ka-3"
+            && r["path"] == third.as_str()
             && r["detail"].as_str().is_some_and(|d| d.contains("tok"))
     })?;
     ensure!(mismatch["decision"] == "deny", "{mismatch}");
-    w.check_alive()
+    Ok(())
 }
 
 /// Seconds curl waits between the requests of
@@ -947,48 +955,7 @@ fn an_http2_connection_follows_rotation_and_unbinding() -> Result<()> {
         !out.contains(TOK_VALUE) && !out.contains(rotated),
         "the guest saw a value: {out}"
     );
-    let auth = |path: &str| -> Result<String> {
-        let got = origin_got(&w, path);
-        ensure!(got.len() == 1, "{path}: {got:?}");
-        ensure!(got[0]["version"] == "HTTP/2.0", "{path}: {got:?}");
-        Ok(header(&got[0], "authorization")
-            .unwrap_or_default()
-            .to_owned())
-    };
-    ensure!(
-        auth("/echo/h2-1")? == format!("Bearer {TOK_VALUE}"),
-        "before"
-    );
-    ensure!(
-        auth("/echo/h2-2")? == format!("Bearer {rotated}"),
-        "after rotation: {}",
-        auth("/echo/h2-2")?
-    );
-    ensure!(
-        auth("/echo/h2-3")? == format!("Bearer {TOK_PLACEHOLDER}"),
-        "after unbinding: {}",
-        auth("/echo/h2-3")?
-    );
-    let flows: Vec<_> = audit_lines(&w)
-        .into_iter()
-        .filter(|r| {
-            r["kind"] == "http"
-                && r["reason"] == "allowlisted"
-                && r["path"]
-                    .as_str()
-                    .is_some_and(|p| p.starts_with("/echo/h2-"))
-        })
-        .map(|r| r["flow"].clone())
-        .collect();
-    ensure!(
-        flows.len() == 3 && flows.iter().all(|f| *f == flows[0]),
-        "flows: {flows:?}"
-    );
-    wait_audit(&w, "secret_host_mismatch for h2-3", |r| {
-        r["reason"] == "secret_host_mismatch"
-            && r["path"] == "/echo/h2-3"
-            && r["detail"].as_str().is_some_and(|d| d.contains("tok"))
-    })?;
+    origin_followed_the_reloads(&w, "h2-", rotated, true)?;
     w.check_alive()
 }
 
