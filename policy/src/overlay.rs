@@ -72,7 +72,7 @@ pub enum OverlayError {
 const HEADER: &str = "\
 # Destinations approved with \"always\" through sluice's runtime approval.
 # Review each entry and fold it into the policy this file sits beside;
-# sluice reads this file together with that policy and reloads it like one.
+# sluice reads this file together with that policy each time it loads it.
 # Only allow rules for names may appear here.
 version: 1
 id: approved
