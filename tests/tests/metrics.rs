@@ -291,7 +291,18 @@ fn every_counter_matches_the_traffic_made() -> Result<()> {
     )?;
     ensure!(!out.status.success(), "denied TCP connected");
     w.guest_sh(&format!("echo x | nc -u -w1 {ORIGIN_ADDR} 5999"), 30)?;
-    w.guest_sh(&format!("ping -c 1 -W 2 {ORIGIN_ADDR}"), 30)?;
+    // One echo request (python3's raw socket: no ping in the test's deps).
+    let ping = w.guest_sh(
+        &format!(
+            "python3 -c \"import socket,struct; m=struct.pack('!BBHHH',8,0,0xf7fd,1,1); \
+             socket.socket(socket.AF_INET,socket.SOCK_RAW,socket.IPPROTO_ICMP).sendto(m,('{ORIGIN_ADDR}',0))\""
+        ),
+        30,
+    )?;
+    w.wait_audit("the dropped ICMP echo", DEADLINE, |r| {
+        r["reason"] == "icmp_blocked"
+    })
+    .with_context(|| format!("ping: {ping:?}"))?;
     let denied_tcp = w.wait_audit("the denied TCP flow", DEADLINE, |r| {
         r["kind"] == "connection"
             && r["decision"] == "deny"
