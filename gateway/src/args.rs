@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use clap::{Parser, ValueEnum};
 
 use crate::config::{self, PublishSpec};
+use crate::metrics::MetricsAddr;
 
 /// How the gateway's log lines on stderr are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -84,6 +85,12 @@ pub struct GatewayArgs {
     /// records as OCSF 1.1.0 events).
     #[arg(long, value_enum, default_value = "schema1")]
     pub audit_format: AuditFormat,
+    /// Serve Prometheus metrics at `/metrics` on `[HOST:]PORT` (TCP; the host defaults to
+    /// 127.0.0.1; port 0 picks a free port, logged) or `unix:PATH` (docs/metrics.md). The
+    /// guest can never reach it: the platform deny set refuses loopback and the host's
+    /// addresses. Also from the environment (`SLUICE_METRICS`, e.g. a systemd env file).
+    #[arg(long, value_name = "ADDR", env = "SLUICE_METRICS")]
+    pub metrics: Option<MetricsAddr>,
     /// Log format on stderr.
     #[arg(long, value_enum, default_value = "human")]
     pub log_format: LogFormat,
@@ -151,6 +158,7 @@ impl GatewayArgs {
             policy: None,
             audit: "-".to_owned(),
             audit_format: AuditFormat::Schema1,
+            metrics: None,
             log_format: LogFormat::Human,
             sandbox_id: "sandbox".to_owned(),
             subnet: config::DEFAULT_SUBNET.to_owned(),
@@ -190,6 +198,9 @@ impl GatewayArgs {
         }
         flag("audit", self.audit.clone().into());
         flag("audit-format", self.audit_format.as_flag().into());
+        if let Some(m) = &self.metrics {
+            flag("metrics", m.to_string().into());
+        }
         flag("log-format", self.log_format.as_flag().into());
         flag("sandbox-id", self.sandbox_id.clone().into());
         flag("subnet", self.subnet.clone().into());
@@ -258,6 +269,9 @@ mod tests {
         a.max_udp_flows = 9;
         a.udp_idle_secs = 11;
         a.flow_buffer_kib = 128;
+        a.metrics = Some("127.0.0.1:9464".parse().expect("addr"));
+        assert_eq!(parse(a.to_argv()), a);
+        a.metrics = Some("unix:/run/sluice/m.sock".parse().expect("path"));
         assert_eq!(parse(a.to_argv()), a);
 
         let mut s = GatewayArgs::with_fd(3);

@@ -53,6 +53,7 @@ use sluice_policy::audit::{AuditRecord, Kind, PolicyRef, RuleRef, Timestamp};
 use sluice_policy::{CompiledPolicy, Reason, Transport, Verdict};
 
 use crate::enforce::WireName;
+use crate::metrics::Metrics;
 
 mod limit;
 pub mod ocsf;
@@ -259,6 +260,8 @@ pub struct AuditSink {
     limiter: Limiter,
     sandbox: String,
     policy: Option<Arc<CompiledPolicy>>,
+    /// Counts every record and line (`--metrics`).
+    metrics: Option<Arc<Metrics>>,
 }
 
 /// The output and its counters.
@@ -370,7 +373,20 @@ impl AuditSink {
             limiter: Limiter::new(Instant::now()),
             sandbox: sandbox.to_owned(),
             policy: None,
+            metrics: None,
         }
+    }
+
+    /// Counts every record (written or suppressed) and line in `metrics`
+    /// from now on, and names the policy in force there.
+    pub fn set_metrics(&mut self, metrics: Arc<Metrics>) {
+        metrics.set_policy(&policy_ref(self.policy.as_deref()));
+        self.metrics = Some(metrics);
+    }
+
+    /// The metrics the sink counts into, for the datapath's own counts.
+    pub(crate) fn metrics(&self) -> Option<&Metrics> {
+        self.metrics.as_deref()
     }
 
     /// Writes every record in `format` from now on (default schema 1); the
@@ -383,6 +399,9 @@ impl AuditSink {
     /// and its rules are named on decisions.
     pub fn set_policy(&mut self, policy: Option<Arc<CompiledPolicy>>) {
         self.policy = policy;
+        if let Some(m) = &self.metrics {
+            m.set_policy(&policy_ref(self.policy.as_deref()));
+        }
     }
 
     /// The policy the sink names in its lines.
@@ -405,9 +424,9 @@ impl AuditSink {
     pub fn record(&mut self, event: &AuditEvent<'_>) {
         self.tick();
         let rec = build(&self.sandbox, self.policy.as_deref(), event);
-        if self.limiter.admit(&rec) {
-            self.writer.write(&rec);
-        }
+        let admitted = self.limiter.admit(&rec);
+        self.writer
+            .write_counted(&rec, admitted, self.metrics.as_deref());
     }
 
     /// Writes a record built elsewhere (e.g. `http` records of an
@@ -417,9 +436,9 @@ impl AuditSink {
     /// kept-alive connection cannot flood the log.
     pub fn write_record(&mut self, rec: &AuditRecord<'_>) {
         self.tick();
-        if self.limiter.admit(rec) {
-            self.writer.write(rec);
-        }
+        let admitted = self.limiter.admit(rec);
+        self.writer
+            .write_counted(rec, admitted, self.metrics.as_deref());
     }
 
     /// A record skeleton with this sink's sandbox and policy reference.
@@ -452,7 +471,10 @@ impl AuditSink {
             pref,
         );
         rec.suppressed = suppressed;
-        self.writer.write(&rec);
+        let written = self.writer.write(&rec);
+        if let Some(m) = &self.metrics {
+            m.audit_line_written(written);
+        }
     }
 
     /// Writes any pending suppression summary and flushes.
@@ -463,6 +485,22 @@ impl AuditSink {
 }
 
 impl LineWriter {
+    /// Counts `rec` in `metrics`, then writes it when the limiter
+    /// `admitted` it (counted as written or suppressed).
+    fn write_counted(&mut self, rec: &AuditRecord<'_>, admitted: bool, metrics: Option<&Metrics>) {
+        if let Some(m) = metrics {
+            m.observe(rec);
+        }
+        if admitted {
+            let written = self.write(rec);
+            if let Some(m) = metrics {
+                m.audit_line_written(written);
+            }
+        } else if let Some(m) = metrics {
+            m.audit_suppressed(rec);
+        }
+    }
+
     /// Serialises `rec` into the line buffer, then writes the whole line
     /// with one `write_all` and flushes. serde_json writes a record token by
     /// token; straight into an unbuffered file that was one `write(2)` per
@@ -472,7 +510,8 @@ impl LineWriter {
     ///
     /// A record whose line would be longer than [`MAX_LINE_BYTES`] (a
     /// summary: [`MAX_SUMMARY_BYTES`]) is written [`clamp`]ed instead.
-    fn write(&mut self, rec: &AuditRecord<'_>) {
+    /// True when the line was written.
+    fn write(&mut self, rec: &AuditRecord<'_>) -> bool {
         let res = self.serialise(rec).and_then(|()| {
             if self.line.len() > MAX_LINE_BYTES && rec.kind != Kind::Summary {
                 let cut = clamp(rec);
@@ -488,12 +527,16 @@ impl LineWriter {
             self.line = Vec::with_capacity(1024);
         }
         match res {
-            Ok(()) => self.lines += 1,
+            Ok(()) => {
+                self.lines += 1;
+                true
+            }
             Err(e) => {
                 if self.write_errors == 0 {
                     tracing::error!(error = %e, "audit write failed");
                 }
                 self.write_errors += 1;
+                false
             }
         }
     }

@@ -14,7 +14,7 @@
 //! [`config::PublishSpec`]; its tests render records with [`audit::ocsf`])
 //! and the end-to-end tests (the audit rate limits) use: [`serve`], [`serve_with_reload`], their argument
 //! types, and the modules [`args`], [`audit`], [`config`], [`decide`],
-//! [`enforce`], [`hostaddrs`] and [`reload`]. Every other module is private.
+//! [`enforce`], [`hostaddrs`], [`metrics`] and [`reload`]. Every other module is private.
 //!
 //! The `test-util` feature (nothing that ships enables it) also makes
 //! `dhcp`, `dns` (`server`, `table`, `upstream`), `frames`, `packet`,
@@ -33,6 +33,7 @@ pub mod config;
 pub mod decide;
 pub mod enforce;
 pub mod hostaddrs;
+pub mod metrics;
 pub mod reload;
 
 // Public only for the in-process drivers, with `test-util`.

@@ -12,6 +12,7 @@ use sluice_gateway::config::{self, Config};
 use sluice_gateway::decide::{Decider, PlatformDecider, PlatformDenySet, host_addresses};
 use sluice_gateway::enforce::PolicyDecider;
 use sluice_gateway::hostaddrs::HostAddresses;
+use sluice_gateway::metrics::{Metrics, MetricsAddr, MetricsListener};
 use sluice_gateway::reload::ReloadSource;
 use sluice_gateway::{GuestSource, ReadySignal, serve_with_reload};
 use sluice_intercept::{Interceptor, InterceptorConfig};
@@ -25,6 +26,11 @@ fn main() -> anyhow::Result<()> {
     // launcher reads as "stopped before ready".
     if args.ready_fd.is_some() && args.ready_fd == args.fd {
         bail!("--ready-fd and --fd must be different descriptors");
+    }
+    if let Some(MetricsAddr::Fd(m)) = args.metrics
+        && (Some(m) == args.fd || Some(m) == args.ready_fd)
+    {
+        bail!("--metrics fd:{m} must differ from --fd and --ready-fd");
     }
     let ready = match args.ready_fd {
         Some(fd) => ReadySignal::new(std::fs::File::from(adopt_fd(fd, "--ready-fd")?)),
@@ -109,6 +115,21 @@ fn main() -> anyhow::Result<()> {
     let mut audit = AuditSink::new(out, &cfg.sandbox_id);
     audit.set_format(args.audit_format);
     audit.set_policy(policy.clone());
+    // Bound (and /proc/self opened) before the self-restriction, which
+    // allows neither later.
+    let metrics = match &args.metrics {
+        Some(addr) => {
+            let listener = match addr {
+                MetricsAddr::Fd(fd) => MetricsListener::adopt(adopt_fd(*fd, "--metrics")?),
+                _ => MetricsListener::bind(addr),
+            }
+            .with_context(|| format!("--metrics {addr}"))?;
+            let metrics = Arc::new(Metrics::new());
+            audit.set_metrics(Arc::clone(&metrics));
+            Some((listener, metrics))
+        }
+        None => None,
+    };
     let broadcast = cfg.subnet.broadcast();
     // Read now, kept current by a refresher on the runtime (hostaddrs module docs).
     let hosts = Arc::new(HostAddresses::read());
@@ -137,6 +158,15 @@ fn main() -> anyhow::Result<()> {
         .build()?;
     runtime.block_on(async move {
         hosts.spawn_refresher();
+        if let Some((listener, metrics)) = metrics {
+            let addr = listener.local_addr()?;
+            tracing::info!(metrics = %addr, "serving Prometheus metrics at /metrics");
+            tokio::spawn(async move {
+                if let Err(e) = sluice_gateway::metrics::http::serve(listener, metrics).await {
+                    tracing::error!(error = %e, "metrics endpoint stopped");
+                }
+            });
+        }
         let source = match (args.socket, args.fd) {
             (Some(path), _) => GuestSource::Socket(path),
             (None, Some(fd)) => GuestSource::Connected(adopt_stream(fd)?),

@@ -254,6 +254,9 @@ impl Datapath {
 
     /// Ends the session, handing back the audit sink.
     pub(crate) fn into_audit(self) -> AuditSink {
+        if let Some(m) = self.audit.metrics() {
+            m.set_active_flows(0, 0);
+        }
         self.audit
     }
 
@@ -366,6 +369,9 @@ impl Datapath {
             }
             // Ends the audit rate-limit window (summary of suppressed records).
             self.audit.tick();
+            if let Some(m) = self.audit.metrics() {
+                m.set_active_flows(self.flows.len(), self.udp.len());
+            }
             if last_counters.elapsed() >= COUNTER_LOG_INTERVAL {
                 last_counters = Instant::now();
                 self.counters.log(self.flows.len());
@@ -470,6 +476,9 @@ impl Datapath {
             }
             Class::Drop(reason) => {
                 self.counters.dropped[reason.index()] += 1;
+                if let Some(m) = self.audit.metrics() {
+                    m.frame_dropped(reason.as_str());
+                }
                 tracing::trace!(reason = reason.as_str(), "guest frame dropped");
                 if let Some(audit) = reason.audit_reason() {
                     self.audit.record(&AuditEvent::FrameDrop {

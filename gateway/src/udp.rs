@@ -248,6 +248,11 @@ impl UdpFlows {
         self.flows.is_empty()
     }
 
+    /// The open flows.
+    pub(crate) fn len(&self) -> usize {
+        self.flows.len()
+    }
+
     /// The counters so far.
     #[cfg(test)]
     pub(crate) fn counters(&self) -> UdpCounters {

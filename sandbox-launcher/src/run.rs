@@ -18,7 +18,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::io::{self, Read, Write};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -40,6 +40,7 @@ use crate::qemu::{self, AGENT_FD, CONSOLE_FD, NET_FD, VmConfig};
 use crate::spawn::{GatewayJail, Isolation, QemuJail, Sidecar, gateway_spec, qemu_spec};
 use sluice_gateway::args::{AuditFormat, GatewayArgs, LogFormat};
 use sluice_gateway::config::{Proto, PublishSpec};
+use sluice_gateway::metrics::{MetricsAddr, MetricsListener};
 
 /// Exit status when `--timeout` expired.
 pub const EXIT_TIMEOUT: i32 = 124;
@@ -92,6 +93,11 @@ pub struct RunArgs {
     /// Copied into the run dir and passed as the gateway's `--upstream-ca`.
     #[arg(long = "upstream-ca", value_name = "PEM")]
     pub upstream_ca: Vec<PathBuf>,
+    /// Serve the gateway's Prometheus metrics at `/metrics` on `[HOST:]PORT` (TCP; the
+    /// host defaults to 127.0.0.1; port 0 picks one) or `unix:PATH`. Bound here, outside
+    /// the gateway's jail, and passed in; the address is printed on stderr.
+    #[arg(long, value_name = "ADDR", value_parser = parse_metrics_addr)]
+    pub metrics: Option<MetricsAddr>,
     /// Write the gateway's audit log to this file (default: summarised only).
     #[arg(long, value_name = "PATH")]
     pub audit: Option<PathBuf>,
@@ -113,7 +119,7 @@ pub struct RunArgs {
     #[arg(long, env = "SLUICE_GATEWAY", value_name = "PATH")]
     pub gateway: Option<PathBuf>,
     /// Boot without a gateway: the guest's network link has nobody on it.
-    #[arg(long, conflicts_with_all = ["policy", "allow_domain", "publish", "audit", "gateway", "upstream_ca"])]
+    #[arg(long, conflicts_with_all = ["policy", "allow_domain", "publish", "audit", "gateway", "upstream_ca", "metrics"])]
     pub no_network: bool,
     /// Run without this isolation layer where this host cannot apply it
     /// (repeatable; names as `sluice doctor` prints them, e.g. `landlock`,
@@ -1092,6 +1098,18 @@ fn check_isolation(allow_missing: &BTreeSet<Layer>) -> anyhow::Result<()> {
 /// The gateway's end of its readiness pipe (`--ready-fd`).
 const READY_FD: i32 = 4;
 
+/// The gateway's metrics listener (`--metrics fd:5`), when `--metrics` is given.
+const METRICS_FD: i32 = 5;
+
+/// `--metrics`: an address or a unix path; `fd:N` is the gateway's alone.
+fn parse_metrics_addr(s: &str) -> Result<MetricsAddr, String> {
+    match s.parse::<MetricsAddr>() {
+        Ok(MetricsAddr::Fd(_)) => Err("expected [HOST:]PORT or unix:PATH".to_owned()),
+        Ok(a) => Ok(a),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 /// Spawns `sluice-gateway --fd 3` in its jail on the host end of the
 /// network socketpair. The policy is `--policy FILE` (its directory bound
 /// read-only into the jail, so reload sees a rename-replace:
@@ -1180,6 +1198,19 @@ fn spawn_gateway(
     gw_args.allow_missing_landlock = iso.allow_missing.contains(&Layer::Landlock);
     gw_args.log_format = LogFormat::Human;
     gw_args.ready_fd = Some(READY_FD);
+    // Bound here, where the path or port is the operator's, not inside the
+    // jail (which has neither the path's directory nor a TCP bind right).
+    let metrics = match &args.metrics {
+        Some(addr) => {
+            let listener =
+                MetricsListener::bind(addr).with_context(|| format!("--metrics {addr}"))?;
+            let bound = listener.local_addr().context("--metrics")?;
+            eprintln!("sluice: gateway metrics at {bound} (/metrics)");
+            gw_args.metrics = Some(MetricsAddr::Fd(METRICS_FD));
+            Some(listener)
+        }
+        None => None,
+    };
     let argv = gw_args
         .to_argv()
         .into_iter()
@@ -1223,7 +1254,13 @@ fn spawn_gateway(
                     parent: ready_write.as_raw_fd(),
                     child: READY_FD,
                 },
-            ],
+            ]
+            .into_iter()
+            .chain(metrics.as_ref().map(|m| FdMap {
+                parent: m.as_fd().as_raw_fd(),
+                child: METRICS_FD,
+            }))
+            .collect(),
             sandbox_id: sandbox_id.to_owned(),
         },
         iso,
@@ -1231,7 +1268,7 @@ fn spawn_gateway(
     .context("the gateway's jail")?;
     let sidecar = Sidecar::spawn("the gateway", &spec)
         .with_context(|| format!("starting {} in its jail", gateway.display()))?;
-    drop((audit_write, log_write, ready_write, net));
+    drop((audit_write, log_write, ready_write, net, metrics));
 
     let log = Arc::new(Mutex::new(Vec::new()));
     spawn_log_reader(log_read, Arc::clone(&log), args.debug, "gateway");

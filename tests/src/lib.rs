@@ -1132,6 +1132,13 @@ impl World {
         self.guest.sh(script, secs)
     }
 
+    /// Runs `script` in the host namespace, where the sidecar runs (its
+    /// published ports, its metrics endpoint), and requires success;
+    /// returns stdout.
+    pub fn host_ok(&self, script: &str, secs: u32) -> Result<String> {
+        self.host.sh_ok(script, secs)
+    }
+
     /// Runs `script` in the guest and requires success; returns stdout.
     pub fn guest_ok(&self, script: &str, secs: u32) -> Result<String> {
         self.guest

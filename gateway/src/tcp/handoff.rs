@@ -30,6 +30,7 @@ use tokio::sync::mpsc;
 use super::Flow;
 use crate::decide::FlowKey;
 use crate::enforce::WireName;
+use crate::metrics::Proxy;
 use crate::session::{Datapath, Event};
 
 /// Datapath reason code: the policy inspects the SNI, but it is outside the
@@ -158,6 +159,9 @@ impl Datapath {
             dst: key.dst,
             sni,
         };
+        if let Some(m) = self.audit.metrics() {
+            m.intercepted(Proxy::Tls);
+        }
         let audit: Arc<dyn AuditOut> = Arc::new(EventAudit(self.events.clone()));
         tokio::spawn(interceptor.serve(theirs, flow, audit));
         true
@@ -211,6 +215,9 @@ impl Datapath {
             dst: key.dst,
             host,
         };
+        if let Some(m) = self.audit.metrics() {
+            m.intercepted(Proxy::PlainHttp);
+        }
         let secrets = self.cfg.intercept.as_ref().map(|i| i.secrets());
         let audit: Arc<dyn AuditOut> = Arc::new(EventAudit(self.events.clone()));
         let proxy = PlainProxy::new(self.cfg.connect_timeout);
