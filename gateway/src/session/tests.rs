@@ -12,7 +12,7 @@ use smoltcp::wire::{
 use std::net::Ipv4Addr;
 use std::sync::Mutex;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, UnixStream};
 
 /// Allows everything except port 9, which the "policy" denies.
 struct TestDecider;
@@ -144,7 +144,7 @@ fn start_cfg(
     let (tx, mut rx) = mpsc::unbounded_channel();
     let mut dp = Datapath::new(cfg, decider, audit, tx);
     let task = tokio::spawn(async move {
-        dp.run(&crate::link::GuestLink::stream(gw_end), &mut rx)
+        dp.run(&GuestLink::stream(gw_end), &mut rx)
             .await
     });
     (
