@@ -38,6 +38,18 @@ const PACKET_VNET_HDR: libc::c_int = 15;
 /// `<linux/if_packet.h>`: do not deliver the frames this host sends.
 const PACKET_IGNORE_OUTGOING: libc::c_int = 23;
 
+/// Kernel ABI constants in the types the structures hold; each value fits
+/// (they are small and fixed by the ABI).
+#[allow(clippy::cast_possible_truncation)]
+mod abi {
+    pub(super) const AF_PACKET: u16 = libc::AF_PACKET as u16;
+    pub(super) const ETH_P_ALL_BE: u16 = (libc::ETH_P_ALL as u16).to_be();
+    pub(super) const IFF_UP: libc::c_short = libc::IFF_UP as libc::c_short;
+    pub(super) const INT_LEN: libc::socklen_t = size_of::<libc::c_int>() as libc::socklen_t;
+    pub(super) const SOCKADDR_LL_LEN: libc::socklen_t =
+        size_of::<libc::sockaddr_ll>() as libc::socklen_t;
+}
+
 /// The opened link and the keeper of its floor (none when the floor was
 /// waived with `--allow-missing-isolation nftables` and could not be installed).
 #[derive(Debug)]
@@ -148,7 +160,7 @@ fn set_packet_option(sock: &OwnedFd, option: libc::c_int) -> std::io::Result<()>
             libc::SOL_PACKET,
             option,
             (&raw const one).cast(),
-            size_of::<libc::c_int>() as libc::socklen_t,
+            abi::INT_LEN,
         )
     };
     if rc == 0 {
@@ -165,10 +177,10 @@ fn bind_packet(sock: &OwnedFd, index: u32) -> std::io::Result<u16> {
         i32::try_from(index).map_err(|_| std::io::Error::other("ifindex out of range"))?;
     // SAFETY: sockaddr_ll is plain data; all-zero is a valid value.
     let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-    addr.sll_family = libc::AF_PACKET as u16;
-    addr.sll_protocol = (libc::ETH_P_ALL as u16).to_be();
+    addr.sll_family = abi::AF_PACKET;
+    addr.sll_protocol = abi::ETH_P_ALL_BE;
     addr.sll_ifindex = ifindex;
-    let len = size_of::<libc::sockaddr_ll>() as libc::socklen_t;
+    let len = abi::SOCKADDR_LL_LEN;
     // SAFETY: `sock` is an open AF_PACKET socket; the pointer and length
     // describe `addr`, a sockaddr_ll that lives across the call.
     if unsafe { libc::bind(sock.as_raw_fd(), (&raw const addr).cast(), len) } != 0 {
@@ -219,7 +231,7 @@ fn set_up(probe: &OwnedFd, iface: &str) -> std::io::Result<()> {
     }
     // SAFETY: SIOCGIFFLAGS succeeded, so `ifru_flags` is the member it wrote.
     let flags = unsafe { req.ifr_ifru.ifru_flags };
-    let up = libc::IFF_UP as libc::c_short;
+    let up = abi::IFF_UP;
     if flags & up != 0 {
         return Ok(());
     }
