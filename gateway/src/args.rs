@@ -49,6 +49,21 @@ impl AuditFormat {
     }
 }
 
+/// An isolation layer `--allow-missing-isolation` may waive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Isolation {
+    /// The nftables floor under `--attach` (docs/attach.md).
+    Nftables,
+}
+
+impl Isolation {
+    fn as_flag(self) -> &'static str {
+        match self {
+            Self::Nftables => "nftables",
+        }
+    }
+}
+
 /// The per-VM network sidecar: a userspace network for one QEMU guest in which
 /// every flow is decided before it leaves the host.
 ///
@@ -59,12 +74,37 @@ impl AuditFormat {
 pub struct GatewayArgs {
     /// Listen on this unix socket path for the guest (QEMU `-netdev stream,server=off`); one
     /// guest at a time, re-accepting after a disconnect.
-    #[arg(long, conflicts_with = "fd", required_unless_present = "fd")]
+    #[arg(
+        long,
+        conflicts_with_all = ["fd", "dgram", "attach"],
+        required_unless_present_any = ["fd", "dgram", "attach"]
+    )]
     pub socket: Option<PathBuf>,
     /// Use this inherited, already-connected stream socket fd (e.g. one end of a socketpair);
-    /// the gateway exits when the guest closes it.
-    #[arg(long)]
+    /// the gateway exits when the guest closes it. With `--dgram` (no path): a unix datagram
+    /// socket, one frame per datagram.
+    #[arg(long, conflicts_with = "attach")]
     pub fd: Option<i32>,
+    /// One Ethernet frame per unix datagram (QEMU `-netdev dgram`, vfkit, libkrun, krunkit).
+    /// With a PATH: bind a datagram socket there; the peer is whoever sends the first
+    /// datagram from a bound path (the gateway connects back to it; vfkit's `VFKT` handshake
+    /// datagram is consumed). Without one: the `--fd` socket is a datagram socket.
+    #[arg(long, num_args = 0..=1, conflicts_with = "attach")]
+    pub dgram: Option<Option<PathBuf>>,
+    /// Serve the guest behind this existing layer-2 interface (a TAP a VMM holds, or a veth
+    /// end) in the network namespace `--netns`, through a packet socket opened there; the
+    /// gateway's own sockets stay in its own namespace. An nftables floor on the interface
+    /// (docs/attach.md) is installed first and removed on exit.
+    #[arg(long, requires = "netns")]
+    pub attach: Option<String>,
+    /// The network namespace holding `--attach`'s interface (`/run/netns/NAME`,
+    /// `/proc/PID/ns/net`).
+    #[arg(long, requires = "attach")]
+    pub netns: Option<PathBuf>,
+    /// Serve even where an isolation layer cannot be installed: `nftables` (the floor under
+    /// `--attach`). Repeatable.
+    #[arg(long, value_enum)]
+    pub allow_missing_isolation: Vec<Isolation>,
     /// Write the line `ready` to this inherited fd (the write end of a pipe), then close it,
     /// once the gateway serves: policy compiled, sandbox CA written, published ports and the
     /// guest socket bound. A launcher waits on it instead of reading the log. If the gateway
@@ -154,6 +194,10 @@ impl GatewayArgs {
         Self {
             socket: None,
             fd: Some(fd),
+            dgram: None,
+            attach: None,
+            netns: None,
+            allow_missing_isolation: Vec::new(),
             ready_fd: None,
             policy: None,
             audit: "-".to_owned(),
@@ -190,6 +234,15 @@ impl GatewayArgs {
         if let Some(fd) = self.fd {
             flag("fd", fd.to_string().into());
         }
+        if let Some(iface) = &self.attach {
+            flag("attach", iface.into());
+        }
+        if let Some(path) = &self.netns {
+            flag("netns", path.into());
+        }
+        for i in &self.allow_missing_isolation {
+            flag("allow-missing-isolation", i.as_flag().into());
+        }
         if let Some(fd) = self.ready_fd {
             flag("ready-fd", fd.to_string().into());
         }
@@ -223,6 +276,15 @@ impl GatewayArgs {
         flag("flow-buffer-kib", self.flow_buffer_kib.to_string().into());
         if self.allow_missing_landlock {
             argv.push("--allow-missing-landlock".into());
+        }
+        // Last: without a path, `--dgram` takes no value.
+        match &self.dgram {
+            Some(Some(path)) => {
+                argv.push("--dgram".into());
+                argv.push(path.into());
+            }
+            Some(None) => argv.push("--dgram".into()),
+            None => {}
         }
         argv
     }
@@ -278,6 +340,33 @@ mod tests {
         s.fd = None;
         s.socket = Some("/tmp/g.sock".into());
         assert_eq!(parse(s.to_argv()), s);
+    }
+
+    #[test]
+    fn the_transports_round_trip_and_exclude_each_other() {
+        let mut d = GatewayArgs::with_fd(3);
+        d.dgram = Some(None);
+        assert_eq!(parse(d.to_argv()), d);
+        d.fd = None;
+        d.dgram = Some(Some("/tmp/g.dgram".into()));
+        assert_eq!(parse(d.to_argv()), d);
+        let mut a = GatewayArgs::with_fd(3);
+        a.fd = None;
+        a.attach = Some("tap0".into());
+        a.netns = Some("/run/netns/vm1".into());
+        a.allow_missing_isolation = vec![Isolation::Nftables];
+        assert_eq!(parse(a.to_argv()), a);
+        let bad: [&[&str]; 4] = [
+            &["--attach", "tap0"],
+            &["--netns", "/run/netns/x"],
+            &["--socket", "/s", "--dgram", "/d"],
+            &["--attach", "tap0", "--netns", "/n", "--fd", "3"],
+        ];
+        for argv in bad {
+            let mut full = vec!["sluice-gateway"];
+            full.extend_from_slice(argv);
+            assert!(GatewayArgs::try_parse_from(full).is_err(), "{argv:?}");
+        }
     }
 
     #[test]

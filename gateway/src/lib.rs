@@ -1,7 +1,8 @@
 //! sluice-gateway: the per-VM network sidecar.
 //!
 //! One process serves one guest: it speaks Ethernet with the guest over
-//! QEMU's stream socket ([`frames`]), runs a userspace TCP/IP stack (smoltcp)
+//! QEMU's stream socket ([`frames`]), a unix datagram socket or a packet
+//! socket on an interface ([`link`]), runs a userspace TCP/IP stack (smoltcp)
 //! in one session task ([`session`]), serves DHCP ([`dhcp`]) and DNS
 //! ([`dns`]) itself, decides every new flow ([`decide`]) and re-originates
 //! allowed flows from ordinary host sockets, writing an audit trail
@@ -14,7 +15,7 @@
 //! [`config::PublishSpec`]; its tests render records with [`audit::ocsf`])
 //! and the end-to-end tests (the audit rate limits) use: [`serve`], [`serve_with_reload`], their argument
 //! types, and the modules [`args`], [`audit`], [`config`], [`decide`],
-//! [`enforce`], [`hostaddrs`], [`metrics`] and [`reload`]. Every other module is private.
+//! [`enforce`], [`hostaddrs`], [`link`], [`metrics`] and [`reload`]. Every other module is private.
 //!
 //! The `test-util` feature (nothing that ships enables it) also makes
 //! `dhcp`, `dns` (`server`, `table`, `upstream`), `frames`, `packet`,
@@ -33,6 +34,7 @@ pub mod config;
 pub mod decide;
 pub mod enforce;
 pub mod hostaddrs;
+pub mod link;
 pub mod metrics;
 pub mod reload;
 
@@ -77,13 +79,14 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use thiserror::Error;
-use tokio::net::{TcpListener, UnixListener, UnixStream};
+use tokio::net::{TcpListener, UnixDatagram, UnixListener};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 
 use crate::audit::{AuditEvent, AuditSink};
 use crate::config::{Config, Proto};
 use crate::decide::Decider;
+use crate::link::GuestLink;
 use crate::session::{Datapath, Event, SessionEnd};
 
 /// A failure that stops the gateway.
@@ -113,13 +116,19 @@ pub enum GatewayError {
     Accept(std::io::Error),
 }
 
-/// Where the guest's stream comes from.
+/// Where the guest's frames come from.
 #[derive(Debug)]
 pub enum GuestSource {
-    /// Listen on this unix socket path, one guest at a time; re-accept after a disconnect.
+    /// Listen on this unix stream socket path, one guest at a time;
+    /// re-accept after a disconnect.
     Socket(PathBuf),
-    /// An already-connected stream (from `--fd`); the gateway exits when it closes.
-    Connected(UnixStream),
+    /// Bind a unix datagram socket at this path (`--dgram PATH`): the peer
+    /// is whoever sends the first datagram (QEMU `-netdev dgram`'s
+    /// `remote=`, vfkit); served until shutdown.
+    Dgram(PathBuf),
+    /// An already-open link (`--fd`, `--fd --dgram`, `--attach`); the
+    /// gateway exits when the guest closes it or it fails.
+    Connected(GuestLink),
 }
 
 /// The write end of a launcher's readiness pipe (`--ready-fd`).
@@ -253,13 +262,32 @@ pub async fn serve_with_reload(
     }
 
     match source {
-        GuestSource::Connected(stream) => {
+        GuestSource::Connected(link) => {
+            tracing::info!(transport = link.kind(), "ready: serving the guest");
             ready.send();
             let mut dp = Datapath::new(cfg.clone(), decider.clone(), audit, events_tx.clone());
-            let end = dp.run(&stream, &mut events).await;
+            let end = dp.run(&link, &mut events).await;
             log_end(&end);
             let mut audit = dp.into_audit();
             audit_end(&mut audit, &end);
+            audit_stop(&mut audit);
+            Ok(())
+        }
+        GuestSource::Dgram(path) => {
+            let _ = std::fs::remove_file(&path);
+            let sock = UnixDatagram::bind(&path).map_err(|source| GatewayError::BindGuest {
+                path: path.clone(),
+                source,
+            })?;
+            let link = GuestLink::dgram(sock);
+            tracing::info!(socket = %path.display(), transport = link.kind(), "ready: serving the guest");
+            ready.send();
+            let mut dp = Datapath::new(cfg.clone(), decider.clone(), audit, events_tx.clone());
+            let end = dp.run(&link, &mut events).await;
+            log_end(&end);
+            let mut audit = dp.into_audit();
+            audit_end(&mut audit, &end);
+            let _ = std::fs::remove_file(&path);
             audit_stop(&mut audit);
             Ok(())
         }
@@ -289,7 +317,7 @@ pub async fn serve_with_reload(
                 };
                 tracing::info!("guest connected");
                 let mut dp = Datapath::new(cfg.clone(), decider.clone(), audit, events_tx.clone());
-                let end = dp.run(&stream, &mut events).await;
+                let end = dp.run(&GuestLink::stream(stream), &mut events).await;
                 log_end(&end);
                 audit = dp.into_audit();
                 audit_end(&mut audit, &end);

@@ -1,17 +1,21 @@
 //! `sluice-gateway` binary: wiring only; the logic lives in the library.
 
+#[allow(unsafe_code)]
+mod attach;
+
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use clap::Parser;
-use sluice_gateway::args::{GatewayArgs, LogFormat};
+use sluice_gateway::args::{GatewayArgs, Isolation, LogFormat};
 use sluice_gateway::audit::AuditSink;
 use sluice_gateway::config::{self, Config};
 use sluice_gateway::decide::{Decider, PlatformDecider, PlatformDenySet, host_addresses};
 use sluice_gateway::enforce::PolicyDecider;
 use sluice_gateway::hostaddrs::HostAddresses;
+use sluice_gateway::link::GuestLink;
 use sluice_gateway::metrics::{Metrics, MetricsAddr, MetricsListener};
 use sluice_gateway::reload::ReloadSource;
 use sluice_gateway::{GuestSource, ReadySignal, serve_with_reload};
@@ -31,6 +35,15 @@ fn main() -> anyhow::Result<()> {
         && (Some(m) == args.fd || Some(m) == args.ready_fd)
     {
         bail!("--metrics fd:{m} must differ from --fd and --ready-fd");
+    }
+    match (&args.dgram, args.fd) {
+        (Some(Some(_)), Some(_)) => bail!(
+            "--dgram PATH and --fd exclude each other (use --fd N --dgram for an inherited socket)"
+        ),
+        (Some(None), None) => {
+            bail!("--dgram without a PATH needs --fd (an inherited datagram socket)")
+        }
+        _ => {}
     }
     let ready = match args.ready_fd {
         Some(fd) => ReadySignal::new(std::fs::File::from(adopt_fd(fd, "--ready-fd")?)),
@@ -152,7 +165,52 @@ fn main() -> anyhow::Result<()> {
         }
     };
 
-    self_restrict(&args, secret_dirs)?;
+    // Before the jail: entering the namespace, running nft and forking the
+    // floor keeper are what it forbids.
+    let (mut attached, keeper) = match (&args.attach, &args.netns) {
+        (Some(iface), Some(netns)) => {
+            let allow = args.allow_missing_isolation.contains(&Isolation::Nftables);
+            let a = attach::attach(iface, netns, cfg.mtu, allow)?;
+            (Some(a.socket), a.keeper)
+        }
+        _ => (None, None),
+    };
+    let served = serve_jailed(
+        &args,
+        secret_dirs,
+        &mut attached,
+        cfg,
+        decider,
+        audit,
+        hosts,
+        reload,
+        ready,
+        metrics,
+    );
+    // On every end but a kill or a crash: the floor goes (docs/attach.md).
+    if let Some(keeper) = keeper {
+        let removed = keeper.remove();
+        served?;
+        return removed;
+    }
+    served
+}
+
+/// Restricts the gateway and serves the guest until the end.
+#[allow(clippy::too_many_arguments)]
+fn serve_jailed(
+    args: &GatewayArgs,
+    secret_dirs: Vec<PathBuf>,
+    attached: &mut Option<std::os::fd::OwnedFd>,
+    cfg: Config,
+    decider: Arc<dyn Decider>,
+    audit: AuditSink,
+    hosts: Arc<HostAddresses>,
+    reload: Option<ReloadSource>,
+    ready: ReadySignal,
+    metrics: Option<(MetricsListener, Arc<Metrics>)>,
+) -> anyhow::Result<()> {
+    self_restrict(args, secret_dirs)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -167,10 +225,22 @@ fn main() -> anyhow::Result<()> {
                 }
             });
         }
-        let source = match (args.socket, args.fd) {
-            (Some(path), _) => GuestSource::Socket(path),
-            (None, Some(fd)) => GuestSource::Connected(adopt_stream(fd)?),
-            (None, None) => bail!("one of --socket or --fd is required"),
+        let source = if let Some(sock) = attached.take() {
+            GuestSource::Connected(
+                GuestLink::packet(sock).context("registering the packet socket")?,
+            )
+        } else {
+            match (&args.socket, args.fd, &args.dgram) {
+                (Some(path), _, _) => GuestSource::Socket(path.clone()),
+                (None, _, Some(Some(path))) => GuestSource::Dgram(path.clone()),
+                (None, Some(fd), Some(None)) => {
+                    GuestSource::Connected(GuestLink::dgram(adopt_dgram(fd)?))
+                }
+                (None, Some(fd), None) => {
+                    GuestSource::Connected(GuestLink::stream(adopt_stream(fd)?))
+                }
+                _ => bail!("one of --socket, --fd, --dgram PATH or --attach is required"),
+            }
         };
         tracing::info!(
             gateway = %cfg.gateway_ip, guest = %cfg.guest_ip, mtu = cfg.mtu,
@@ -246,7 +316,11 @@ fn self_restrict(args: &GatewayArgs, secret_dirs: Vec<PathBuf>) -> anyhow::Resul
         allow_missing_landlock: args.allow_missing_landlock,
         ..GatewayConfinement::default()
     };
-    if let Some(dir) = args.socket.as_ref().and_then(|s| s.parent()) {
+    let bound_later = args
+        .socket
+        .as_ref()
+        .or(args.dgram.as_ref().and_then(|d| d.as_ref()));
+    if let Some(dir) = bound_later.and_then(|s| s.parent()) {
         let dir = if dir.as_os_str().is_empty() {
             PathBuf::from(".")
         } else {
@@ -313,6 +387,16 @@ fn adopt_fd(fd: i32, flag: &str) -> anyhow::Result<std::os::fd::OwnedFd> {
     // for this purpose, and nothing else in this process owns or closes it
     // (main adopts each flag's fd once); the OwnedFd becomes its only owner.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Adopts the inherited datagram socket `fd` (`--fd N --dgram`).
+fn adopt_dgram(fd: i32) -> anyhow::Result<tokio::net::UnixDatagram> {
+    let std_sock = std::os::unix::net::UnixDatagram::from(adopt_fd(fd, "--fd")?);
+    std_sock
+        .set_nonblocking(true)
+        .context("setting --fd non-blocking")?;
+    tokio::net::UnixDatagram::from_std(std_sock)
+        .with_context(|| format!("--fd {fd}: not a datagram socket"))
 }
 
 /// Adopts the inherited stream socket `fd` (`--fd`).

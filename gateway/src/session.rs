@@ -23,7 +23,7 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use smoltcp::iface::{Interface, SocketSet};
-use tokio::net::{TcpStream, UnixStream};
+use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
 use crate::audit::{AuditEvent, AuditSink};
@@ -31,7 +31,8 @@ use crate::config::Config;
 use crate::decide::{Decider, DenyReason, FlowKey, Transport};
 use crate::dhcp::{self, DhcpServer};
 use crate::dns::{DnsServer, UpstreamReply};
-use crate::frames::{FrameError, FrameReader, TxBatch};
+use crate::frames::{FrameError, TxBatch};
+use crate::link::{GuestLink, LinkFailure, Received};
 use crate::packet::{self, Addresses, Class, DropReason};
 use crate::publish::Published;
 use crate::stack::TX_HIGH_WATER;
@@ -41,11 +42,6 @@ use crate::udp::UdpFlows;
 #[cfg(test)]
 mod tests;
 
-/// Bytes read from the guest per syscall.
-const GUEST_READ_CHUNK: usize = 256 * 1024;
-/// SO_SNDBUF asked for the guest stream (the kernel caps it at
-/// `net.core.wmem_max` and doubles it).
-const GUEST_SNDBUF: usize = 4 * 1024 * 1024;
 /// Emit-and-write rounds per loop turn while the guest socket takes everything.
 const EGRESS_ROUNDS: usize = 4;
 /// Idle output time after which the output batch's storage is trimmed.
@@ -272,54 +268,34 @@ impl Datapath {
     #[cfg_attr(not(feature = "test-util"), expect(unreachable_pub))]
     pub async fn run(
         &mut self,
-        guest: &UnixStream,
+        guest: &GuestLink,
         events: &mut mpsc::UnboundedReceiver<Event>,
     ) -> SessionEnd {
-        let mut reader = FrameReader::new(GUEST_READ_CHUNK, usize::from(self.cfg.mtu) + 14);
+        let mut rx = guest.rx(usize::from(self.cfg.mtu) + 14);
         let mut pending_events: Vec<Event> = Vec::new();
         let mut last_counters = Instant::now();
         let mut timer = Box::pin(tokio::time::sleep(Duration::from_secs(3600)));
         let mut last_output = Instant::now();
-        // A deep guest socket queue: the kernel holds the backlog, each write
-        // moves more and the loop wakes less often. Capped by the kernel
-        // (net.core.wmem_max); best effort.
-        let sock = socket2::SockRef::from(guest);
-        if let Err(e) = sock.set_send_buffer_size(GUEST_SNDBUF) {
-            tracing::debug!(error = %e, "guest socket: SO_SNDBUF not set");
-        }
-        tracing::debug!(
-            sndbuf = sock.send_buffer_size().unwrap_or(0),
-            "guest socket send buffer"
-        );
         loop {
             // 1. Guest input (paused while the output batch is over its bound).
             if self.tx.queued() < TX_HIGH_WATER {
                 for _ in 0..8 {
-                    let spare = reader.spare();
-                    let want = spare.len();
-                    match guest.try_read(spare) {
-                        Ok(0) => {
+                    match guest.receive(&mut rx, |frame| self.on_frame(frame)) {
+                        Ok(Received::Closed) => {
                             self.close_all("guest_closed");
                             return SessionEnd::GuestClosed;
                         }
-                        Ok(n) => {
-                            reader.filled(n);
-                            loop {
-                                match reader.next_frame() {
-                                    Ok(Some(frame)) => self.on_frame(frame),
-                                    Ok(None) => break,
-                                    Err(e) => {
-                                        self.close_all("protocol_error");
-                                        return SessionEnd::ProtocolError(e);
-                                    }
-                                }
-                            }
-                            if n < want || self.tx.queued() >= TX_HIGH_WATER {
+                        Ok(Received::Idle) => break,
+                        Ok(Received::Frames { more }) => {
+                            if !more || self.tx.queued() >= TX_HIGH_WATER {
                                 break;
                             }
                         }
-                        Err(e) if would_block(&e) => break,
-                        Err(e) => {
+                        Err(LinkFailure::Protocol(e)) => {
+                            self.close_all("protocol_error");
+                            return SessionEnd::ProtocolError(e);
+                        }
+                        Err(LinkFailure::Io(e)) => {
                             self.close_all("guest_error");
                             return SessionEnd::GuestIo(e);
                         }
@@ -352,15 +328,9 @@ impl Datapath {
                 if self.tx.queued() == 0 {
                     break;
                 }
-                while self.tx.queued() > 0 {
-                    match guest.try_write(self.tx.unwritten()) {
-                        Ok(n) => self.tx.consume(n),
-                        Err(e) if would_block(&e) => break,
-                        Err(e) => {
-                            self.close_all("guest_error");
-                            return SessionEnd::GuestIo(e);
-                        }
-                    }
+                if let Err(e) = guest.transmit(&mut self.tx) {
+                    self.close_all("guest_error");
+                    return SessionEnd::GuestIo(e);
                 }
                 if self.tx.queued() > 0 {
                     break;
@@ -409,10 +379,10 @@ impl Datapath {
             let want_write = self.tx.queued() > 0;
             std::future::poll_fn(|cx| {
                 let mut ready = false;
-                if want_read && guest.poll_read_ready(cx).is_ready() {
+                if want_read && guest.poll_read_ready(cx) {
                     ready = true;
                 }
-                if want_write && guest.poll_write_ready(cx).is_ready() {
+                if want_write && guest.poll_write_ready(cx) {
                     ready = true;
                 }
                 while let Poll::Ready(Some(ev)) = events.poll_recv(cx) {
@@ -549,12 +519,8 @@ impl Datapath {
         false
     }
 
-    pub(crate) fn flush_best_effort(&mut self, guest: &UnixStream) {
-        while self.tx.queued() > 0 {
-            match guest.try_write(self.tx.unwritten()) {
-                Ok(n) if n > 0 => self.tx.consume(n),
-                _ => break,
-            }
-        }
+    pub(crate) fn flush_best_effort(&mut self, guest: &GuestLink) {
+        // One pass: what the socket does not take now is dropped with the session.
+        let _ = guest.transmit(&mut self.tx);
     }
 }

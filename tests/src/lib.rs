@@ -54,8 +54,41 @@ pub const ORIGIN2_NAME: &str = "other.test";
 pub const ECHO_PORT: u16 = 7;
 /// TCP port of the origin's banner service (writes one byte, then closes).
 pub const BANNER_PORT: u16 = 9;
-/// The guest's TAP device name (inside its own namespace).
+/// The guest's TAP device name (inside its own namespace); with
+/// [`Transport::Attach`] the guest's end of the veth.
 pub const GUEST_TAP: &str = "slht";
+/// With [`Transport::Attach`]: the VM namespace's end of the veth, which
+/// the gateway attaches to.
+pub const VM_IFACE: &str = "slhv";
+
+/// How the guest's frames reach the gateway (passt always uses the stream).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// QEMU's stream socket: the TAP bridge connects to `--socket`.
+    Stream,
+    /// One frame per datagram: the TAP bridge binds its own socket, sends
+    /// vfkit's handshake, then frames to the gateway's `--dgram` path.
+    Dgram,
+    /// `--attach`: the guest's veth end faces one in a "VM" namespace the
+    /// gateway attaches to (with its nftables floor); no bridge.
+    Attach,
+}
+
+impl Transport {
+    /// The transport named by `SLUICE_E2E_TRANSPORT` (`stream`, `dgram`,
+    /// `attach`; default `stream`): the same suites run over each.
+    ///
+    /// # Errors
+    /// Any other value.
+    pub fn from_env() -> Result<Self> {
+        match std::env::var("SLUICE_E2E_TRANSPORT").as_deref() {
+            Err(_) | Ok("" | "stream") => Ok(Self::Stream),
+            Ok("dgram") => Ok(Self::Dgram),
+            Ok("attach") => Ok(Self::Attach),
+            Ok(other) => bail!("SLUICE_E2E_TRANSPORT={other}: expected stream, dgram or attach"),
+        }
+    }
+}
 
 /// Byte `i` of the deterministic pattern the origin serves at `/bytes/N`.
 pub fn pattern_byte(i: u64) -> u8 {
@@ -454,6 +487,7 @@ pub struct WorldBuilder {
     iperf: bool,
     connect_guest: bool,
     dns_upstream: Ipv4Addr,
+    transport: Option<Transport>,
 }
 
 impl Default for WorldBuilder {
@@ -473,6 +507,7 @@ impl Default for WorldBuilder {
             iperf: false,
             connect_guest: true,
             dns_upstream: DNS_ADDR,
+            transport: None,
         }
     }
 }
@@ -533,6 +568,11 @@ impl WorldBuilder {
     /// Also runs an iperf3 server on the origin addresses (port 5201).
     pub fn iperf(mut self) -> Self {
         self.iperf = true;
+        self
+    }
+    /// The gateway's transport (default: [`Transport::from_env`]).
+    pub fn transport(mut self, t: Transport) -> Self {
+        self.transport = Some(t);
         self
     }
     /// Whether to connect and configure the guest at start (default yes).
@@ -618,6 +658,9 @@ pub struct World {
     pub host: Netns,
     /// The fake internet namespace (origins, DNS, iperf3).
     pub inet: Netns,
+    /// With [`Transport::Attach`]: the VM namespace holding [`VM_IFACE`].
+    pub vm: Option<Netns>,
+    transport: Transport,
     dir: TempDir,
     sidecar_kind: Sidecar,
     mtu: u32,
@@ -662,6 +705,11 @@ impl World {
 
     fn start(b: WorldBuilder) -> Result<Self> {
         require_root()?;
+        let transport = match (b.sidecar, b.transport) {
+            (Sidecar::Passt, _) => Transport::Stream,
+            (Sidecar::Gateway, Some(t)) => t,
+            (Sidecar::Gateway, None) => Transport::from_env()?,
+        };
         let base = unique_name();
         let dir = TempDir::new(&format!("{base}-dir"))?;
         let inet = Netns::new(&format!("{base}i"))?;
@@ -769,6 +817,30 @@ impl World {
             std::os::unix::fs::PermissionsExt::from_mode(0o777),
         )?;
         let socket = sock_dir.join("sidecar.sock");
+        let vm = if transport == Transport::Attach {
+            let vm = Netns::new(&format!("{base}v"))?;
+            let mtu = b.mtu.min(65520).to_string();
+            guest.ip(&[
+                "link",
+                "add",
+                GUEST_TAP,
+                "mtu",
+                &mtu,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                VM_IFACE,
+                "mtu",
+                &mtu,
+                "netns",
+                vm.name(),
+            ])?;
+            guest.ip(&["link", "set", GUEST_TAP, "up"])?;
+            Some(vm)
+        } else {
+            None
+        };
         let mut w = Self {
             link: None,
             sidecar: None,
@@ -777,6 +849,8 @@ impl World {
             guest,
             host,
             inet,
+            vm,
+            transport,
             sidecar_kind: b.sidecar,
             mtu: b.mtu,
             socket,
@@ -807,9 +881,19 @@ impl World {
         match self.sidecar_kind {
             Sidecar::Gateway => {
                 c = self.host.cmd(bin_path("sluice-gateway")?);
-                c.arg("--socket")
-                    .arg(&self.socket)
-                    .args(["--mtu", &self.mtu.to_string()])
+                match (self.transport, &self.vm) {
+                    (Transport::Attach, Some(vm)) => {
+                        c.args(["--attach", VM_IFACE, "--netns"])
+                            .arg(Path::new("/run/netns").join(vm.name()));
+                    }
+                    (Transport::Dgram, _) => {
+                        c.arg("--dgram").arg(&self.socket);
+                    }
+                    _ => {
+                        c.arg("--socket").arg(&self.socket);
+                    }
+                }
+                c.args(["--mtu", &self.mtu.to_string()])
                     .args(["--dns-upstream", &self.builder.dns_upstream.to_string()])
                     .args(["--log-format", "json"])
                     .arg("--audit")
@@ -870,8 +954,15 @@ impl World {
         let start = Instant::now();
         let mut p = Proc::spawn("sidecar", &mut c, &d.join("sidecar.log"))?;
         let sock = self.socket.clone();
+        let log = d.join("sidecar.log");
+        let attach = self.transport == Transport::Attach;
         wait_until("the sidecar's socket", STARTUP_WAIT, || {
-            sock.exists() || p.check_alive().is_err()
+            let ready = if attach {
+                read_log(&log).contains("ready: serving the guest")
+            } else {
+                sock.exists()
+            };
+            ready || p.check_alive().is_err()
         })
         .with_context(|| self.sidecar_log())?;
         self.sidecar_startup = start.elapsed();
@@ -880,9 +971,13 @@ impl World {
         Ok(())
     }
 
-    /// (Re)connects the guest: a fresh TAP and bridge, then DHCP.
+    /// (Re)connects the guest: a fresh TAP and bridge, then DHCP. With
+    /// [`Transport::Attach`] the veth stays (made at start): DHCP only.
     pub fn connect_guest(&mut self) -> Result<()> {
         self.link = None;
+        if self.transport == Transport::Attach {
+            return self.dhcp();
+        }
         let _ = self.guest.ip(&["link", "del", GUEST_TAP]);
         self.guest
             .ip(&["tuntap", "add", "dev", GUEST_TAP, "mode", "tap"])?;
@@ -899,6 +994,11 @@ impl World {
         c.args(["--tap", GUEST_TAP])
             .arg("--socket")
             .arg(&self.socket);
+        if self.transport == Transport::Dgram {
+            c.arg("--dgram")
+                .arg(d.join("sock").join("guest.sock"))
+                .arg("--vfkit-handshake");
+        }
         let mut bridge = Proc::spawn("tap bridge", &mut c, &d.join("bridge.log"))?;
         // The TAP has carrier once the bridge holds it open; frames sent
         // before that are dropped by the kernel.
@@ -1001,6 +1101,11 @@ impl World {
     /// The DHCP lease the guest holds.
     pub fn lease(&self) -> Option<&Lease> {
         self.lease.as_ref()
+    }
+
+    /// How the guest's frames reach the sidecar.
+    pub fn transport(&self) -> Transport {
+        self.transport
     }
 
     /// Which sidecar runs.

@@ -5,6 +5,9 @@
 //! proves the harness, against passt (`<test>::passt`). They need root and
 //! are ignored otherwise: run them with `scripts/test` (or
 //! `cargo test --release -p sluice-e2e -- --include-ignored`).
+//!
+//! `SLUICE_E2E_TRANSPORT=stream|dgram|attach` runs the gateway's tests over
+//! that transport (docs/testing.md); passt always uses the stream.
 
 use std::io::{Read, Write};
 use std::net::Ipv4Addr;
@@ -14,7 +17,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail, ensure};
 use sluice_e2e::{
     ECHO_PORT, ORIGIN_ADDR, ORIGIN_NAME, ORIGIN2_ADDR, ORIGIN2_NAME, Proc, Publish, REFUSING_ADDR,
-    Sidecar, World, pattern, sha256_hex,
+    Sidecar, Transport, World, pattern, sha256_hex,
 };
 
 /// Generates `mod $name { fn gateway(); fn passt(); }` calling `$name(sidecar)`.
@@ -486,7 +489,11 @@ fn udp_forwarding(s: Sidecar) -> Result<()> {
 
 gateway_only!(garbage_frames);
 fn garbage_frames(s: Sidecar) -> Result<()> {
-    let mut w = World::builder().sidecar(s).start()?;
+    // The stream framing is the subject, whatever SLUICE_E2E_TRANSPORT says.
+    let mut w = World::builder()
+        .sidecar(s)
+        .transport(Transport::Stream)
+        .start()?;
     w.disconnect_guest();
     let mut sock = UnixStream::connect(w.socket()).context("connecting to the gateway")?;
     sock.set_read_timeout(Some(Duration::from_secs(60)))?;

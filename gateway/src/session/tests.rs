@@ -12,7 +12,7 @@ use smoltcp::wire::{
 use std::net::Ipv4Addr;
 use std::sync::Mutex;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, UnixStream};
 
 /// Allows everything except port 9, which the "policy" denies.
 struct TestDecider;
@@ -143,7 +143,7 @@ fn start_cfg(
     let audit = AuditSink::new(Box::new(audit_buf.clone()), "test");
     let (tx, mut rx) = mpsc::unbounded_channel();
     let mut dp = Datapath::new(cfg, decider, audit, tx);
-    let task = tokio::spawn(async move { dp.run(&gw_end, &mut rx).await });
+    let task = tokio::spawn(async move { dp.run(&GuestLink::stream(gw_end), &mut rx).await });
     (
         Guest {
             stream: test_end,

@@ -12,6 +12,11 @@
 //! On the socket to TAP side one `recv` reads as many frames as are queued and
 //! each is written to the TAP (the TAP takes one frame per `write`).
 //!
+//! With `--dgram` it speaks the datagram transport instead (QEMU's
+//! `-netdev dgram`, vfkit): it binds its own socket at `--local` and sends
+//! one frame per datagram to `--socket`, first the `VFKT` handshake
+//! datagram when `--vfkit-handshake` is given; it runs until killed.
+//!
 //! Exit status: 0 when the socket peer closes, 1 on any error (a protocol
 //! error such as a frame length below 14 or above 65535 included).
 #![allow(unsafe_code)]
@@ -20,7 +25,7 @@ use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
-use std::os::unix::net::UnixStream;
+use std::os::unix::net::{UnixDatagram, UnixStream};
 use std::path::PathBuf;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -48,11 +53,20 @@ struct Args {
     /// Seconds to keep retrying the connect while the socket does not exist yet.
     #[arg(long, default_value_t = 10)]
     connect_timeout: u64,
+    /// Datagram transport: bind this path and exchange one frame per datagram with `--socket`.
+    #[arg(long)]
+    dgram: Option<PathBuf>,
+    /// With `--dgram`: send vfkit's `VFKT` handshake datagram first.
+    #[arg(long)]
+    vfkit_handshake: bool,
 }
 
 fn main() -> Result<()> {
     let args = Args::parse();
     let tap = open_tap(&args.tap).with_context(|| format!("attaching to TAP {}", args.tap))?;
+    if let Some(local) = &args.dgram {
+        return dgram_bridge(&tap, local, &args.socket, args.vfkit_handshake);
+    }
     let sock = connect(&args.socket, Duration::from_secs(args.connect_timeout))
         .with_context(|| format!("connecting to {}", args.socket.display()))?;
 
@@ -241,6 +255,55 @@ fn write_frame(tap: &File, frame: &[u8]) -> Result<()> {
                 thread::sleep(Duration::from_micros(50));
             }
             Err(e) => return Err(e).context("writing the TAP"),
+        }
+    }
+}
+
+/// The datagram transport: one frame per datagram both ways, until killed.
+fn dgram_bridge(tap: &File, local: &PathBuf, peer: &PathBuf, handshake: bool) -> Result<()> {
+    let _ = std::fs::remove_file(local);
+    let sock = UnixDatagram::bind(local).with_context(|| format!("binding {}", local.display()))?;
+    if handshake {
+        sock.send_to(b"VFKT", peer)
+            .with_context(|| format!("sending the handshake to {}", peer.display()))?;
+    }
+    let sock_rx = sock.try_clone().context("duplicating the socket")?;
+    let tap_tx = tap.try_clone().context("duplicating the TAP fd")?;
+    let down = thread::Builder::new()
+        .name("sock-to-tap".into())
+        .spawn(move || -> Result<()> {
+            let mut buf = vec![0u8; MAX_FRAME + 1];
+            loop {
+                let n = sock_rx.recv(&mut buf).context("reading the socket")?;
+                if (MIN_FRAME..=MAX_FRAME).contains(&n) {
+                    write_frame(&tap_tx, &buf[..n])?;
+                }
+            }
+        })
+        .context("spawning the socket reader")?;
+    let mut buf = vec![0u8; MAX_FRAME];
+    loop {
+        if down.is_finished() {
+            return match down.join() {
+                Ok(r) => r,
+                Err(_) => bail!("the socket reader panicked"),
+            };
+        }
+        let n = match (&*tap).read(&mut buf) {
+            Ok(0) => bail!("TAP closed"),
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e).context("reading the TAP"),
+        };
+        match sock.send_to(&buf[..n], peer) {
+            Ok(_) => {}
+            // No listener (yet, or any more): the frame is lost, as on a cable.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused
+                ) => {}
+            Err(e) => return Err(e).context("writing the socket"),
         }
     }
 }

@@ -1,0 +1,346 @@
+//! `--attach IFACE --netns PATH`, the binary's part (the library forbids
+//! `unsafe`; this module holds the few calls the `AF_PACKET` socket, the
+//! interface and the floor keeper need, each with its `// SAFETY:`).
+//!
+//! In order, all before the gateway restricts itself (setns, `nft` and fork
+//! are forbidden afterwards):
+//! 1. On a thread of its own that enters the namespace at PATH (the
+//!    gateway's other threads never move): check IFACE exists, is Ethernet
+//!    (a TAP or veth: not `lo`, not a tun), has no packet socket bound to
+//!    it already (`/proc/thread-self/net/packet`: another gateway, or a
+//!    capture), and carries the MTU the gateway advertises; open a
+//!    non-blocking packet socket with `PACKET_VNET_HDR` and
+//!    `PACKET_IGNORE_OUTGOING`, bind it to IFACE, and set IFACE up. The
+//!    socket stays bound to that namespace's interface after the thread
+//!    ends; every other socket of the gateway is opened in its own.
+//! 2. Install the ingress floor ([`sluice_floor::ingress::IngressFloor`]).
+//! 3. Fork the floor keeper: a child that holds the floor and removes it
+//!    when the gateway asks on exit (normal end, SIGTERM, SIGINT, or a
+//!    failure after the floor was installed). If the gateway dies without
+//!    asking (SIGKILL, a crash) the keeper leaves the floor in place: the
+//!    guest then has no network at all, which is the safe state.
+//!
+//! Any failure in 1 or 2 leaves nothing behind: the socket closes, a
+//! half-installed floor is removed by the floor crate.
+
+use std::fs::File;
+use std::io::{Read as _, Write as _};
+use std::os::fd::{AsFd as _, AsRawFd as _, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+
+use anyhow::{Context as _, anyhow, bail};
+use rustix::thread::{LinkNameSpaceType, move_into_link_name_space};
+use sluice_floor::ingress::IngressFloor;
+
+/// `<linux/if_packet.h>`: deliver a virtio-net header before each frame.
+const PACKET_VNET_HDR: libc::c_int = 15;
+/// `<linux/if_packet.h>`: do not deliver the frames this host sends.
+const PACKET_IGNORE_OUTGOING: libc::c_int = 23;
+
+/// Kernel ABI constants in the types the structures hold; each value fits
+/// (they are small and fixed by the ABI).
+#[allow(clippy::cast_possible_truncation)]
+mod abi {
+    pub(super) const AF_PACKET: u16 = libc::AF_PACKET as u16;
+    pub(super) const ETH_P_ALL_BE: u16 = (libc::ETH_P_ALL as u16).to_be();
+    pub(super) const IFF_UP: libc::c_short = libc::IFF_UP as libc::c_short;
+    pub(super) const INT_LEN: libc::socklen_t = size_of::<libc::c_int>() as libc::socklen_t;
+    pub(super) const SOCKADDR_LL_LEN: libc::socklen_t =
+        size_of::<libc::sockaddr_ll>() as libc::socklen_t;
+}
+
+/// The opened link and the keeper of its floor (none when the floor was
+/// waived with `--allow-missing-isolation nftables` and could not be installed).
+#[derive(Debug)]
+pub(crate) struct Attached {
+    /// The bound packet socket.
+    pub(crate) socket: OwnedFd,
+    /// Removes the floor on request.
+    pub(crate) keeper: Option<FloorKeeper>,
+}
+
+/// Opens IFACE in the namespace at `netns` and installs its floor (module docs).
+pub(crate) fn attach(
+    iface: &str,
+    netns: &Path,
+    mtu: u16,
+    allow_missing_floor: bool,
+) -> anyhow::Result<Attached> {
+    let ns = File::open(netns).map_err(|e| anyhow!("--netns {}: {e}", netns.display()))?;
+    let socket = std::thread::scope(|s| {
+        s.spawn(|| {
+            move_into_link_name_space(ns.as_fd(), Some(LinkNameSpaceType::Network)).map_err(
+                |e| anyhow!("--netns {}: not a network namespace ({e})", netns.display()),
+            )?;
+            open_in_namespace(iface, netns, mtu)
+        })
+        .join()
+        .unwrap_or_else(|_| Err(anyhow!("the namespace thread panicked")))
+    })?;
+    let keeper = match IngressFloor::install(Some(netns), iface) {
+        Ok(floor) => Some(FloorKeeper::spawn(floor)?),
+        Err(e) if allow_missing_floor => {
+            tracing::warn!(error = %e, "no nftables floor (--allow-missing-isolation nftables): the kernel may route the guest's traffic if the gateway stops");
+            None
+        }
+        Err(e) => {
+            bail!("{e} (the floor is required; --allow-missing-isolation nftables waives it)")
+        }
+    };
+    Ok(Attached { socket, keeper })
+}
+
+/// Step 1 of the module docs, on the thread inside the namespace.
+fn open_in_namespace(iface: &str, netns: &Path, mtu: u16) -> anyhow::Result<OwnedFd> {
+    use rustix::net::{AddressFamily, SocketFlags, SocketType, socket_with};
+    let where_ = || format!("`{iface}` in network namespace {}", netns.display());
+    let probe = rustix::net::socket(AddressFamily::INET, SocketType::DGRAM, None)
+        .context("opening a probe socket")?;
+    let index = rustix::net::netdevice::name_to_index(&probe, iface)
+        .map_err(|_| anyhow!("no interface {}", where_()))?;
+    if let Some(holder) = packet_socket_on(index)? {
+        bail!(
+            "{} is already attached: a packet socket (inode {holder}) is bound to it (another gateway, or a capture)",
+            where_()
+        );
+    }
+    // Protocol 0 until bound: the socket receives nothing from other
+    // interfaces in between.
+    let sock = socket_with(
+        AddressFamily::PACKET,
+        SocketType::RAW,
+        SocketFlags::NONBLOCK | SocketFlags::CLOEXEC,
+        None,
+    )
+    .context("opening a packet socket")?;
+    set_packet_option(&sock, PACKET_VNET_HDR).context("setting PACKET_VNET_HDR")?;
+    set_packet_option(&sock, PACKET_IGNORE_OUTGOING).context("setting PACKET_IGNORE_OUTGOING")?;
+    let hatype = bind_packet(&sock, index).with_context(|| format!("binding to {}", where_()))?;
+    if hatype != libc::ARPHRD_ETHER {
+        bail!(
+            "{} is not a layer-2 (Ethernet) interface (hardware type {hatype}): attach to a TAP or a veth end",
+            where_()
+        );
+    }
+    let if_mtu = interface_mtu(&probe, iface).context("reading the interface's MTU")?;
+    if u32::from(mtu) > if_mtu {
+        bail!(
+            "--mtu {mtu} exceeds the MTU {if_mtu} of {}: pass --mtu {if_mtu} (or raise the interface's MTU)",
+            where_()
+        );
+    }
+    set_up(&probe, iface).with_context(|| format!("setting {} up", where_()))?;
+    // Bound while the interface was down, the socket holds a pending
+    // ENETDOWN its first receive would report: reading SO_ERROR clears it.
+    let _ = rustix::net::sockopt::socket_error(&sock);
+    Ok(sock)
+}
+
+/// The inode of a packet socket bound to interface `index` in the calling
+/// thread's namespace, if any.
+fn packet_socket_on(index: u32) -> anyhow::Result<Option<String>> {
+    let table = std::fs::read_to_string("/proc/thread-self/net/packet")
+        .context("reading /proc/thread-self/net/packet")?;
+    // sk RefCnt Type Proto Iface R Rmem User Inode
+    Ok(table.lines().skip(1).find_map(|line| {
+        let cols: Vec<&str> = line.split_whitespace().collect();
+        let bound = cols.get(4)?.parse::<u32>().ok()? == index;
+        bound.then(|| cols.get(8).map_or_else(String::new, |s| (*s).to_owned()))
+    }))
+}
+
+fn set_packet_option(sock: &OwnedFd, option: libc::c_int) -> std::io::Result<()> {
+    let one: libc::c_int = 1;
+    // SAFETY: `sock` is an open socket; the value pointer and length describe
+    // `one`, a c_int that lives across the call; the kernel only reads it.
+    let rc = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_PACKET,
+            option,
+            (&raw const one).cast(),
+            abi::INT_LEN,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Binds the packet socket to interface `index` for every protocol and
+/// returns the interface's hardware type (`ARPHRD_*`).
+fn bind_packet(sock: &OwnedFd, index: u32) -> std::io::Result<u16> {
+    let ifindex =
+        i32::try_from(index).map_err(|_| std::io::Error::other("ifindex out of range"))?;
+    // SAFETY: sockaddr_ll is plain data; all-zero is a valid value.
+    let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+    addr.sll_family = abi::AF_PACKET;
+    addr.sll_protocol = abi::ETH_P_ALL_BE;
+    addr.sll_ifindex = ifindex;
+    let len = abi::SOCKADDR_LL_LEN;
+    // SAFETY: `sock` is an open AF_PACKET socket; the pointer and length
+    // describe `addr`, a sockaddr_ll that lives across the call.
+    if unsafe { libc::bind(sock.as_raw_fd(), (&raw const addr).cast(), len) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let mut bound_len = len;
+    // SAFETY: the pointer and length describe `addr`, writable and as large
+    // as the kernel's answer for an AF_PACKET socket (a sockaddr_ll).
+    if unsafe { libc::getsockname(sock.as_raw_fd(), (&raw mut addr).cast(), &raw mut bound_len) }
+        != 0
+    {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(addr.sll_hatype)
+}
+
+fn ifreq_for(iface: &str) -> std::io::Result<libc::ifreq> {
+    // SAFETY: ifreq is plain data (a name and a union of plain data); all-zero is valid.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    let name = iface.as_bytes();
+    if name.len() >= req.ifr_name.len() {
+        return Err(std::io::Error::other("interface name too long"));
+    }
+    for (dst, src) in req.ifr_name.iter_mut().zip(name) {
+        *dst = *src as libc::c_char;
+    }
+    Ok(req)
+}
+
+fn interface_mtu(probe: &OwnedFd, iface: &str) -> std::io::Result<u32> {
+    let mut req = ifreq_for(iface)?;
+    // SAFETY: SIOCGIFMTU reads the NUL-terminated name in `req` and writes
+    // the `ifru_mtu` member of its union; `req` is a valid, writable ifreq.
+    if unsafe { libc::ioctl(probe.as_raw_fd(), libc::SIOCGIFMTU, &raw mut req) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: SIOCGIFMTU succeeded, so `ifru_mtu` is the member it wrote.
+    let mtu = unsafe { req.ifr_ifru.ifru_mtu };
+    u32::try_from(mtu).map_err(|_| std::io::Error::other("negative MTU"))
+}
+
+fn set_up(probe: &OwnedFd, iface: &str) -> std::io::Result<()> {
+    let mut req = ifreq_for(iface)?;
+    // SAFETY: SIOCGIFFLAGS reads the name in `req` and writes `ifru_flags`;
+    // `req` is a valid, writable ifreq.
+    if unsafe { libc::ioctl(probe.as_raw_fd(), libc::SIOCGIFFLAGS, &raw mut req) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: SIOCGIFFLAGS succeeded, so `ifru_flags` is the member it wrote.
+    let flags = unsafe { req.ifr_ifru.ifru_flags };
+    let up = abi::IFF_UP;
+    if flags & up != 0 {
+        return Ok(());
+    }
+    req.ifr_ifru.ifru_flags = flags | up;
+    // SAFETY: SIOCSIFFLAGS reads the name and `ifru_flags` from `req`, a
+    // valid ifreq whose flags member was just written.
+    if unsafe { libc::ioctl(probe.as_raw_fd(), libc::SIOCSIFFLAGS, &raw mut req) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The child process that holds the floor and removes it when asked
+/// (module docs, step 3).
+#[derive(Debug)]
+pub(crate) struct FloorKeeper {
+    channel: UnixStream,
+    iface: String,
+}
+
+/// What the gateway writes to ask for the floor's removal.
+const REMOVE: &[u8] = b"remove\n";
+
+impl FloorKeeper {
+    /// Forks the keeper. Must be called while the process has one thread
+    /// (before the runtime starts): the child runs Rust code after fork.
+    fn spawn(floor: IngressFloor) -> anyhow::Result<Self> {
+        let (ours, theirs) = UnixStream::pair().context("creating the floor keeper's channel")?;
+        // SAFETY: the gateway is single-threaded here (main calls this
+        // before it builds the runtime; the namespace thread has been
+        // joined), so the child's copy of the heap and locks is consistent
+        // and it may allocate and spawn `nft`. The child never returns: it
+        // ends in `_exit`.
+        match unsafe { libc::fork() } {
+            -1 => Err(std::io::Error::last_os_error()).context("forking the floor keeper"),
+            0 => {
+                drop(ours);
+                keeper_main(floor, theirs)
+            }
+            _child => {
+                drop(theirs);
+                let iface = floor.iface().to_owned();
+                // The keeper owns the floor now; this process must not run
+                // `nft` (its jail forbids exec) when its copy drops.
+                std::mem::forget(floor);
+                Ok(Self {
+                    channel: ours,
+                    iface,
+                })
+            }
+        }
+    }
+
+    /// Asks the keeper to remove the floor and waits for its answer.
+    pub(crate) fn remove(mut self) -> anyhow::Result<()> {
+        self.channel
+            .write_all(REMOVE)
+            .context("asking the floor keeper to remove the floor")?;
+        let mut answer = String::new();
+        self.channel
+            .read_to_string(&mut answer)
+            .context("reading the floor keeper's answer")?;
+        match answer.trim_end() {
+            "ok" => Ok(()),
+            "" => bail!(
+                "the floor keeper ended without removing the floor on {}",
+                self.iface
+            ),
+            other => bail!("removing the floor on {}: {other}", self.iface),
+        }
+    }
+}
+
+/// The keeper's whole life: ignore the signals a terminal or a process
+/// group sends (the gateway decides), wait for the request or the end of
+/// the channel, act, exit.
+fn keeper_main(floor: IngressFloor, mut channel: UnixStream) -> ! {
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGPIPE] {
+        // SAFETY: setting a signal's disposition to SIG_IGN has no
+        // memory-safety preconditions.
+        unsafe { libc::signal(sig, libc::SIG_IGN) };
+    }
+    // Keep nothing of the gateway's open but stdio and the channel: a
+    // readiness pipe or the packet socket held here would outlive it.
+    let keep = channel.as_raw_fd();
+    // SAFETY: close_range only closes descriptors; the objects of the
+    // gateway that owned them are never used again in this process (it
+    // ends in `_exit` without returning or unwinding into them).
+    unsafe {
+        if keep > 3 {
+            libc::syscall(libc::SYS_close_range, 3u32, (keep - 1) as u32, 0u32);
+        }
+        libc::syscall(libc::SYS_close_range, (keep + 1) as u32, u32::MAX, 0u32);
+    }
+    let mut request = [0u8; REMOVE.len()];
+    let asked = channel.read_exact(&mut request).is_ok() && request == REMOVE;
+    let code = if asked {
+        let answer = match floor.remove() {
+            Ok(()) => "ok\n".to_owned(),
+            Err(e) => format!("{e}\n"),
+        };
+        let _ = channel.write_all(answer.as_bytes());
+        0
+    } else {
+        // The gateway died without asking: the floor stays (fail closed).
+        std::mem::forget(floor);
+        0
+    };
+    // SAFETY: `_exit` ends the process without running the gateway's
+    // destructors or atexit handlers, which belong to the parent.
+    unsafe { libc::_exit(code) }
+}

@@ -1,0 +1,625 @@
+//! The guest's link: how Ethernet frames travel between the guest and the
+//! session. Three transports carry the same frames to one unchanged session:
+//!
+//! - **stream** ([`GuestLink::stream`]): QEMU's `-netdev stream`, each frame
+//!   behind a 4-byte big-endian length ([`crate::frames`]); many frames per
+//!   read and per write.
+//! - **datagram** ([`GuestLink::dgram`]): one frame per unix datagram, as
+//!   QEMU's `-netdev dgram` and the vfkit/libkrun/krunkit unixgram protocol
+//!   (gvproxy's `-listen-vfkit`). As gvproxy does, a socket that is not
+//!   connected learns its peer from the first datagram that carries a
+//!   sender path and sends to that path (it does not `connect`: a restarted
+//!   peer binding the same path is reached again); datagrams from any other
+//!   sender are dropped. The 4-byte `VFKT` datagram older vfkit releases
+//!   send first is consumed. When sending to the peer is refused (its
+//!   socket is gone), the link forgets it and learns the next sender.
+//! - **packet** ([`GuestLink::packet`]): an `AF_PACKET` socket bound to one
+//!   interface (`--attach`: a TAP a VMM holds, or a veth end), opened with
+//!   `PACKET_VNET_HDR` so each frame carries a virtio-net header: a frame
+//!   whose checksum the sender left to offload (`NEEDS_CSUM`, as a veth
+//!   peer's or a VMM's TAP writes are) is completed here before the session
+//!   parses it, and a segmentation-offload frame arrives whole (one large
+//!   IP packet, which the stack accepts up to the frame limit).
+//!
+//! Invariant: no input makes these types panic; a datagram or packet that
+//! is not a frame is handed to the session, whose parser drops it.
+
+use std::io::{self, IoSlice};
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::Context;
+
+use tokio::io::Interest;
+use tokio::io::unix::AsyncFd;
+use tokio::net::{UnixDatagram, UnixStream};
+
+use crate::frames::{FrameError, FrameReader, MIN_FRAME, TxBatch};
+
+/// Bytes read from a stream guest per syscall.
+const STREAM_READ_CHUNK: usize = 256 * 1024;
+/// SO_SNDBUF asked for the guest socket (the kernel caps it at
+/// `net.core.wmem_max` and doubles it).
+const GUEST_SNDBUF: usize = 4 * 1024 * 1024;
+/// SO_RCVBUF asked for datagram and packet sockets: frames queue in the
+/// kernel one by one, so a burst needs room.
+const GUEST_RCVBUF: usize = 4 * 1024 * 1024;
+/// Datagrams or packets received per call of [`GuestLink::receive`].
+const DATAGRAM_BATCH: usize = 64;
+/// Receive buffer for one datagram: the largest frame plus the virtio-net
+/// header, with room to spare so an oversized datagram shows as truncated.
+const DATAGRAM_BUF: usize = 65536 + VNET_HDR_LEN + 1;
+/// `struct virtio_net_hdr` (no `num_buffers`): what `PACKET_VNET_HDR` puts
+/// before every frame, both ways.
+const VNET_HDR_LEN: usize = 10;
+/// `VIRTIO_NET_HDR_F_NEEDS_CSUM`.
+const VNET_F_NEEDS_CSUM: u8 = 1;
+/// The header the gateway sends: no offload asked (every frame it builds
+/// carries complete checksums).
+const VNET_HDR_NONE: [u8; VNET_HDR_LEN] = [0; VNET_HDR_LEN];
+/// The handshake datagram older vfkit releases send before any frame.
+const VFKIT_MAGIC: &[u8] = b"VFKT";
+
+/// The transport between the guest and the gateway (module docs).
+#[derive(Debug)]
+pub enum GuestLink {
+    /// QEMU's stream protocol on a connected unix stream socket.
+    Stream(UnixStream),
+    /// One frame per datagram on a unix datagram socket.
+    Dgram(DgramLink),
+    /// An `AF_PACKET` socket with virtio-net headers, bound to one interface.
+    Packet(PacketLink),
+}
+
+/// A unix datagram socket and what is known of its peer.
+#[derive(Debug)]
+pub struct DgramLink {
+    sock: UnixDatagram,
+    /// Connected by whoever handed it over (a socketpair end): `send` goes
+    /// to that peer and only it can send here.
+    connected: bool,
+    /// Otherwise: the peer's path, learnt from its first datagram.
+    peer: std::sync::Mutex<Option<std::path::PathBuf>>,
+    /// A datagram without a sender path arrived before any peer was known
+    /// (warned once).
+    warned_unnamed: AtomicBool,
+}
+
+/// A non-blocking `AF_PACKET` socket (opened by the binary: see
+/// `docs/attach.md`), registered with the runtime.
+#[derive(Debug)]
+pub struct PacketLink {
+    fd: AsyncFd<OwnedFd>,
+}
+
+/// What one [`GuestLink::receive`] call saw.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Received {
+    /// The guest closed the stream.
+    Closed,
+    /// Nothing was waiting.
+    Idle,
+    /// Frames were handed on; `more` when the read filled its budget (more
+    /// may be waiting).
+    Frames {
+        /// Read again before waiting.
+        more: bool,
+    },
+}
+
+/// A failure that ends the guest session.
+#[derive(Debug)]
+pub(crate) enum LinkFailure {
+    /// The stream peer broke the framing.
+    Protocol(FrameError),
+    /// The socket failed.
+    Io(io::Error),
+}
+
+/// Per-session receive state: the stream reassembly buffer, or one
+/// datagram's buffer.
+#[derive(Debug)]
+pub(crate) enum LinkRx {
+    Stream(FrameReader),
+    Datagram(Vec<u8>),
+}
+
+fn would_block(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::WouldBlock
+}
+
+impl GuestLink {
+    /// A connected stream socket (QEMU `-netdev stream`).
+    pub fn stream(sock: UnixStream) -> Self {
+        let s = socket2::SockRef::from(&sock);
+        if let Err(e) = s.set_send_buffer_size(GUEST_SNDBUF) {
+            tracing::debug!(error = %e, "guest socket: SO_SNDBUF not set");
+        }
+        Self::Stream(sock)
+    }
+
+    /// A unix datagram socket: bound and waiting for its peer's first
+    /// datagram, or already connected (an inherited socketpair end).
+    pub fn dgram(sock: UnixDatagram) -> Self {
+        let s = socket2::SockRef::from(&sock);
+        if let Err(e) = s
+            .set_send_buffer_size(GUEST_SNDBUF)
+            .and_then(|()| s.set_recv_buffer_size(GUEST_RCVBUF))
+        {
+            tracing::debug!(error = %e, "guest socket: buffer sizes not set");
+        }
+        // A connected socket has a peer; a socketpair end's has no path.
+        let connected = sock.peer_addr().is_ok();
+        Self::Dgram(DgramLink {
+            sock,
+            connected,
+            peer: std::sync::Mutex::new(None),
+            warned_unnamed: AtomicBool::new(false),
+        })
+    }
+
+    /// An `AF_PACKET` socket bound to the guest's interface with
+    /// `PACKET_VNET_HDR` and `PACKET_IGNORE_OUTGOING` set, non-blocking.
+    /// Must be called inside a tokio runtime.
+    ///
+    /// # Errors
+    /// The runtime could not register the descriptor.
+    pub fn packet(fd: OwnedFd) -> io::Result<Self> {
+        let s = socket2::SockRef::from(&fd);
+        if let Err(e) = s
+            .set_send_buffer_size(GUEST_SNDBUF)
+            .and_then(|()| s.set_recv_buffer_size(GUEST_RCVBUF))
+        {
+            tracing::debug!(error = %e, "packet socket: buffer sizes not set");
+        }
+        // Deprecated since tokio 1.53 for owners that may close or swap the
+        // descriptor under the registration; an `OwnedFd` can do neither
+        // while the AsyncFd owns it (the replacement is `unsafe`, which this
+        // crate forbids).
+        #[allow(deprecated)]
+        let fd = AsyncFd::with_interest(fd, Interest::READABLE | Interest::WRITABLE)?;
+        Ok(Self::Packet(PacketLink { fd }))
+    }
+
+    /// Fresh receive state for a session whose frames are at most `max_frame` bytes.
+    pub(crate) fn rx(&self, max_frame: usize) -> LinkRx {
+        match self {
+            Self::Stream(_) => LinkRx::Stream(FrameReader::new(STREAM_READ_CHUNK, max_frame)),
+            Self::Dgram(_) | Self::Packet(_) => LinkRx::Datagram(vec![0; DATAGRAM_BUF]),
+        }
+    }
+
+    /// Reads what is waiting without blocking and hands each frame to `on_frame`.
+    pub(crate) fn receive(
+        &self,
+        rx: &mut LinkRx,
+        mut on_frame: impl FnMut(&[u8]),
+    ) -> Result<Received, LinkFailure> {
+        match (self, rx) {
+            (Self::Stream(sock), LinkRx::Stream(reader)) => {
+                let spare = reader.spare();
+                let want = spare.len();
+                match sock.try_read(spare) {
+                    Ok(0) => Ok(Received::Closed),
+                    Ok(n) => {
+                        reader.filled(n);
+                        while let Some(frame) =
+                            reader.next_frame().map_err(LinkFailure::Protocol)?
+                        {
+                            on_frame(frame);
+                        }
+                        Ok(Received::Frames { more: n == want })
+                    }
+                    Err(e) if would_block(&e) => Ok(Received::Idle),
+                    Err(e) => Err(LinkFailure::Io(e)),
+                }
+            }
+            (Self::Dgram(link), LinkRx::Datagram(buf)) => link.receive(buf, on_frame),
+            (Self::Packet(link), LinkRx::Datagram(buf)) => link.receive(buf, on_frame),
+            // `rx` is always made by `Self::rx` of the same link.
+            _ => Ok(Received::Idle),
+        }
+    }
+
+    /// Writes queued frames until the socket would block or the batch is
+    /// empty. Only an error that ends the session is returned: a datagram or
+    /// packet the kernel refuses (no peer yet, peer gone, queue full) is
+    /// dropped, as a cable would drop it.
+    pub(crate) fn transmit(&self, tx: &mut TxBatch) -> io::Result<()> {
+        match self {
+            Self::Stream(sock) => {
+                while tx.queued() > 0 {
+                    match sock.try_write(tx.unwritten()) {
+                        Ok(n) => tx.consume(n),
+                        Err(e) if would_block(&e) => break,
+                        Err(e) => return Err(e),
+                    }
+                }
+                Ok(())
+            }
+            Self::Dgram(link) => {
+                transmit_frames(tx, |frame| link.send(frame));
+                Ok(())
+            }
+            Self::Packet(link) => {
+                transmit_frames(tx, |frame| link.send(frame));
+                Ok(())
+            }
+        }
+    }
+
+    /// Whether the socket is (or may be) readable; registers the waker.
+    pub(crate) fn poll_read_ready(&self, cx: &mut Context<'_>) -> bool {
+        match self {
+            Self::Stream(s) => s.poll_read_ready(cx).is_ready(),
+            Self::Dgram(d) => d.sock.poll_recv_ready(cx).is_ready(),
+            Self::Packet(p) => p.fd.poll_read_ready(cx).is_ready(),
+        }
+    }
+
+    /// Whether the socket is (or may be) writable; registers the waker.
+    pub(crate) fn poll_write_ready(&self, cx: &mut Context<'_>) -> bool {
+        match self {
+            Self::Stream(s) => s.poll_write_ready(cx).is_ready(),
+            Self::Dgram(d) => d.sock.poll_send_ready(cx).is_ready(),
+            Self::Packet(p) => p.fd.poll_write_ready(cx).is_ready(),
+        }
+    }
+
+    /// The transport's name in logs and audit details.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Stream(_) => "stream",
+            Self::Dgram(_) => "dgram",
+            Self::Packet(_) => "packet",
+        }
+    }
+}
+
+/// What sending one frame did.
+enum Sent {
+    /// Taken by the kernel, or refused for good (dropped).
+    Done,
+    /// The socket would block: keep the frame for later.
+    Blocked,
+}
+
+/// Sends the batch's frames one per datagram until one would block.
+fn transmit_frames(tx: &mut TxBatch, mut send: impl FnMut(&[u8]) -> Sent) {
+    while tx.queued() > 0 {
+        let queued = tx.unwritten();
+        let Some(prefix) = queued.get(..4) else {
+            // A partial prefix cannot be queued (push_with writes prefix and
+            // frame together); drop the remainder rather than loop.
+            tx.consume(queued.len());
+            break;
+        };
+        let len = u32::from_be_bytes([prefix[0], prefix[1], prefix[2], prefix[3]]) as usize;
+        let Some(frame) = queued.get(4..4 + len) else {
+            tx.consume(queued.len());
+            break;
+        };
+        match send(frame) {
+            Sent::Done => tx.consume(4 + len),
+            Sent::Blocked => break,
+        }
+    }
+}
+
+impl DgramLink {
+    fn peer(&self) -> std::sync::MutexGuard<'_, Option<std::path::PathBuf>> {
+        // Only the session task uses the link; a poisoned lock still holds a path.
+        self.peer
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether a datagram from `from` is the guest's: the known peer's, or
+    /// the first one from a bound path (which becomes the peer).
+    fn accept_sender(&self, from: &tokio::net::unix::SocketAddr) -> bool {
+        if self.connected {
+            return true;
+        }
+        let Some(path) = from.as_pathname() else {
+            if !self.warned_unnamed.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    "datagram from an unbound socket: dropped (the peer must bind a path to get replies)"
+                );
+            }
+            return false;
+        };
+        let mut peer = self.peer();
+        match peer.as_deref() {
+            Some(known) => known == path,
+            None => {
+                tracing::info!(peer = %path.display(), "datagram peer learnt");
+                *peer = Some(path.to_owned());
+                true
+            }
+        }
+    }
+
+    fn receive(
+        &self,
+        buf: &mut [u8],
+        mut on_frame: impl FnMut(&[u8]),
+    ) -> Result<Received, LinkFailure> {
+        for i in 0..DATAGRAM_BATCH {
+            let (n, from) = match self.sock.try_recv_from(buf) {
+                Ok(r) => r,
+                Err(e) if would_block(&e) => {
+                    return Ok(if i == 0 {
+                        Received::Idle
+                    } else {
+                        Received::Frames { more: false }
+                    });
+                }
+                // A connected unix datagram socket reports its peer's
+                // earlier refusal here; the next datagram may go through.
+                Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => continue,
+                Err(e) => return Err(LinkFailure::Io(e)),
+            };
+            if !self.accept_sender(&from) {
+                continue;
+            }
+            let Some(data) = buf.get(..n) else { continue };
+            if data == VFKIT_MAGIC {
+                continue;
+            }
+            on_frame(data);
+        }
+        Ok(Received::Frames { more: true })
+    }
+
+    fn send(&self, frame: &[u8]) -> Sent {
+        let sent = if self.connected {
+            self.sock.try_send(frame)
+        } else {
+            let peer = self.peer().clone();
+            match peer {
+                Some(path) => self.sock.try_send_to(frame, path),
+                // No peer yet: nobody to deliver to.
+                None => return Sent::Done,
+            }
+        };
+        match sent {
+            Ok(_) => Sent::Done,
+            Err(e) if would_block(&e) => Sent::Blocked,
+            Err(e) => {
+                // The peer's socket is gone (the VMM ended or restarts): the
+                // next sender from a bound path becomes the peer.
+                if !self.connected
+                    && matches!(
+                        e.kind(),
+                        io::ErrorKind::ConnectionRefused | io::ErrorKind::NotFound
+                    )
+                {
+                    *self.peer() = None;
+                }
+                tracing::debug!(error = %e, "datagram to the guest dropped");
+                Sent::Done
+            }
+        }
+    }
+}
+
+impl PacketLink {
+    fn receive(
+        &self,
+        buf: &mut [u8],
+        mut on_frame: impl FnMut(&[u8]),
+    ) -> Result<Received, LinkFailure> {
+        for i in 0..DATAGRAM_BATCH {
+            let got = self.fd.try_io(Interest::READABLE, |fd| {
+                rustix::net::recv(fd, &mut *buf, rustix::net::RecvFlags::TRUNC)
+                    .map_err(io::Error::from)
+            });
+            let (n, full) = match got {
+                Ok(r) => r,
+                Err(e) if would_block(&e) => {
+                    return Ok(if i == 0 {
+                        Received::Idle
+                    } else {
+                        Received::Frames { more: false }
+                    });
+                }
+                // The interface went down or away (the VMM ended): the
+                // session ends; the floor stays until the gateway removes it.
+                Err(e) => return Err(LinkFailure::Io(e)),
+            };
+            if full > n {
+                // Larger than any frame: not from a guest we serve.
+                continue;
+            }
+            let Some(packet) = buf.get_mut(..n) else {
+                continue;
+            };
+            if let Some(frame) = complete_vnet_frame(packet) {
+                on_frame(frame);
+            }
+        }
+        Ok(Received::Frames { more: true })
+    }
+
+    fn send(&self, frame: &[u8]) -> Sent {
+        let sent = self.fd.try_io(Interest::WRITABLE, |fd| {
+            rustix::net::sendmsg(
+                fd,
+                &[IoSlice::new(&VNET_HDR_NONE), IoSlice::new(frame)],
+                &mut rustix::net::SendAncillaryBuffer::default(),
+                rustix::net::SendFlags::DONTWAIT,
+            )
+            .map_err(io::Error::from)
+        });
+        match sent {
+            Ok(_) => Sent::Done,
+            Err(e) if would_block(&e) => Sent::Blocked,
+            Err(e) => {
+                tracing::debug!(error = %e, "frame to the guest interface dropped");
+                Sent::Done
+            }
+        }
+    }
+}
+
+/// The frame behind a virtio-net header, with the checksum the sender left
+/// to offload filled in. `None` for a packet too short to hold a header and
+/// an Ethernet header, or whose checksum position lies outside the frame.
+pub(crate) fn complete_vnet_frame(packet: &mut [u8]) -> Option<&[u8]> {
+    let (hdr, frame) = packet.split_at_mut_checked(VNET_HDR_LEN)?;
+    if frame.len() < MIN_FRAME {
+        return None;
+    }
+    if hdr[0] & VNET_F_NEEDS_CSUM != 0 {
+        let start = usize::from(u16::from_le_bytes([hdr[6], hdr[7]]));
+        let offset = usize::from(u16::from_le_bytes([hdr[8], hdr[9]]));
+        let at = start.checked_add(offset)?;
+        if at.checked_add(2)? > frame.len() || start > frame.len() {
+            return None;
+        }
+        // The field holds the pseudo-header sum; the sum over everything
+        // from `start` (that field included) completes it.
+        let sum = !internet_sum(&frame[start..]);
+        frame[at..at + 2].copy_from_slice(&sum.to_be_bytes());
+    }
+    Some(frame)
+}
+
+/// The folded 16-bit ones'-complement sum of `data` (RFC 1071), not inverted.
+fn internet_sum(data: &[u8]) -> u16 {
+    let mut sum: u64 = 0;
+    let mut chunks = data.chunks_exact(2);
+    for c in &mut chunks {
+        sum += u64::from(u16::from_be_bytes([c[0], c[1]]));
+    }
+    if let [last] = chunks.remainder() {
+        sum += u64::from(*last) << 8;
+    }
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    // Folded to 16 bits by the loop above.
+    u16::try_from(sum).unwrap_or(0xffff)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A UDP/IPv4 frame with a correct checksum, and the same frame as a
+    /// sender leaving the checksum to offload writes it (pseudo-header sum
+    /// in the field) behind a NEEDS_CSUM header.
+    fn udp_frame() -> (Vec<u8>, Vec<u8>) {
+        let payload = b"hello, offload!";
+        let mut f = vec![0u8; 14 + 20 + 8];
+        f[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
+        let ip = &mut f[14..34];
+        ip[0] = 0x45;
+        let total = u16::try_from(20 + 8 + payload.len()).expect("small");
+        ip[2..4].copy_from_slice(&total.to_be_bytes());
+        ip[8] = 64;
+        ip[9] = 17;
+        ip[12..16].copy_from_slice(&[10, 0, 2, 15]);
+        ip[16..20].copy_from_slice(&[198, 51, 100, 10]);
+        let ip_sum = !internet_sum(&f[14..34]);
+        f[24..26].copy_from_slice(&ip_sum.to_be_bytes());
+        let udp_len = u16::try_from(8 + payload.len()).expect("small");
+        f[34..36].copy_from_slice(&40000u16.to_be_bytes());
+        f[36..38].copy_from_slice(&53u16.to_be_bytes());
+        f[38..40].copy_from_slice(&udp_len.to_be_bytes());
+        f.extend_from_slice(payload);
+        let mut pseudo = Vec::new();
+        pseudo.extend_from_slice(&[10, 0, 2, 15, 198, 51, 100, 10, 0, 17]);
+        pseudo.extend_from_slice(&udp_len.to_be_bytes());
+        let partial = internet_sum(&pseudo);
+        let mut whole = pseudo.clone();
+        whole.extend_from_slice(&f[34..]);
+        let full = !internet_sum(&whole);
+        let mut complete = f.clone();
+        complete[40..42].copy_from_slice(&full.to_be_bytes());
+        let mut offloaded = vec![0u8; VNET_HDR_LEN];
+        offloaded[0] = VNET_F_NEEDS_CSUM;
+        offloaded[6..8].copy_from_slice(&34u16.to_le_bytes());
+        offloaded[8..10].copy_from_slice(&6u16.to_le_bytes());
+        let mut body = f;
+        body[40..42].copy_from_slice(&partial.to_be_bytes());
+        offloaded.extend_from_slice(&body);
+        (complete, offloaded)
+    }
+
+    #[test]
+    fn an_offloaded_checksum_is_completed() {
+        let (complete, mut offloaded) = udp_frame();
+        assert_eq!(complete_vnet_frame(&mut offloaded), Some(&complete[..]));
+    }
+
+    #[test]
+    fn a_frame_without_offload_passes_unchanged() {
+        let (complete, _) = udp_frame();
+        let mut packet = VNET_HDR_NONE.to_vec();
+        packet.extend_from_slice(&complete);
+        assert_eq!(complete_vnet_frame(&mut packet), Some(&complete[..]));
+    }
+
+    #[test]
+    fn short_packets_and_bad_checksum_positions_are_refused() {
+        for len in 0..VNET_HDR_LEN + MIN_FRAME {
+            assert_eq!(complete_vnet_frame(&mut vec![0; len]), None, "len {len}");
+        }
+        let (_, mut offloaded) = udp_frame();
+        offloaded[6..8].copy_from_slice(&u16::MAX.to_le_bytes());
+        assert_eq!(complete_vnet_frame(&mut offloaded), None);
+        let (_, mut offloaded) = udp_frame();
+        offloaded[8..10].copy_from_slice(&u16::MAX.to_le_bytes());
+        assert_eq!(complete_vnet_frame(&mut offloaded), None);
+    }
+
+    #[test]
+    fn datagram_transmit_sends_each_frame_once_and_keeps_a_blocked_one() {
+        let mut tx = TxBatch::default();
+        tx.push(&[1u8; 20]);
+        tx.push(&[2u8; 30]);
+        tx.push(&[3u8; 40]);
+        let mut sent = Vec::new();
+        transmit_frames(&mut tx, |f| {
+            if f[0] == 3 {
+                return Sent::Blocked;
+            }
+            sent.push(f.to_vec());
+            Sent::Done
+        });
+        assert_eq!(sent, vec![vec![1u8; 20], vec![2u8; 30]]);
+        assert_eq!(tx.unwritten()[4..], [3u8; 40]);
+    }
+
+    #[tokio::test]
+    async fn a_bound_datagram_link_learns_its_peer_skips_the_vfkit_magic_and_replies() {
+        let dir = std::env::temp_dir().join(format!("sluice-link-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        let ours = dir.join("gw.sock");
+        let theirs = dir.join("vm.sock");
+        let link = GuestLink::dgram(UnixDatagram::bind(&ours).expect("bind"));
+        let vm = UnixDatagram::bind(&theirs).expect("bind peer");
+        let mut tx = TxBatch::default();
+        tx.push(&[9u8; 60]);
+        link.transmit(&mut tx)
+            .expect("no peer yet: dropped, not an error");
+        assert_eq!(tx.queued(), 0);
+        vm.send_to(VFKIT_MAGIC, &ours).await.expect("magic");
+        vm.send_to(&[7u8; 64], &ours).await.expect("frame");
+        let mut rx = link.rx(1514);
+        let mut frames = Vec::new();
+        while frames.is_empty() {
+            link.receive(&mut rx, |f| frames.push(f.to_vec()))
+                .expect("receive");
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(frames, vec![vec![7u8; 64]]);
+        tx.push(&[8u8; 70]);
+        link.transmit(&mut tx).expect("send");
+        let mut back = [0u8; 100];
+        let n = vm.recv(&mut back).await.expect("reply");
+        assert_eq!(&back[..n], &[8u8; 70]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
