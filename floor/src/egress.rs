@@ -1,8 +1,17 @@
-//! The egress floor: the gateway's own packets (matched by its uid) never
-//! reach loopback, link-local, the host's addresses or non-public ranges,
-//! except what the policy names.
+//! The egress floor: the gateway's own packets (matched by its uid or,
+//! under `sluice run`, by a gid of its own) never reach loopback,
+//! link-local, the host's addresses or non-public ranges, except what the
+//! policy names and its DNS resolvers on port 53.
+//!
+//! Rules, in order, all matching the owner first:
+//! 1. replies on connections others opened to the gateway: accept;
+//! 2. each resolver, UDP and TCP to its port (53): accept;
+//! 3. each `deny_first` network (the host's own addresses): drop;
+//! 4. each `allow` network (what the policy names): accept;
+//! 5. each `deny` network ([`non_public`], cloud host services): drop.
 
 use std::borrow::Cow;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use ipnet::IpNet;
@@ -20,7 +29,10 @@ const WHAT: &str = "egress floor";
 
 /// Destinations the gateway's own sockets never reach unless allowed:
 /// loopback, unspecified, link-local (metadata services), the RFC 1918,
-/// CGNAT, benchmarking and ULA ranges, multicast and the reserved block.
+/// CGNAT, benchmarking, documentation and ULA ranges, multicast, Teredo and
+/// the reserved blocks: every network `sluice_policy::platform::classify`
+/// calls non-public (IPv6 forms embedding an IPv4 address are left to the
+/// gateway's own check).
 /// The caller adds the host's own addresses and the cloud host services
 /// (`sluice_policy::platform` knows them).
 #[must_use]
@@ -34,29 +46,72 @@ pub fn non_public() -> Vec<IpNet> {
         "192.168.0.0/16",
         "100.64.0.0/10",
         "198.18.0.0/15",
+        "192.0.0.0/24",
+        "192.0.2.0/24",
+        "198.51.100.0/24",
+        "203.0.113.0/24",
+        "192.88.99.0/24",
         "224.0.0.0/4",
         "240.0.0.0/4",
         "::/128",
         "::1/128",
         "fe80::/10",
+        "fec0::/10",
         "fc00::/7",
         "ff00::/8",
+        "2001::/32",
+        "2001:db8::/32",
+        "2001:2::/48",
+        "3fff::/20",
+        "100::/64",
     ]
     .iter()
     .filter_map(|s| s.parse().ok())
     .collect()
 }
 
+/// Whose packets the floor matches (the socket's owner, `meta skuid` /
+/// `meta skgid`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Owner {
+    /// Every socket of this uid.
+    Uid(u32),
+    /// Every socket of this gid: `sluice run` gives each gateway a gid no
+    /// other process has, so concurrent gateways get floors of their own.
+    Gid(u32),
+}
+
+impl Owner {
+    fn table(self) -> String {
+        match self {
+            Self::Uid(u) => format!("sluice_egress_{u}"),
+            Self::Gid(g) => format!("sluice_egress_gid_{g}"),
+        }
+    }
+}
+
 /// What the egress floor holds the gateway to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EgressSpec {
-    /// The gateway's uid: only its packets are matched.
-    pub uid: u32,
-    /// Destinations dropped ([`non_public`], the host's addresses, ...).
-    pub deny: Vec<IpNet>,
-    /// Destinations inside `deny` the policy names (`internal`, `cidr`),
-    /// accepted first.
+    /// Whose packets are matched.
+    pub owner: Owner,
+    /// The resolvers the gateway forwards DNS to: each accepted on its own
+    /// port (UDP and TCP) only, before anything is dropped (a resolver is
+    /// often on a private address).
+    pub resolvers: Vec<SocketAddr>,
+    /// Dropped before `allow` is consulted: the host's own addresses,
+    /// which no policy network opens.
+    pub deny_first: Vec<IpNet>,
+    /// Destinations inside `deny` the policy names (`internal`, `cidr`).
     pub allow: Vec<IpNet>,
+    /// Destinations dropped ([`non_public`], cloud host services).
+    pub deny: Vec<IpNet>,
+}
+
+impl EgressSpec {
+    fn rules(&self) -> usize {
+        1 + 2 * self.resolvers.len() + self.deny_first.len() + self.allow.len() + self.deny.len()
+    }
 }
 
 /// The floor for one uid, until [`EgressFloor::remove`] (or drop).
@@ -72,14 +127,36 @@ fn cow(s: &str) -> Cow<'static, str> {
     Cow::Owned(s.to_owned())
 }
 
-fn uid_is(uid: u32) -> Statement<'static> {
+fn owner_is(owner: Owner) -> Statement<'static> {
+    let (key, id) = match owner {
+        Owner::Uid(u) => (MetaKey::Skuid, u),
+        Owner::Gid(g) => (MetaKey::Skgid, g),
+    };
     Statement::Match(Match {
-        left: Expression::Named(NamedExpression::Meta(Meta {
-            key: MetaKey::Skuid,
-        })),
-        right: Expression::Number(uid),
+        left: Expression::Named(NamedExpression::Meta(Meta { key })),
+        right: Expression::Number(id),
         op: Operator::EQ,
     })
+}
+
+fn dport_is(protocol: &str, port: u32) -> Statement<'static> {
+    Statement::Match(Match {
+        left: Expression::Named(NamedExpression::Payload(Payload::PayloadField(
+            PayloadField {
+                protocol: cow(protocol),
+                field: cow("dport"),
+            },
+        ))),
+        right: Expression::Number(port),
+        op: Operator::EQ,
+    })
+}
+
+fn drop_counted() -> [Statement<'static>; 2] {
+    [
+        Statement::Counter(Counter::Anonymous(None)),
+        Statement::Drop(Some(stmt::Drop {})),
+    ]
 }
 
 fn daddr_in(net: &IpNet) -> Statement<'static> {
@@ -133,12 +210,13 @@ fn objects(spec: &EgressSpec, table: &str) -> Vec<NfObject<'static>> {
             ..Chain::default()
         }))),
     ];
+    let owner = owner_is(spec.owner);
     // Replies on connections others opened to the gateway (a published
     // port, a metrics scrape on loopback) are not its own egress.
     out.push(rule(
         table,
         vec![
-            uid_is(spec.uid),
+            owner.clone(),
             Statement::Match(Match {
                 left: Expression::Named(NamedExpression::CT(CT {
                     key: cow("direction"),
@@ -151,26 +229,39 @@ fn objects(spec: &EgressSpec, table: &str) -> Vec<NfObject<'static>> {
             Statement::Accept(Some(Accept {})),
         ],
     ));
+    for resolver in &spec.resolvers {
+        let net = IpNet::from(resolver.ip());
+        for protocol in ["udp", "tcp"] {
+            out.push(rule(
+                table,
+                vec![
+                    owner.clone(),
+                    daddr_in(&net),
+                    dport_is(protocol, u32::from(resolver.port())),
+                    Statement::Accept(Some(Accept {})),
+                ],
+            ));
+        }
+    }
+    for net in &spec.deny_first {
+        let mut expr = vec![owner.clone(), daddr_in(net)];
+        expr.extend(drop_counted());
+        out.push(rule(table, expr));
+    }
     for net in &spec.allow {
         out.push(rule(
             table,
             vec![
-                uid_is(spec.uid),
+                owner.clone(),
                 daddr_in(net),
                 Statement::Accept(Some(Accept {})),
             ],
         ));
     }
     for net in &spec.deny {
-        out.push(rule(
-            table,
-            vec![
-                uid_is(spec.uid),
-                daddr_in(net),
-                Statement::Counter(Counter::Anonymous(None)),
-                Statement::Drop(Some(stmt::Drop {})),
-            ],
-        ));
+        let mut expr = vec![owner.clone(), daddr_in(net)];
+        expr.extend(drop_counted());
+        out.push(rule(table, expr));
     }
     out
 }
@@ -205,8 +296,8 @@ impl EgressFloor {
     /// `nft` missing or refusing, or the rules not what was applied.
     /// Nothing is left behind on error.
     pub fn install(netns: Option<&Path>, spec: &EgressSpec) -> Result<Self, FloorError> {
-        let table = format!("sluice_egress_{}", spec.uid);
-        let rules = 1 + spec.allow.len() + spec.deny.len();
+        let table = spec.owner.table();
+        let rules = spec.rules();
         run_in(netns, || {
             nft::apply(WHAT, objects(spec, &table))?;
             if let Err(e) = verify(&table, rules) {
@@ -229,6 +320,21 @@ impl EgressFloor {
     /// As for [`Self::install`].
     pub fn check(&self) -> Result<(), FloorError> {
         run_in(self.netns.as_deref(), || verify(&self.table, self.rules))
+    }
+
+    /// The `inet` table that holds the floor.
+    #[must_use]
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
+    /// Hands the floor's removal to another process (e.g. a supervisor
+    /// that outlives this one and calls [`remove_table`]): dropping the
+    /// returned value no longer removes it. Returns the table's name.
+    #[must_use]
+    pub fn hand_off(mut self) -> String {
+        self.removed = true;
+        std::mem::take(&mut self.table)
     }
 
     /// Removes the floor.
@@ -258,4 +364,115 @@ impl Drop for EgressFloor {
             let _ = self.delete();
         }
     }
+}
+
+/// The removal of an egress floor's table, prepared ahead: `nft -f -` is
+/// started now and reads its script only when [`Removal::run`] writes it.
+/// For a supervisor that may not be able to start a process by the time
+/// it must clean up (one that made a PID namespace whose init has
+/// exited can no longer fork). Dropped without `run`, the waiting `nft`
+/// is killed and the table stays.
+#[derive(Debug)]
+pub struct Removal {
+    child: Option<std::process::Child>,
+    table: String,
+}
+
+impl Removal {
+    /// Starts `nft -f -` in the caller's namespace, to delete `table`
+    /// later. `adjust` may change the command before it is spawned (e.g.
+    /// close inherited descriptors in the child).
+    ///
+    /// # Errors
+    /// The name is not one of ours, or `nft` cannot be started.
+    pub fn prepare(
+        table: &str,
+        adjust: impl FnOnce(&mut std::process::Command),
+    ) -> Result<Self, FloorError> {
+        check_ours(table)?;
+        let mut cmd = std::process::Command::new(nft::program());
+        cmd.args(["-f", "-"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped());
+        adjust(&mut cmd);
+        let child = cmd
+            .spawn()
+            .map_err(|e| FloorError::NftMissing(format!("nft: {e}")))?;
+        Ok(Self {
+            child: Some(child),
+            table: table.to_owned(),
+        })
+    }
+
+    /// Deletes the table (present or not: it is added first, in the same
+    /// transaction) and waits for `nft`.
+    ///
+    /// # Errors
+    /// `nft` refused or could not be fed.
+    pub fn run(mut self) -> Result<(), FloorError> {
+        let Some(mut child) = self.child.take() else {
+            return Ok(());
+        };
+        let script = format!(
+            "add table inet {t}\ndelete table inet {t}\n",
+            t = self.table
+        );
+        if let Some(mut stdin) = child.stdin.take() {
+            use std::io::Write as _;
+            stdin
+                .write_all(script.as_bytes())
+                .map_err(|e| FloorError::NftMissing(format!("writing to nft: {e}")))?;
+        }
+        let out = child
+            .wait_with_output()
+            .map_err(|e| FloorError::NftMissing(format!("waiting for nft: {e}")))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            let stderr = String::from_utf8_lossy(&out.stderr)
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ");
+            Err(FloorError::NftFailed {
+                what: WHAT,
+                stderr: format!("{} ({})", stderr, out.status),
+            })
+        }
+    }
+}
+
+impl Drop for Removal {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn check_ours(table: &str) -> Result<(), FloorError> {
+    let ours = table
+        .strip_prefix("sluice_egress_")
+        .is_some_and(|rest| rest.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'));
+    if ours {
+        Ok(())
+    } else {
+        Err(FloorError::Verify {
+            what: WHAT,
+            detail: format!("{table:?} is not an egress floor table"),
+        })
+    }
+}
+
+/// Removes an egress floor's table by name, in the namespace at `netns`
+/// (the caller's when `None`): a supervisor cleaning up after the process
+/// that installed it ([`EgressFloor::hand_off`]; see also [`Removal`]). Only our own tables
+/// (`sluice_egress_*`) are touched; a missing table is not an error.
+///
+/// # Errors
+/// The name is not one of ours, or `nft` failed.
+pub fn remove_table(netns: Option<&Path>, table: &str) -> Result<(), FloorError> {
+    check_ours(table)?;
+    run_in(netns, || nft::delete_table(WHAT, NfFamily::INet, table))
 }

@@ -73,12 +73,27 @@ pub(crate) fn map_err(what: &'static str, e: NftablesError) -> FloorError {
     }
 }
 
+/// The `nft` binary: the first in `PATH`, else the sbin directories where
+/// distributions install it (a supervisor may run with an empty
+/// environment, and a user's `PATH` often lacks `/usr/sbin`).
+pub(crate) fn program() -> PathBuf {
+    let from_path = std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>());
+    from_path
+        .chain(["/usr/sbin", "/sbin", "/usr/bin", "/bin"].map(PathBuf::from))
+        .map(|dir| dir.join("nft"))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| PathBuf::from("nft"))
+}
+
 /// Applies `objects` as one transaction (all or nothing).
 pub(crate) fn apply(what: &'static str, objects: Vec<NfObject<'static>>) -> Result<(), FloorError> {
     let ruleset = Nftables {
         objects: objects.into(),
     };
-    helper::apply_ruleset(&ruleset).map_err(|e| map_err(what, e))
+    helper::apply_ruleset_with_args(&ruleset, Some(&program()), helper::DEFAULT_ARGS)
+        .map_err(|e| map_err(what, e))
 }
 
 /// Lists one table (`nft -j list table FAMILY NAME`).
@@ -87,14 +102,14 @@ pub(crate) fn list_table(
     family: &str,
     name: &str,
 ) -> Result<Nftables<'static>, FloorError> {
-    helper::get_current_ruleset_with_args(helper::DEFAULT_NFT, ["list", "table", family, name])
+    helper::get_current_ruleset_with_args(Some(&program()), ["list", "table", family, name])
         .map_err(|e| map_err(what, e))
 }
 
 /// `nft list ...` as text (what the JSON listing of nft 1.0.6 leaves out:
 /// a netdev chain's device).
 pub(crate) fn list_text(what: &'static str, args: &[&str]) -> Result<String, FloorError> {
-    let out = std::process::Command::new("nft")
+    let out = std::process::Command::new(program())
         .arg("list")
         .args(args)
         .output()
@@ -108,23 +123,23 @@ pub(crate) fn list_text(what: &'static str, args: &[&str]) -> Result<String, Flo
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// Deletes our table `name` of `family`; a table already gone is fine.
+/// Deletes our table `name` of `family`; a table already gone is fine (it
+/// is added first in the same transaction, so the delete always finds it).
 pub(crate) fn delete_table(
     what: &'static str,
     family: NfFamily,
     name: &str,
 ) -> Result<(), FloorError> {
-    let del = NfObject::CmdObject(NfCmd::Delete(NfListObject::Table(Table {
+    let table = Table {
         family,
         name: name.to_owned().into(),
         handle: None,
-    })));
-    match apply(what, vec![del]) {
-        Err(FloorError::NftFailed { stderr, .. })
-            if stderr.contains("No such file or directory") =>
-        {
-            Ok(())
-        }
-        other => other,
-    }
+    };
+    apply(
+        what,
+        vec![
+            NfObject::CmdObject(NfCmd::Add(NfListObject::Table(table.clone()))),
+            NfObject::CmdObject(NfCmd::Delete(NfListObject::Table(table))),
+        ],
+    )
 }

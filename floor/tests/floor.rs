@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use sluice_floor::FloorError;
-use sluice_floor::egress::{EgressFloor, EgressSpec, non_public};
+use sluice_floor::egress::{EgressFloor, EgressSpec, Owner, Removal, non_public, remove_table};
 use sluice_floor::ingress::{IngressFloor, table_name};
 
 fn is_root() -> bool {
@@ -199,16 +199,24 @@ fn bad_interfaces_and_namespaces_are_one_line_errors_and_leave_nothing() {
 
 /// Whether `uid` can open a TCP connection to 127.0.0.1:`port` in `ns`.
 fn connects_as(ns: &Netns, uid: u32, port: u16) -> bool {
+    connects_as_ids(ns, uid, uid, port)
+}
+
+/// Whether `uid`/`gid` can open a TCP connection to 127.0.0.1:`port` in
+/// `ns`. A floor's drop fails the connect at once (EPERM), so the timeout
+/// only bounds a broken test.
+fn connects_as_ids(ns: &Netns, uid: u32, gid: u32, port: u16) -> bool {
     let code = format!(
-        "import socket\ns=socket.socket()\ns.settimeout(2)\ns.connect(('127.0.0.1',{port}))\n"
+        "import socket\ns=socket.socket()\ns.settimeout(10)\ns.connect(('127.0.0.1',{port}))\n"
     );
     let uid = uid.to_string();
+    let gid = gid.to_string();
     ns.exec(&[
         "setpriv",
         "--reuid",
         &uid,
         "--regid",
-        &uid,
+        &gid,
         "--clear-groups",
         PY,
         "-c",
@@ -220,13 +228,9 @@ fn connects_as(ns: &Netns, uid: u32, port: u16) -> bool {
     .success()
 }
 
-#[test]
-fn the_egress_floor_stops_a_rogue_process_under_the_gateways_uid_only() {
-    if !is_root() && sluice_test_skip::may_skip("root", "nft and namespaces need root") {
-        return;
-    }
-    let ns = Netns::new("e");
-    let port = 18_080u16;
+/// Starts a TCP server on 127.0.0.1:`port` in `ns` that accepts and
+/// closes every connection; it is killed when the guard drops.
+fn listen(ns: &Netns, port: u16) -> Kill {
     let mut server = ns
         .exec(&[
             PY,
@@ -239,21 +243,38 @@ fn the_egress_floor_stops_a_rogue_process_under_the_gateways_uid_only() {
         .spawn()
         .unwrap();
     let stdout = server.stdout.take().unwrap();
-    let _server = Kill(server);
+    let guard = Kill(server);
     let mut line = String::new();
     std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line).unwrap();
     assert_eq!(line.trim(), "ready");
+    guard
+}
+
+fn spec(owner: Owner) -> EgressSpec {
+    EgressSpec {
+        owner,
+        resolvers: vec![],
+        deny_first: vec![],
+        allow: vec![],
+        deny: non_public(),
+    }
+}
+
+#[test]
+fn the_egress_floor_stops_a_rogue_process_under_the_gateways_uid_only() {
+    if !is_root() && sluice_test_skip::may_skip("root", "nft and namespaces need root") {
+        return;
+    }
+    let ns = Netns::new("e");
+    let port = 18_080u16;
+    let _server = listen(&ns, port);
 
     let (gateway_uid, other_uid) = (64_999, 64_998);
     assert!(
         connects_as(&ns, gateway_uid, port),
         "reachable before the floor"
     );
-    let spec = EgressSpec {
-        uid: gateway_uid,
-        deny: non_public(),
-        allow: vec![],
-    };
+    let spec = spec(Owner::Uid(gateway_uid));
     let floor = EgressFloor::install(Some(&ns.path()), &spec).unwrap();
     floor.check().unwrap();
     assert!(
@@ -278,6 +299,87 @@ fn the_egress_floor_stops_a_rogue_process_under_the_gateways_uid_only() {
     );
     floor.remove().unwrap();
     assert!(!ns.tables().contains("sluice"), "{}", ns.tables());
+}
+
+/// The floor `sluice run` installs: keyed on a gid of the gateway's own
+/// (any uid holding it is stopped, the same uid with another gid is not),
+/// the resolver reachable on port 53 only, the host's addresses dropped
+/// even inside a network the policy names, and removal by table name from
+/// another owner (the jail's supervisor).
+#[test]
+fn a_gid_floor_lets_the_resolver_through_on_53_and_holds_the_host_addresses() {
+    if !is_root() && sluice_test_skip::may_skip("root", "nft and namespaces need root") {
+        return;
+    }
+    let ns = Netns::new("gid");
+    let (dns, other) = (53u16, 18_081u16);
+    let _dns = listen(&ns, dns);
+    let _other = listen(&ns, other);
+    let (uid, gateway_gid, other_gid) = (64_997, 1_895_825_999, 64_996);
+    let floor = EgressFloor::install(
+        Some(&ns.path()),
+        &EgressSpec {
+            resolvers: vec!["127.0.0.1:53".parse().unwrap()],
+            ..spec(Owner::Gid(gateway_gid))
+        },
+    )
+    .unwrap();
+    assert!(
+        connects_as_ids(&ns, uid, gateway_gid, dns),
+        "the resolver's port 53 was stopped"
+    );
+    assert!(
+        !connects_as_ids(&ns, uid, gateway_gid, other),
+        "the gateway's gid reached another loopback port"
+    );
+    assert!(
+        connects_as_ids(&ns, uid, other_gid, other),
+        "the same uid with another gid was stopped"
+    );
+    let table = floor.hand_off();
+    assert!(ns.tables().contains(&table), "{}", ns.tables());
+
+    // The host's own addresses are dropped before a policy network opens
+    // the range around them.
+    let floor = EgressFloor::install(
+        Some(&ns.path()),
+        &EgressSpec {
+            deny_first: vec!["127.0.0.1/32".parse().unwrap()],
+            allow: vec!["127.0.0.0/8".parse().unwrap()],
+            ..spec(Owner::Gid(gateway_gid))
+        },
+    )
+    .unwrap();
+    assert!(
+        !connects_as_ids(&ns, uid, gateway_gid, other),
+        "a host address was opened by a policy network"
+    );
+    let table = floor.hand_off();
+    // A removal prepared ahead (as the jail's supervisor does, before it
+    // can no longer fork): `nft` starts in the namespace now, deletes later.
+    let path = ns.path();
+    let removal = std::thread::scope(|s| {
+        s.spawn(|| {
+            let f = std::fs::File::open(&path).unwrap();
+            rustix::thread::move_into_link_name_space(
+                std::os::fd::AsFd::as_fd(&f),
+                Some(rustix::thread::LinkNameSpaceType::Network),
+            )
+            .unwrap();
+            Removal::prepare(&table, |_| {}).unwrap()
+        })
+        .join()
+        .unwrap()
+    });
+    assert!(ns.tables().contains(&table), "removed before run");
+    removal.run().unwrap();
+    assert!(!ns.tables().contains(&table), "{}", ns.tables());
+    // By name, for a table already gone: no error. Not ours: refused.
+    remove_table(Some(&ns.path()), &table).unwrap();
+    assert!(remove_table(Some(&ns.path()), "filter").is_err());
+    assert!(Removal::prepare("filter", |_| {}).is_err());
+    assert!(!ns.tables().contains("sluice"), "{}", ns.tables());
+    assert!(connects_as_ids(&ns, uid, gateway_gid, other));
 }
 
 /// Kills the child on drop, so a failed assertion leaves no server behind.

@@ -435,6 +435,16 @@ impl CompiledPolicy {
         Verdict::of(Reason::DnsAnswered)
     }
 
+    /// The networks the policy names for non-public destinations: its
+    /// `internal:` networks and the networks of its CIDR allow rules (the
+    /// kernel floor under the gateway lets exactly these through).
+    pub fn named_networks(&self) -> impl Iterator<Item = IpNet> + '_ {
+        self.internal
+            .iter()
+            .chain(self.cidr_rules.iter())
+            .map(|(n, _)| *n)
+    }
+
     /// Whether a non-public `ip` is opened by the policy: it lies in an
     /// `internal:` network or in a CIDR allow rule (any port). Compared
     /// literally: `::ffff:10.0.0.1` is not inside `10.0.0.0/8`. Says nothing

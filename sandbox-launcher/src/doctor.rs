@@ -99,6 +99,14 @@ pub fn main() -> i32 {
     say!(
         "  gateway-self-restrict (seccomp: no exec/fork; Landlock: no writes, reads only its policy's and secret files' directories): on"
     );
+    let (floor, why) = crate::egress_floor::probe();
+    let state = match (floor, jail::is_rootless()) {
+        (true, _) => "on",
+        (false, true) => "off",
+        (false, false) => "OFF",
+    };
+    all_on &= floor || jail::is_rootless();
+    say!("  nftables (the gateway's egress floor): {state} ({why})");
     say!("jail_active: {all_on}");
     let _ = std::io::Write::write_all(&mut std::io::stdout(), out.as_bytes());
     if ok { 0 } else { 1 }

@@ -12,6 +12,7 @@ use std::io::Write as _;
 
 pub mod audit_cmd;
 pub mod doctor;
+mod egress_floor;
 mod gateway_inputs;
 pub mod image;
 pub mod jail;

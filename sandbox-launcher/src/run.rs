@@ -33,11 +33,13 @@ use sluice_agent_proto::{
     CHUNK, ExecRequest, ExitStatus, Message, VERSION, read_frame, write_frame,
 };
 
+use crate::egress_floor;
 use crate::gateway_inputs::{FileView, jail_ids, secret_inputs, write_for_jail};
 use crate::image::{self, ImageOptions};
 use crate::jail::{self, CgroupLimits, FdMap, JailSpec, Layer};
 use crate::qemu::{self, AGENT_FD, CONSOLE_FD, NET_FD, VmConfig};
 use crate::spawn::{GatewayJail, Isolation, QemuJail, Sidecar, gateway_spec, qemu_spec};
+use sluice_floor::egress::EgressFloor;
 use sluice_gateway::args::{AuditFormat, GatewayArgs, LogFormat};
 use sluice_gateway::config::{Proto, PublishSpec};
 use sluice_gateway::metrics::{MetricsAddr, MetricsListener};
@@ -268,6 +270,8 @@ struct GatewayHandles {
     /// Where the gateway writes the sandbox CA if the policy inspects a
     /// host (the gateway decides; no file otherwise).
     ca_out: PathBuf,
+    /// The egress floor's state, for `--json` (`on: ...` / `off: why`).
+    egress_floor: String,
 }
 
 /// A per-run directory, removed (with its contents) when dropped.
@@ -423,6 +427,8 @@ impl Session {
             }
         });
 
+        let isolation =
+            isolation_summary(&children, gateway.as_ref().map(|g| g.egress_floor.as_str()));
         Ok(Session {
             timings: Timings {
                 start,
@@ -443,7 +449,7 @@ impl Session {
             stderr: Vec::new(),
             accel,
             image_built: image.built,
-            isolation: isolation_summary(&children),
+            isolation,
             children,
             run_dir,
         })
@@ -911,7 +917,7 @@ fn find_gateway(explicit: Option<&Path>) -> Option<PathBuf> {
 /// and of the gateway (on/off and why), QEMU's own `-sandbox`, and the
 /// gateway's self-restriction. `jail_active` is true when every process the
 /// launcher started runs jailed.
-fn isolation_summary(children: &Children) -> serde_json::Value {
+fn isolation_summary(children: &Children, egress_floor: Option<&str>) -> serde_json::Value {
     let layers = |s: Option<&Sidecar>| -> serde_json::Value {
         s.map_or(serde_json::Value::Null, |s| {
             s.layers()
@@ -933,6 +939,7 @@ fn isolation_summary(children: &Children) -> serde_json::Value {
         "qemu": layers(children.qemu.as_ref()),
         "gateway": layers(children.gateway.as_ref()),
         "qemu_sandbox": "on: -sandbox on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
+        "gateway_egress_floor": egress_floor.unwrap_or("off: no gateway (--no-network)"),
         "gateway_self_restrict": if children.gateway.is_some() {
             "on: seccomp (no exec, no new processes) and Landlock (no writes; reads only the policy's and the secret files' directories), before its threads start"
         } else {
@@ -942,13 +949,12 @@ fn isolation_summary(children: &Children) -> serde_json::Value {
 }
 
 fn parse_layer(name: &str) -> Result<Layer, String> {
-    Layer::ALL
-        .into_iter()
-        .find(|l| l.name() == name)
-        .ok_or_else(|| {
-            let names: Vec<&str> = Layer::ALL.iter().map(|l| l.name()).collect();
-            format!("unknown layer {name:?}; one of {}", names.join(", "))
-        })
+    // The jail's layers, and the launcher's own nftables floor.
+    let all = || Layer::ALL.into_iter().chain([Layer::Nftables]);
+    all().find(|l| l.name() == name).ok_or_else(|| {
+        let names: Vec<&str> = all().map(Layer::name).collect();
+        format!("unknown layer {name:?}; one of {}", names.join(", "))
+    })
 }
 
 /// The largest CA PEM handed to the guest.
@@ -1220,10 +1226,16 @@ fn spawn_gateway(
         })
         .collect::<anyhow::Result<Vec<String>>>()?;
 
+    // The kernel floor under the gateway's own egress: installed before the
+    // gateway exists, its removal handed to the gateway's jail supervisor
+    // once the gateway runs (egress_floor.rs).
+    let (floor, egress_floor) = install_egress_floor(&compiled, iso)?;
+    let floor_gid = floor.as_ref().map(|_| egress_floor::gateway_gid());
+
     let (audit_read, audit_write) = io::pipe().context("pipe")?;
     let (log_read, log_write) = io::pipe().context("pipe")?;
     let (ready_read, ready_write) = io::pipe().context("pipe")?;
-    let spec = gateway_spec(
+    let mut spec = gateway_spec(
         &GatewayJail {
             name: format!("{sandbox_id}-gateway"),
             gateway: &gateway,
@@ -1266,8 +1278,15 @@ fn spawn_gateway(
         iso,
     )
     .context("the gateway's jail")?;
+    if let (Some(floor), Some(gid)) = (&floor, floor_gid) {
+        spec.gid = gid;
+        spec.egress_floor = Some(floor.table().to_owned());
+    }
     let sidecar = Sidecar::spawn("the gateway", &spec)
         .with_context(|| format!("starting {} in its jail", gateway.display()))?;
+    // From here the supervisor removes the floor when the gateway ends (on
+    // an error above, dropping `floor` removed it).
+    let _table = floor.map(EgressFloor::hand_off);
     drop((audit_write, log_write, ready_write, net, metrics));
 
     let log = Arc::new(Mutex::new(Vec::new()));
@@ -1286,6 +1305,16 @@ fn spawn_gateway(
     };
     let debug = args.debug;
     let keep = Arc::clone(&audit);
+    // A reload the gateway applied may name other networks: the floor
+    // follows the policy file (an inline policy never reloads).
+    let refresh = floor_gid.filter(|_| args.policy.is_some()).map(|gid| {
+        let path = gw_args.policy.clone().unwrap_or_default();
+        move || {
+            if let Err(e) = egress_floor::refresh(&path, gid) {
+                eprintln!("sluice: {e:#}; the egress floor keeps the previous policy's networks");
+            }
+        }
+    });
     let audit_reader = thread::spawn(move || {
         let mut lines = io::BufReader::new(audit_read);
         let mut line = String::new();
@@ -1304,7 +1333,14 @@ fn spawn_gateway(
                 keep.lock(),
             ) {
                 // The --json summary counts schema-1 fields, in either format.
-                a.push(crate::audit_cmd::entry::schema1_view(v));
+                let v = crate::audit_cmd::entry::schema1_view(v);
+                if v["kind"] == "policy_reload"
+                    && v["reason"] == "reload_applied"
+                    && let Some(refresh) = &refresh
+                {
+                    refresh();
+                }
+                a.push(v);
             }
             line.clear();
         }
@@ -1317,6 +1353,44 @@ fn spawn_gateway(
             log,
             ready,
             ca_out,
+            egress_floor,
         },
     ))
+}
+
+/// The egress floor for this run's gateway, and how the run reports it:
+/// as root, installed (or refused in one line unless
+/// `--allow-missing-isolation nftables`); rootless, off.
+fn install_egress_floor(
+    policy: &sluice_policy::CompiledPolicy,
+    iso: &Isolation,
+) -> anyhow::Result<(Option<EgressFloor>, String)> {
+    if jail::is_rootless() {
+        return Ok((
+            None,
+            "off: rootless (nftables in the host's network namespace needs root)".to_owned(),
+        ));
+    }
+    let gid = egress_floor::gateway_gid();
+    match egress_floor::install(policy, gid) {
+        Ok(floor) => {
+            let status = format!(
+                "on: nftables table inet {} drops the gateway's (gid {gid}) packets to \
+                 loopback, link-local, host and non-public addresses the policy does not name",
+                floor.table()
+            );
+            Ok((Some(floor), status))
+        }
+        Err(e) if iso.allow_missing.contains(&Layer::Nftables) => {
+            eprintln!("sluice: {e:#}; running without it (--allow-missing-isolation nftables)");
+            Ok((
+                None,
+                format!("off: {e:#} (--allow-missing-isolation nftables)"),
+            ))
+        }
+        Err(e) => Err(e.context(
+            "refusing to run the gateway without its egress floor \
+             (--allow-missing-isolation nftables runs without it)",
+        )),
+    }
 }

@@ -274,6 +274,21 @@ pub(crate) struct GatewayJail<'a> {
 /// upstream (`config::host_resolvers`).
 const RESOLV_CONF: [&str; 2] = ["/etc/resolv.conf", "/run/systemd/resolve/resolv.conf"];
 
+/// The gateway's file limit: two sockets per flow, up to 4096 flows, plus
+/// listeners. Rootless it cannot exceed the caller's own hard limit (a user
+/// namespace grants no `CAP_SYS_RESOURCE` over the host's limits), so it is
+/// clamped to it rather than failing the jail: fewer flows at once, each
+/// one past the limit refused on its own.
+fn gateway_nofile(rootless: bool) -> u64 {
+    const WANT: u64 = 16_384;
+    if !rootless {
+        return WANT;
+    }
+    rustix::process::getrlimit(rustix::process::Resource::Nofile)
+        .maximum
+        .map_or(WANT, |hard| hard.min(WANT))
+}
+
 /// The jail spec for the gateway.
 pub(crate) fn gateway_spec(g: &GatewayJail<'_>, iso: &Isolation) -> Result<JailSpec, JailError> {
     let mut spec = JailSpec::new(g.name.clone(), g.gateway);
@@ -309,8 +324,7 @@ pub(crate) fn gateway_spec(g: &GatewayJail<'_>, iso: &Isolation) -> Result<JailS
         cpu_millis: Some(1000),
     };
     spec.rlimits = Rlimits {
-        // Two sockets per flow, up to 4096 flows, plus listeners.
-        nofile: Some(16_384),
+        nofile: Some(gateway_nofile(jail::is_rootless())),
         ..Rlimits::default()
     };
     // The jail's filter must let it exec the gateway; the gateway installs
@@ -325,6 +339,23 @@ pub(crate) fn gateway_spec(g: &GatewayJail<'_>, iso: &Isolation) -> Result<JailS
     spec.allow_missing.clone_from(&iso.allow_missing);
     spec.helper.clone_from(&iso.helper);
     Ok(spec)
+}
+
+#[cfg(test)]
+mod nofile_tests {
+    use super::gateway_nofile;
+
+    #[test]
+    fn the_gateway_file_limit_never_exceeds_a_rootless_callers_hard_limit() {
+        assert_eq!(gateway_nofile(false), 16_384);
+        let hard = rustix::process::getrlimit(rustix::process::Resource::Nofile).maximum;
+        let got = gateway_nofile(true);
+        assert!(got <= 16_384);
+        if let Some(h) = hard {
+            assert!(got <= h, "{got} > hard limit {h}");
+            assert_eq!(got, h.min(16_384));
+        }
+    }
 }
 
 #[cfg(test)]

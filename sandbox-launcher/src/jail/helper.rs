@@ -90,6 +90,10 @@ struct Cleanup {
     jail_dir: Option<PathBuf>,
     /// The caller's [`JailSpec::remove_after`] dirs.
     remove_after: Vec<PathBuf>,
+    /// The removal of the caller's [`JailSpec::egress_floor`] table,
+    /// prepared before the PID namespace is made: once the jail's init has
+    /// exited, this process can no longer fork.
+    egress_floor: Option<sluice_floor::egress::Removal>,
 }
 
 impl Cleanup {
@@ -100,6 +104,12 @@ impl Cleanup {
         }
         for dir in std::mem::take(&mut self.remove_after) {
             let _ = fs::remove_dir_all(dir);
+        }
+        if let Some(removal) = self.egress_floor.take() {
+            // Nobody is left to report to; a table that stays matches a
+            // gid no process holds, and the next launcher with the same
+            // pid replaces it.
+            let _ = removal.run();
         }
     }
 
@@ -145,7 +155,14 @@ fn supervise(req: &HelperRequest) -> Result<(), String> {
         cgroups: Vec::new(),
         jail_dir: None,
         remove_after: spec.remove_after.clone(),
+        egress_floor: None,
     };
+    if let Some(table) = &spec.egress_floor {
+        cleanup.egress_floor = Some(
+            sluice_floor::egress::Removal::prepare(table, sys::close_fds_across_exec)
+                .map_err(|e| format!("the egress floor's removal: {e}"))?,
+        );
+    }
     cleanup.cgroups = cgroup::create(&spec.name, &limits).map_err(|e| format!("cgroups: {e}"))?;
 
     // 2. The jail's mount point on the host: an empty dir, removed afterwards.

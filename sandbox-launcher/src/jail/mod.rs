@@ -92,6 +92,11 @@ pub enum Layer {
     CloseFds,
     /// Killed when the supervisor or launcher dies (PDEATHSIG + lifeline).
     DeathSignal,
+    /// Not applied by the jail, and not in [`Layer::ALL`]: the nftables
+    /// floor `sluice run` installs under the gateway's own egress (as
+    /// root). Named here so that `--allow-missing-isolation nftables`
+    /// accepts running without it.
+    Nftables,
 }
 
 impl Layer {
@@ -136,6 +141,7 @@ impl Layer {
             Self::UserNs => "user-ns",
             Self::CloseFds => "close-fds",
             Self::DeathSignal => "death-signal",
+            Self::Nftables => "nftables",
         }
     }
 }
@@ -242,6 +248,12 @@ pub struct JailSpec {
     /// `..`, never `/`.
     #[serde(default)]
     pub remove_after: Vec<PathBuf>,
+    /// An egress floor's nftables table (`sluice_floor::egress`) that the
+    /// helper removes after the program has ended, also when the launcher
+    /// died: the launcher installs it before the program starts and hands
+    /// its removal over here. Only `sluice_egress_*` names are accepted.
+    #[serde(default)]
+    pub egress_floor: Option<String>,
     /// The uid to drop to; must not be 0. Default ([`default_ids`]) 65534
     /// (nobody) as root: with the PID namespace and Landlock's signal
     /// scope, jails sharing a uid still cannot see or signal each other.
@@ -283,6 +295,7 @@ impl std::fmt::Debug for JailSpec {
             .field("rw_paths", &self.rw_paths)
             .field("runtime_dir", &self.runtime_dir)
             .field("remove_after", &self.remove_after)
+            .field("egress_floor", &self.egress_floor)
             .field("uid", &self.uid)
             .field("gid", &self.gid)
             .field("namespaces", &self.namespaces)
@@ -318,6 +331,7 @@ impl JailSpec {
             rw_paths: Vec::new(),
             runtime_dir: default_runtime_dir(),
             remove_after: Vec::new(),
+            egress_floor: None,
             uid,
             gid,
             namespaces: Namespaces::default(),
@@ -350,6 +364,7 @@ impl JailSpec {
             Layer::CgroupCpu => self.cgroup.cpu_millis.is_some(),
             // Only a rootless jail needs one; as root it is never made.
             Layer::UserNs => is_rootless(),
+            Layer::Nftables => false,
             Layer::DropIds
             | Layer::Rlimits
             | Layer::NoNewPrivs
@@ -800,6 +815,8 @@ pub fn probe_layers() -> Vec<LayerStatus> {
                 Layer::CgroupMemory => cgroup::probe(cgroup::Controller::Memory),
                 Layer::CgroupPids => cgroup::probe(cgroup::Controller::Pids),
                 Layer::CgroupCpu => cgroup::probe(cgroup::Controller::Cpu),
+                // Not in ALL; the launcher reports it (egress_floor).
+                Layer::Nftables => (false, "not a jail layer".to_owned()),
             };
             LayerStatus {
                 name: layer.name().to_owned(),

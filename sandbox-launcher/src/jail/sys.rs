@@ -43,6 +43,15 @@ pub(crate) fn keep_fds_across_exec(cmd: &mut Command, fds: Vec<RawFd>) {
     unsafe { cmd.pre_exec(hook) };
 }
 
+/// In a process spawned by `cmd`, before `exec`: close every fd above
+/// stdio, so a helper's passed descriptors (a guest's socket, the audit
+/// pipe) are not held open by an unrelated child.
+pub(crate) fn close_fds_across_exec(cmd: &mut Command) {
+    // SAFETY: the hook only makes the close_range syscall (async-signal-safe,
+    // no memory touched) in the forked child right before exec.
+    unsafe { cmd.pre_exec(|| close_from(3)) };
+}
+
 /// `fcntl(fd, F_DUPFD_CLOEXEC, min)`: a close-on-exec duplicate numbered at
 /// least `min`.
 pub(crate) fn dup_cloexec_at_least(fd: RawFd, min: RawFd) -> io::Result<RawFd> {

@@ -1,0 +1,240 @@
+//! The kernel floor under the gateway's own egress, as `sluice run`
+//! installs it (docs/isolation.md "The egress floor").
+//!
+//! As root, each gateway runs with a gid of its own
+//! ([`GATEWAY_GID_BASE`] + the launcher's pid: no two running launchers
+//! share one, and no group of that id needs to exist). Before the gateway
+//! starts, an nftables table in the launcher's network namespace drops
+//! every packet a socket of that gid sends to loopback, link-local, the
+//! host's own addresses, cloud host services and the non-public ranges,
+//! except the networks the policy names and its DNS resolvers on their
+//! port. A compromised gateway then still cannot reach the metadata
+//! service or the host's services: the kernel refuses what its seccomp
+//! and Landlock layers let through.
+//!
+//! The table outlives the launcher's own death: the gateway's jail
+//! supervisor removes it after the gateway has ended
+//! ([`crate::jail::JailSpec::egress_floor`]). When the gateway applies a
+//! reload, the launcher reinstalls the floor from the new policy (one nft
+//! transaction replaces the table), so a network a reload names is
+//! reachable and one it drops is not.
+//!
+//! Rootless there is no floor: nftables in the host's namespace needs
+//! root. The run reports it off, with that reason.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
+
+use anyhow::{Context, anyhow};
+use ipnet::IpNet;
+use sluice_floor::egress::{EgressFloor, EgressSpec, Owner, non_public};
+use sluice_policy::platform::{CLOUD_HOST_SERVICES_V4, CLOUD_HOST_SERVICES_V6};
+use sluice_policy::{CompiledPolicy, Upstream};
+
+/// The first gid `sluice run` gives a gateway (as root); the launcher's
+/// pid is added. The range (0x7100_0000 up to 0x7100_0000 + the kernel's
+/// largest pid) lies between systemd's container and foreign ranges.
+pub(crate) const GATEWAY_GID_BASE: u32 = 0x7100_0000;
+
+/// The gid of this launcher's gateway.
+pub(crate) fn gateway_gid() -> u32 {
+    GATEWAY_GID_BASE.saturating_add(std::process::id())
+}
+
+/// The resolvers the gateway forwards to under `policy`: its
+/// `dns.upstream`, else the host's (as the gateway itself reads them).
+///
+/// # Errors
+/// The policy names none and the host has no usable resolver.
+fn resolvers(policy: &CompiledPolicy) -> anyhow::Result<Vec<SocketAddr>> {
+    match policy.upstream_resolvers() {
+        Upstream::Servers(s) => Ok(s.clone()),
+        Upstream::System => sluice_gateway::config::host_resolvers()
+            .map_err(|e| anyhow!("the egress floor's resolvers: {e}")),
+    }
+}
+
+/// Cloud host services: always dropped (the policy cannot name them).
+fn cloud_host_services() -> impl Iterator<Item = IpNet> {
+    let v4 = CLOUD_HOST_SERVICES_V4
+        .iter()
+        .filter_map(|&(ip, len)| ipnet::Ipv4Net::new(ip, len).ok().map(IpNet::V4));
+    let v6 = CLOUD_HOST_SERVICES_V6
+        .iter()
+        .filter_map(|&(ip, len)| ipnet::Ipv6Net::new(ip, len).ok().map(IpNet::V6));
+    v4.chain(v6)
+}
+
+/// What the floor holds the gateway of gid `gid` to, under `policy`, on a
+/// host whose own addresses are `host`.
+///
+/// # Errors
+/// As for [`resolvers`].
+pub(crate) fn spec(
+    policy: &CompiledPolicy,
+    host: &[IpAddr],
+    gid: u32,
+) -> anyhow::Result<EgressSpec> {
+    Ok(EgressSpec {
+        owner: Owner::Gid(gid),
+        resolvers: resolvers(policy)?,
+        // The host's addresses and cloud host services before anything the
+        // policy names: the gateway's own check denies them whatever the
+        // policy says, and so does the floor.
+        deny_first: host
+            .iter()
+            .map(|&ip| IpNet::from(ip))
+            .chain(cloud_host_services())
+            .collect(),
+        allow: policy.named_networks().collect(),
+        deny: non_public(),
+    })
+}
+
+/// Installs the floor for `gid` under the policy at `policy_path` (already
+/// compiled as `policy`), in the launcher's namespace.
+///
+/// # Errors
+/// `nft` is missing or fails, or the rules read back differ: one line
+/// saying so.
+pub(crate) fn install(policy: &CompiledPolicy, gid: u32) -> anyhow::Result<EgressFloor> {
+    let host = sluice_gateway::decide::host_addresses();
+    let spec = spec(policy, &host, gid)?;
+    EgressFloor::install(None, &spec).map_err(|e| anyhow!("the gateway's egress floor: {e}"))
+}
+
+/// Reinstalls the floor for `gid` from the policy file at `path` (after the
+/// gateway applied a reload). The gateway has already validated the file;
+/// a file that no longer compiles leaves the floor as it was.
+///
+/// # Errors
+/// The file does not compile, or `nft` fails.
+pub(crate) fn refresh(path: &Path, gid: u32) -> anyhow::Result<()> {
+    let policy = sluice_policy::load_file(path, &sluice_policy::CompileOptions::default())
+        .map_err(|e| anyhow!("{e}"))
+        .with_context(|| format!("recompiling {} for the egress floor", path.display()))?;
+    // Replaced in one transaction; the supervisor still owns its removal.
+    let floor = install(&policy, gid)?;
+    let _table = floor.hand_off();
+    Ok(())
+}
+
+/// What `sluice doctor` says of the floor: whether a run here gets it,
+/// and why (`true` when it does or, rootless, cannot be asked for).
+pub(crate) fn probe() -> (bool, String) {
+    if crate::jail::is_rootless() {
+        return (
+            false,
+            "rootless: nftables in the host's network namespace needs root".to_owned(),
+        );
+    }
+    match std::process::Command::new("nft").arg("--version").output() {
+        Ok(out) if out.status.success() => (
+            true,
+            format!(
+                "root, {}: each gateway gets a gid of its own and a table dropping its \
+                 packets to private, host and metadata addresses the policy does not name",
+                String::from_utf8_lossy(&out.stdout).trim()
+            ),
+        ),
+        Ok(out) => (
+            false,
+            format!(
+                "`nft --version` failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+        ),
+        Err(e) => (false, format!("nft: {e} (install nftables)")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn compile(yaml: &str) -> CompiledPolicy {
+        sluice_policy::from_yaml_str(yaml, "test.yaml", &sluice_policy::CompileOptions::default())
+            .unwrap()
+    }
+
+    #[test]
+    fn the_spec_names_the_policy_networks_and_resolvers_and_drops_the_host() {
+        let policy = compile(
+            "version: 1\nid: t\nallow:\n  - domain: example.com\n  - cidr: 10.1.0.0/16\n    ports: [5432]\n\
+             internal:\n  - 192.168.7.0/24\ndns:\n  upstream: [10.0.0.53, \"[fd00::53]:5353\"]\n",
+        );
+        let host: Vec<IpAddr> = vec!["10.1.2.3".parse().unwrap()];
+        let s = spec(&policy, &host, gateway_gid()).unwrap();
+        assert_eq!(s.owner, Owner::Gid(GATEWAY_GID_BASE + std::process::id()));
+        assert_eq!(
+            s.resolvers,
+            vec![
+                "10.0.0.53:53".parse::<SocketAddr>().unwrap(),
+                "[fd00::53]:5353".parse().unwrap()
+            ]
+        );
+        let allow: Vec<String> = s.allow.iter().map(ToString::to_string).collect();
+        assert!(allow.contains(&"192.168.7.0/24".to_owned()), "{allow:?}");
+        assert!(allow.contains(&"10.1.0.0/16".to_owned()), "{allow:?}");
+        // The host's address is dropped first, though a policy network
+        // holds it; so are cloud host services (Azure's WireServer).
+        assert!(s.deny_first.contains(&"10.1.2.3/32".parse().unwrap()));
+        assert!(s.deny_first.contains(&"168.63.129.16/32".parse().unwrap()));
+        assert!(s.deny.contains(&"169.254.0.0/16".parse().unwrap()));
+    }
+
+    /// Every network the floor drops is one the policy crate calls
+    /// non-public, and every non-public class has a network in it: the
+    /// floor and the gateway's own check agree on what "private" means.
+    #[test]
+    fn the_floor_and_the_platform_classes_agree() {
+        use sluice_policy::platform::{AddressClass, classify};
+        for net in non_public() {
+            for ip in [net.network(), net.broadcast()] {
+                assert!(
+                    classify(ip).is_non_public(),
+                    "{net} ({ip}) is dropped by the floor but public to the policy"
+                );
+            }
+        }
+        let samples = [
+            "127.0.0.1",
+            "0.1.2.3",
+            "169.254.169.254",
+            "224.0.0.251",
+            "255.255.255.255",
+            "10.9.8.7",
+            "172.20.0.1",
+            "192.168.1.1",
+            "100.64.0.1",
+            "198.18.0.1",
+            "192.0.2.1",
+            "198.51.100.7",
+            "203.0.113.9",
+            "192.0.0.8",
+            "192.88.99.1",
+            "240.0.0.1",
+            "::1",
+            "::",
+            "fe80::1",
+            "fec0::1",
+            "fd00::1",
+            "ff02::1",
+            "2001::1",
+            "2001:db8::1",
+            "2001:2::1",
+            "3fff::1",
+            "100::1",
+        ];
+        let nets = non_public();
+        for s in samples {
+            let ip: IpAddr = s.parse().unwrap();
+            assert_ne!(classify(ip), AddressClass::Public, "{s}");
+            assert!(
+                nets.iter().any(|n| n.contains(&ip)),
+                "{s} ({}) is non-public to the policy but not dropped by the floor",
+                classify(ip)
+            );
+        }
+    }
+}
