@@ -1025,7 +1025,8 @@ fn https_from_the_guest_allowed_and_denied_through_the_gateway() {
 /// connects; it still reaches the origin the policy names. Afterwards the
 /// guest fetches again (the real gateway's traffic flows under the floor),
 /// and the floor is gone once the run ends; a second run killed with
-/// SIGKILL mid-flow leaves no floor either.
+/// SIGKILL mid-flow leaves no floor either. The run also serves its
+/// gateway's metrics (`--metrics unix:PATH`), scraped while it lasts.
 #[test]
 #[ignore = "needs root: run via scripts/test"]
 fn the_gateways_egress_floor_stops_a_rogue_process_under_its_identity() {
@@ -1072,11 +1073,15 @@ fn the_gateways_egress_floor_stops_a_rogue_process_under_its_identity() {
     let fetch =
         format!("curl -sS -o /dev/null --max-time 60 --cacert /tmp/ca.pem https://{ORIGIN_NAME}/");
     let script = format!("{fetch}; echo allowed=$?; read go; {fetch}; echo again=$?");
+    // `sluice run --metrics` too: scraped while the guest waits.
+    let metrics = dir.join("la-floor-metrics.sock");
     let args = [
         "--policy".to_owned(),
         policy.display().to_string(),
         "--copy-in".to_owned(),
         format!("{}:/tmp/ca.pem", ca.display()),
+        "--metrics".to_owned(),
+        format!("unix:{}", metrics.display()),
         "--".to_owned(),
         "sh".to_owned(),
         "-c".to_owned(),
@@ -1097,6 +1102,24 @@ fn the_gateways_egress_floor_stops_a_rogue_process_under_its_identity() {
     assert!(
         nft_tables(Some(world.host.name())).contains(&table),
         "no egress floor in the gateway's namespace"
+    );
+    // The gateway's metrics, through the socket `sluice run` bound for it:
+    // the allowed fetch is counted (an inspected TLS flow: `sni`).
+    let scrape = Command::new("curl")
+        .args(["-sS", "--max-time", "20", "--unix-socket"])
+        .arg(&metrics)
+        .arg("http://sluice/metrics")
+        .output()
+        .unwrap();
+    let scraped = text(&scrape.stdout);
+    assert!(scrape.status.success(), "{}", text(&scrape.stderr));
+    assert!(
+        scraped
+            .lines()
+            .any(|l| l.starts_with("sluice_flows_opened_total{")
+                && l.contains("decision=\"allow\"")
+                && !l.ends_with(" 0")),
+        "no allowed flow counted: {scraped}"
     );
 
     // What a process of uid 65534 and gid `gid` gets connecting to `ip`.
