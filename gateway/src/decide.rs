@@ -7,36 +7,101 @@
 //! it denies all UDP except DNS to the gateway, which the datapath serves
 //! itself. The enforcement layer implements [`Decider`] with the policy.
 
+use std::borrow::Cow;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use hickory_proto::op::ResponseCode;
+use sluice_policy::audit::RuleRef;
 use sluice_policy::platform::classify;
+use sluice_policy::{MatchedRule, Reason};
 
 use crate::dns::DnsTable;
 use crate::hostaddrs::HostAddresses;
 
-/// Transport of a flow.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Transport {
-    /// TCP.
-    Tcp,
-    /// UDP.
-    Udp,
+pub use crate::flow::{FlowKey, Transport};
+
+/// The rule that decided a verdict, owned so that it travels with the flow
+/// (or the DNS answer) to every record it produces.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rule {
+    /// The rule's id (`allow[3]`, or the `id:` written in the policy).
+    pub id: Box<str>,
+    /// The rule's normalised pattern.
+    pub pattern: Box<str>,
+    /// The name that matched the pattern, when a name matched.
+    pub name: Option<Box<str>>,
 }
 
-/// A guest flow as seen in its first packet.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct FlowKey {
-    /// TCP or UDP.
-    pub transport: Transport,
-    /// The guest's endpoint.
-    pub src: SocketAddr,
-    /// The destination the guest asked for.
-    pub dst: SocketAddr,
+impl Rule {
+    /// The rule as the audit record names it.
+    pub fn as_ref(&self) -> RuleRef<'_> {
+        RuleRef {
+            id: Cow::Borrowed(&self.id),
+            pattern: Cow::Borrowed(&self.pattern),
+            name: self.name.as_deref().map(Cow::Borrowed),
+        }
+    }
 }
 
-/// Why a flow was denied. `as_str` is the audit `reason` value.
+impl From<&MatchedRule<'_>> for Rule {
+    fn from(m: &MatchedRule<'_>) -> Self {
+        Self {
+            id: m.id.into(),
+            pattern: m.pattern.into(),
+            name: m.name.map(Into::into),
+        }
+    }
+}
+
+/// Why a decision went the way it did: made once, by the decider (or by
+/// the datapath for its own refusals), and carried with the flow or the
+/// DNS answer to each audit record it produces. The audit sink serialises
+/// it as it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    /// The audit reason.
+    pub reason: Reason,
+    /// The rule that decided, when the record names one.
+    pub rule: Option<Rule>,
+    /// The gateway's explanation, for the reasons it shares with other
+    /// causes (`platform_denied` for its own address, `inspect_failed` for a
+    /// host the CA cannot sign for, `upstream_error` when busy).
+    pub detail: Option<&'static str>,
+}
+
+impl Verdict {
+    /// A verdict for `reason`, naming no rule.
+    pub const fn of(reason: Reason) -> Self {
+        Self {
+            reason,
+            rule: None,
+            detail: None,
+        }
+    }
+
+    /// A verdict for `reason` with its explanation.
+    pub const fn explained(reason: Reason, detail: &'static str) -> Self {
+        Self {
+            reason,
+            rule: None,
+            detail: Some(detail),
+        }
+    }
+
+    /// The policy's verdict, with the rule that decided it.
+    pub fn of_policy(v: &sluice_policy::Verdict<'_>) -> Self {
+        Self {
+            reason: v.reason,
+            rule: v.rule.as_ref().map(Rule::from),
+            detail: None,
+        }
+    }
+}
+
+/// The gateway's own refusals of a flow (no policy involved), each with
+/// its audit [`Verdict`] ([`DenyReason::verdict`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum DenyReason {
@@ -52,32 +117,51 @@ pub enum DenyReason {
     ConnectFailed,
     /// The inspected first bytes did not arrive before the deadline or bound.
     InspectTimeout,
-    /// The policy denied the flow; the string is the enforcement layer's reason code.
-    Policy(&'static str),
+    /// The policy inspects the SNI, but it is outside the running sandbox
+    /// CA's name constraints.
+    OutsideSandboxCa,
+    /// The policy inspects the SNI, but there is no sandbox CA (the policy
+    /// at start inspected nothing).
+    NoSandboxCa,
 }
 
 impl DenyReason {
-    /// The audit reason code.
-    pub fn as_str(&self) -> &'static str {
+    /// The audit verdict: the schema reason, and the cause in `detail`
+    /// when the reason does not say it alone.
+    pub const fn verdict(self) -> Verdict {
         match self {
-            Self::PlatformDenied => "platform_denied",
-            Self::GatewayAddress => "gateway_address",
-            Self::UdpNotAllowed => "udp_not_allowed",
-            Self::TooManyFlows => "too_many_flows",
-            Self::ConnectFailed => "connect_failed",
-            Self::InspectTimeout => "inspect_timeout",
-            Self::Policy(r) => r,
+            Self::PlatformDenied => Verdict::of(Reason::PlatformDenied),
+            Self::GatewayAddress => Verdict::explained(Reason::PlatformDenied, "gateway address"),
+            Self::UdpNotAllowed => Verdict::of(Reason::UdpBlocked),
+            Self::TooManyFlows => Verdict::of(Reason::FlowLimit),
+            Self::ConnectFailed => Verdict::of(Reason::ConnectFailed),
+            Self::InspectTimeout => Verdict::of(Reason::InspectTimeout),
+            Self::OutsideSandboxCa => Verdict::explained(
+                Reason::InspectFailed,
+                "host outside the sandbox CA's name constraints; restart to inspect",
+            ),
+            Self::NoSandboxCa => Verdict::explained(
+                Reason::InspectFailed,
+                "no sandbox CA (the policy at start inspected no host); restart to inspect",
+            ),
         }
     }
 }
 
+impl From<DenyReason> for Verdict {
+    fn from(r: DenyReason) -> Self {
+        r.verdict()
+    }
+}
+
 /// The answer to a new flow.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
-    /// Connect from the host, then complete the guest handshake.
-    Allow,
-    /// Answer RST (TCP) or drop (UDP), and audit the reason.
-    Deny(DenyReason),
+    /// Connect from the host, then complete the guest handshake; the
+    /// verdict goes on the flow's `connection` line.
+    Allow(Verdict),
+    /// Answer RST (TCP) or drop (UDP), and audit the verdict.
+    Deny(Verdict),
     /// Complete the guest handshake first, read up to `max_bytes` (until
     /// `deadline`), and ask [`Decider::inspect`] before connecting.
     Inspect {
@@ -89,14 +173,30 @@ pub enum Decision {
 }
 
 /// The answer after reading a flow's first bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum InspectVerdict {
     /// Not enough bytes yet (the datapath denies when the bound or deadline is reached).
     NeedMore,
-    /// Connect and replay the bytes upstream.
-    Allow,
+    /// Connect and replay the bytes upstream; the verdict goes on the
+    /// flow's `connection` line.
+    Allow(Verdict),
     /// Reset the guest connection.
-    Deny(DenyReason),
+    Deny(Verdict),
+}
+
+/// The answer to a guest DNS query, decided on its normalised name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DnsDecision {
+    /// Forward it upstream; the verdict (`dns_answered` and the rule that
+    /// allowed the name) goes on the answer's line.
+    Forward(Verdict),
+    /// Answer `rcode` locally and audit the verdict; never forward.
+    Answer {
+        /// The response code for the guest.
+        rcode: ResponseCode,
+        /// Why.
+        verdict: Verdict,
+    },
 }
 
 /// What a decider may consult besides the flow itself.
@@ -124,7 +224,7 @@ pub trait Decider: Send + Sync {
         ctx: &DecideContext<'_>,
     ) -> InspectVerdict {
         let _ = (flow, first_bytes, ctx);
-        InspectVerdict::Allow
+        InspectVerdict::Allow(Verdict::of(Reason::Allowlisted))
     }
 
     /// Whether an allowed TLS flow whose ClientHello named `sni` is to be
@@ -154,12 +254,11 @@ pub trait Decider: Send + Sync {
     }
 
     /// Decides a guest DNS query on its normalised name before anything is
-    /// forwarded: `None` forwards it upstream; `Some((rcode, reason))`
-    /// answers `rcode` locally and audits `reason`. The default (no policy)
-    /// forwards every name.
-    fn dns_query(&self, qname: &str) -> Option<(hickory_proto::op::ResponseCode, &'static str)> {
+    /// forwarded. The default (no policy) forwards every name, naming no
+    /// rule.
+    fn dns_query(&self, qname: &str) -> DnsDecision {
         let _ = qname;
-        None
+        DnsDecision::Forward(Verdict::of(Reason::DnsAnswered))
     }
 
     /// Whether an upstream answer address may reach the guest and the DNS
@@ -176,10 +275,10 @@ pub trait Decider: Send + Sync {
     }
 
     /// Whether an upstream answer must be refused because its CNAME chain
-    /// passes through `target` (a normalised name): `Some(reason)` refuses
-    /// it (REFUSED to the guest, nothing recorded), `None` lets it through.
-    /// The default refuses nothing.
-    fn dns_cname_target(&self, target: &str) -> Option<&'static str> {
+    /// passes through `target` (a normalised name): `Some(verdict)` refuses
+    /// it (REFUSED to the guest, nothing recorded, the verdict audited),
+    /// `None` lets it through. The default refuses nothing.
+    fn dns_cname_target(&self, target: &str) -> Option<Verdict> {
         let _ = target;
         None
     }
@@ -261,17 +360,17 @@ impl PlatformDecider {
 impl Decider for PlatformDecider {
     fn decide_tcp(&self, flow: &FlowKey, _ctx: &DecideContext<'_>) -> Decision {
         if self.deny.denies(flow.dst.ip()) {
-            Decision::Deny(DenyReason::PlatformDenied)
+            Decision::Deny(DenyReason::PlatformDenied.into())
         } else {
-            Decision::Allow
+            Decision::Allow(Verdict::of(Reason::Allowlisted))
         }
     }
 
     fn decide_udp(&self, flow: &FlowKey, _ctx: &DecideContext<'_>) -> Decision {
         if self.deny.denies(flow.dst.ip()) {
-            Decision::Deny(DenyReason::PlatformDenied)
+            Decision::Deny(DenyReason::PlatformDenied.into())
         } else {
-            Decision::Deny(DenyReason::UdpNotAllowed)
+            Decision::Deny(DenyReason::UdpNotAllowed.into())
         }
     }
 }
@@ -362,17 +461,20 @@ mod tests {
             src: "10.0.2.15:4000".parse().unwrap(),
             dst: "198.51.100.1:443".parse().unwrap(),
         };
-        assert_eq!(d.decide_tcp(&f, &ctx), Decision::Allow);
+        assert_eq!(
+            d.decide_tcp(&f, &ctx),
+            Decision::Allow(Verdict::of(Reason::Allowlisted))
+        );
         f.dst = "127.0.0.1:22".parse().unwrap();
         assert_eq!(
             d.decide_tcp(&f, &ctx),
-            Decision::Deny(DenyReason::PlatformDenied)
+            Decision::Deny(DenyReason::PlatformDenied.into())
         );
         f.transport = Transport::Udp;
         f.dst = "198.51.100.1:443".parse().unwrap();
         assert_eq!(
             d.decide_udp(&f, &ctx),
-            Decision::Deny(DenyReason::UdpNotAllowed)
+            Decision::Deny(DenyReason::UdpNotAllowed.into())
         );
     }
 

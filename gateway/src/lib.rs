@@ -32,6 +32,7 @@ pub mod audit;
 pub mod config;
 pub mod decide;
 pub mod enforce;
+pub mod flow;
 pub mod hostaddrs;
 pub mod reload;
 

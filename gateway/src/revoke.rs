@@ -6,10 +6,10 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use sluice_policy::Reason;
 use smoltcp::socket::tcp;
 
 use crate::audit::AuditEvent;
-use crate::decide::DenyReason;
 use crate::enforce::MAX_NAMES_PER_IP;
 use crate::reload::PolicyReload;
 use crate::session::Datapath;
@@ -47,7 +47,7 @@ impl Datapath {
         // Decide every flow under the new policy before touching any.
         let now = Instant::now();
         let gateway = IpAddr::V4(self.cfg.gateway_ip);
-        let mut revoked: Vec<(u64, DenyReason)> = Vec::new();
+        let mut revoked: Vec<(u64, Reason)> = Vec::new();
         for (&id, flow) in &self.flows {
             if flow.key.src.ip() == gateway {
                 continue; // published (inbound)
@@ -79,14 +79,14 @@ impl Datapath {
             } else {
                 reload.decider.recheck_tcp_uninspected(&flow.key, &names)
             };
-            if let Err(reason) = verdict {
-                revoked.push((id, reason));
+            if let Err(verdict) = verdict {
+                revoked.push((id, verdict.reason));
             }
         }
 
         // Forwarded UDP flows, against the names that admitted them.
         let udp_revoked = self.udp.revoke(now, |key, names| {
-            reload.decider.recheck_udp(key, names).err()
+            reload.decider.recheck_udp(key, names).err().map(|v| v.reason)
         });
 
         let mut detail = format!(
@@ -138,7 +138,7 @@ impl Datapath {
             if let Some(f) = self.flows.get(&id) {
                 self.audit.record(&AuditEvent::Revoked {
                     totals: f.totals(id),
-                    why: reason.as_str(),
+                    why: reason,
                     wire: f.wire.as_ref(),
                 });
                 self.counters.flows_closed += 1;
@@ -152,7 +152,7 @@ impl Datapath {
             self.dns.table_mut().unpin(c.id);
             self.audit.record(&AuditEvent::Revoked {
                 totals: c.totals(),
-                why: reason.as_str(),
+                why: reason,
                 wire: None,
             });
             self.counters.flows_closed += 1;

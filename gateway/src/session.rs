@@ -28,9 +28,10 @@ use tokio::sync::mpsc;
 
 use crate::audit::{AuditEvent, AuditSink};
 use crate::config::Config;
-use crate::decide::{Decider, DenyReason, FlowKey, Transport};
+use crate::decide::{Decider, FlowKey, Verdict};
 use crate::dhcp::{self, DhcpServer};
 use crate::dns::{DnsServer, UpstreamReply};
+use crate::flow::FlowEnd;
 use crate::frames::{FrameError, FrameReader, TxBatch};
 use crate::packet::{self, Addresses, Class, DropReason};
 use crate::publish::Published;
@@ -296,7 +297,7 @@ impl Datapath {
                     let want = spare.len();
                     match guest.try_read(spare) {
                         Ok(0) => {
-                            self.close_all("guest_closed");
+                            self.close_all(FlowEnd::GuestClosed);
                             return SessionEnd::GuestClosed;
                         }
                         Ok(n) => {
@@ -306,7 +307,7 @@ impl Datapath {
                                     Ok(Some(frame)) => self.on_frame(frame),
                                     Ok(None) => break,
                                     Err(e) => {
-                                        self.close_all("protocol_error");
+                                        self.close_all(FlowEnd::ProtocolError);
                                         return SessionEnd::ProtocolError(e);
                                     }
                                 }
@@ -317,7 +318,7 @@ impl Datapath {
                         }
                         Err(e) if would_block(&e) => break,
                         Err(e) => {
-                            self.close_all("guest_error");
+                            self.close_all(FlowEnd::GuestError);
                             return SessionEnd::GuestIo(e);
                         }
                     }
@@ -329,7 +330,7 @@ impl Datapath {
             }
             for ev in pending_events.drain(..) {
                 if self.on_event(ev) {
-                    self.close_all("shutdown");
+                    self.close_all(FlowEnd::Shutdown);
                     self.flush_best_effort(guest);
                     return SessionEnd::Shutdown;
                 }
@@ -354,7 +355,7 @@ impl Datapath {
                         Ok(n) => self.tx.consume(n),
                         Err(e) if would_block(&e) => break,
                         Err(e) => {
-                            self.close_all("guest_error");
+                            self.close_all(FlowEnd::GuestError);
                             return SessionEnd::GuestIo(e);
                         }
                     }
@@ -505,18 +506,13 @@ impl Datapath {
         );
     }
 
-    pub(crate) fn deny_audit(&mut self, key: &FlowKey, reason: DenyReason) {
+    pub(crate) fn deny_audit(&mut self, key: &FlowKey, verdict: impl Into<Verdict>) {
         self.counters.flows_denied += 1;
-        let proto = if key.transport == Transport::Tcp {
-            "tcp"
-        } else {
-            "udp"
-        };
         self.audit.record(&AuditEvent::FlowDeny {
-            proto,
+            transport: key.transport,
             src: key.src,
             dst: key.dst,
-            reason: reason.as_str(),
+            verdict: &verdict.into(),
         });
     }
 

@@ -42,6 +42,7 @@ use tokio::net::UdpSocket;
 
 use crate::audit::FlowTotals;
 use crate::decide::FlowKey;
+use crate::flow::{FlowEnd, Transport};
 
 /// Default bound on concurrent UDP flows.
 pub(crate) const DEFAULT_MAX_UDP_FLOWS: usize = 256;
@@ -97,7 +98,7 @@ pub(crate) enum UdpOpenError {
     },
 }
 
-/// How a UDP flow ended (the audit `end` value is [`UdpEnd::as_str`]).
+/// How a UDP flow ended (its `flow_close` line says [`UdpEnd::end`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum UdpEnd {
     /// No datagram for the idle period.
@@ -109,12 +110,12 @@ pub(crate) enum UdpEnd {
 }
 
 impl UdpEnd {
-    /// Audit value.
-    pub(crate) fn as_str(self) -> &'static str {
+    /// The flow end it is.
+    pub(crate) fn end(self) -> FlowEnd {
         match self {
-            Self::Idle => "idle_timeout",
-            Self::Error => "upstream_error",
-            Self::Closed => "closed",
+            Self::Idle => FlowEnd::IdleTimeout,
+            Self::Error => FlowEnd::UpstreamError,
+            Self::Closed => FlowEnd::Closed,
         }
     }
 }
@@ -153,7 +154,7 @@ impl ClosedUdpFlow {
     pub(crate) fn totals(&self) -> FlowTotals {
         FlowTotals {
             flow: self.id,
-            proto: "udp",
+            transport: Transport::Udp,
             src: self.key.src,
             dst: self.key.dst,
             bytes_up: self.up,

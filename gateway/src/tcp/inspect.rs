@@ -52,7 +52,7 @@ impl Datapath {
         let full = sock.recv_queue() >= max_bytes || (!handshaking && !sock.may_recv());
         let verdict = match verdict {
             InspectVerdict::NeedMore if full || Instant::now() >= deadline => {
-                InspectVerdict::Deny(DenyReason::InspectTimeout)
+                InspectVerdict::Deny(DenyReason::InspectTimeout.into())
             }
             v => v,
         };
@@ -69,23 +69,24 @@ impl Datapath {
         let wire = sock.peek(max_bytes).ok().and_then(sniff_wire_name);
         match verdict {
             InspectVerdict::NeedMore => {}
-            InspectVerdict::Allow => {
+            InspectVerdict::Allow(verdict) => {
                 if let Some(f) = self.flows.get_mut(&id) {
                     f.state = FlowState::InspectConnecting { handle };
                     f.wire = wire;
+                    f.verdict = Some(verdict);
                 }
                 if !self.try_intercept(id, handle, &key) {
                     self.spawn_connect(id, key.dst);
                 }
             }
-            InspectVerdict::Deny(reason) => {
+            InspectVerdict::Deny(verdict) => {
                 sock.abort();
                 self.counters.flows_denied += 1;
                 self.audit.record(&AuditEvent::InspectedDeny {
                     flow: id,
                     src: key.src,
                     dst: key.dst,
-                    reason: reason.as_str(),
+                    verdict: &verdict,
                     wire: wire.as_ref(),
                 });
                 self.remove_flow(id);

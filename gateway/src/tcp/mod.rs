@@ -19,8 +19,9 @@ use smoltcp::socket::tcp;
 use tokio::net::TcpStream;
 
 use crate::audit::FlowTotals;
-use crate::decide::FlowKey;
+use crate::decide::{FlowKey, Verdict};
 use crate::enforce::WireName;
+use crate::flow::Transport;
 
 pub(crate) mod handoff;
 mod inspect;
@@ -69,6 +70,9 @@ pub(crate) struct Flow {
     pub(crate) audited_open: bool,
     /// The SNI or Host that admitted an inspected flow.
     pub(crate) wire: Option<WireName>,
+    /// The decider's allow verdict, for the flow's `connection` line
+    /// (`None` until allowed, and for DNS over TCP and published flows).
+    pub(crate) verdict: Option<Verdict>,
     /// The names that admitted the flow (rechecked on reload): the wire
     /// name, or the table's names for the destination at open.
     pub(crate) names: Vec<Box<str>>,
@@ -79,7 +83,7 @@ impl Flow {
     pub(crate) fn totals(&self, id: u64) -> FlowTotals {
         FlowTotals {
             flow: id,
-            proto: "tcp",
+            transport: Transport::Tcp,
             src: self.key.src,
             dst: self.key.dst,
             bytes_up: self.up,

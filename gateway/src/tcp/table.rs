@@ -14,7 +14,8 @@ use tokio::net::TcpStream;
 
 use super::{Flow, FlowState, HostStream, is_local_route, syn_seq};
 use crate::audit::AuditEvent;
-use crate::decide::{DecideContext, Decision, DenyReason, FlowKey, Transport};
+use crate::decide::{DecideContext, Decision, DenyReason, FlowKey, Transport, Verdict};
+use crate::flow::FlowEnd;
 use crate::dns::session::DNS_TCP_BUF;
 use crate::packet;
 use crate::session::{Datapath, Event};
@@ -75,17 +76,20 @@ impl Datapath {
             self.decider.decide_tcp(&key, &ctx)
         };
         match decision {
-            Decision::Deny(reason) => {
+            Decision::Deny(verdict) => {
                 self.rst_syn(frame, src, dst, seq);
-                self.deny_audit(&key, reason);
+                self.deny_audit(&key, verdict);
             }
-            Decision::Allow => {
+            Decision::Allow(verdict) => {
                 let id = self.insert_flow(
                     key,
                     FlowState::Connecting {
                         syn: frame.to_vec(),
                     },
                 );
+                if let Some(f) = self.flows.get_mut(&id) {
+                    f.verdict = Some(verdict);
+                }
                 self.spawn_connect(id, key.dst);
             }
             Decision::Inspect {
@@ -121,6 +125,7 @@ impl Datapath {
                 down: 0,
                 audited_open: false,
                 wire: None,
+                verdict: None,
                 names: Vec::new(),
             },
         );
@@ -233,7 +238,7 @@ impl Datapath {
                 if let Some(f) = self.flows.get_mut(&id) {
                     f.state = FlowState::InspectConnecting { handle };
                 }
-                self.finish_flow(id, "connect_failed");
+                self.finish_flow(id, FlowEnd::ConnectFailed);
             }
             (other, _) => {
                 if let Some(f) = self.flows.get_mut(&id) {
@@ -259,12 +264,18 @@ impl Datapath {
         if key.src.ip() == IpAddr::V4(self.cfg.gateway_ip) {
             self.audit.record(&AuditEvent::PublishedOpen {
                 flow: id,
-                proto: "tcp",
+                transport: Transport::Tcp,
                 src: key.src,
                 dst: key.dst,
             });
             return;
         }
+        // Every flow that reaches here but a published one was allowed by
+        // the decider, which set its verdict.
+        let verdict = flow
+            .verdict
+            .take()
+            .unwrap_or(Verdict::of(sluice_policy::Reason::Allowlisted));
         if let Some(wire) = &flow.wire {
             flow.names = vec![wire.as_str().into()];
             // The name the flow was admitted with stays in the table while it lives.
@@ -274,6 +285,7 @@ impl Datapath {
                 src: key.src,
                 dst: key.dst,
                 wire,
+                verdict: &verdict,
             });
             return;
         }
@@ -287,10 +299,10 @@ impl Datapath {
         flow.names = names.iter().map(|n| Box::from(*n)).collect();
         self.audit.record(&AuditEvent::FlowOpen {
             flow: id,
-            proto: "tcp",
+            transport: Transport::Tcp,
             src: key.src,
             dst: key.dst,
-            names: &names,
+            verdict: &verdict,
         });
         self.dns
             .table_mut()
@@ -330,7 +342,7 @@ impl Datapath {
     }
 
     /// Audits a close (when an open was audited) and removes the flow.
-    pub(crate) fn finish_flow(&mut self, id: u64, end: &'static str) {
+    pub(crate) fn finish_flow(&mut self, id: u64, end: FlowEnd) {
         if let Some(f) = self.flows.get(&id)
             && f.audited_open
         {
@@ -362,7 +374,7 @@ impl Datapath {
     }
 
     /// Resets every flow (guest side RST; host side closed) and audits the closes.
-    pub(crate) fn close_all(&mut self, end: &'static str) {
+    pub(crate) fn close_all(&mut self, end: FlowEnd) {
         let ids: Vec<u64> = self.flows.keys().copied().collect();
         for id in ids {
             if let Some(f) = self.flows.get_mut(&id) {
