@@ -95,6 +95,7 @@ use crate::decide::{
     DecideContext, Decider, Decision, DenyReason, DnsDecision, FlowKey, InspectVerdict,
     PlatformDenySet, Verdict,
 };
+pub use crate::flow::WireName;
 use crate::dns::DnsTable;
 
 /// Bound on the first bytes buffered for TLS / HTTP inspection (16 KiB:
@@ -456,26 +457,6 @@ impl Decider for PolicyDecider {
                     },
                 }
             }
-        }
-    }
-}
-
-/// The name a flow's first bytes present, for the audit line and for
-/// [`PolicyDecider::recheck_tcp`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum WireName {
-    /// The single SNI of a ClientHello (lowercase, no trailing dot).
-    Sni(String),
-    /// The Host of an HTTP/1 request head (a name, or an IP literal as
-    /// written, IPv6 in brackets), without its port.
-    Host(String),
-}
-
-impl WireName {
-    /// The name itself.
-    pub fn as_str(&self) -> &str {
-        match self {
-            Self::Sni(n) | Self::Host(n) => n,
         }
     }
 }

@@ -1,9 +1,13 @@
 //! What a guest flow is, in every module's terms: its [`FlowKey`], its one
-//! [`Transport`] type, and why it ended ([`FlowEnd`]).
+//! [`Transport`] type, what admitted it ([`Admission`]: the verdict, the
+//! name on the wire, the names rechecked on reload) and why it ended
+//! ([`FlowEnd`]).
 
 use std::net::SocketAddr;
 
 use sluice_policy::Reason;
+
+use crate::decide::Verdict;
 
 /// Transport of a flow: the policy crate's type, used from the first
 /// packet to the audit line.
@@ -18,6 +22,57 @@ pub struct FlowKey {
     pub src: SocketAddr,
     /// The destination the guest asked for.
     pub dst: SocketAddr,
+}
+
+/// The name a flow's first bytes present, for the audit line and for
+/// `PolicyDecider::recheck_tcp`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WireName {
+    /// The single SNI of a ClientHello (lowercase, no trailing dot).
+    Sni(String),
+    /// The Host of an HTTP/1 request head (a name, or an IP literal as
+    /// written, IPv6 in brackets), without its port.
+    Host(String),
+}
+
+impl WireName {
+    /// The name itself.
+    pub fn as_str(&self) -> &str {
+        match self {
+            Self::Sni(n) | Self::Host(n) => n,
+        }
+    }
+}
+
+/// What admitted a flow, made once when it was allowed and kept with it
+/// while it lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Admission {
+    /// The decider's verdict: its `connection` line's reason and rule.
+    pub verdict: Verdict,
+    /// The SNI or Host that admitted an inspected flow.
+    pub wire: Option<WireName>,
+    /// The names that admitted the flow, rechecked on a reload: the wire
+    /// name, or the DNS table's names for the destination at open (set
+    /// when the flow opens).
+    pub names: Vec<Box<str>>,
+}
+
+impl Admission {
+    /// An admission by `verdict`, on the name `wire` if inspected; its
+    /// names are set when the flow opens.
+    pub fn new(verdict: Verdict, wire: Option<WireName>) -> Self {
+        Self {
+            verdict,
+            wire,
+            names: Vec::new(),
+        }
+    }
+
+    /// The admitting names, borrowed.
+    pub fn names(&self) -> Vec<&str> {
+        self.names.iter().map(|n| &**n).collect()
+    }
 }
 
 /// Why an open flow ended: its `flow_close` line's reason, and for the

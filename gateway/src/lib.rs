@@ -82,8 +82,9 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 
 use crate::audit::{AuditEvent, AuditSink};
-use crate::config::{Config, Proto};
+use crate::config::Config;
 use crate::decide::Decider;
+use crate::flow::Transport;
 use crate::session::{Datapath, Event, SessionEnd};
 
 /// A failure that stops the gateway.
@@ -187,7 +188,7 @@ pub async fn serve_with_reload(
     });
     for spec in &cfg.publish {
         match spec.proto {
-            Proto::Tcp => {
+            Transport::Tcp => {
                 let listener = TcpListener::bind(spec.host).await.map_err(|source| {
                     GatewayError::BindPublish {
                         addr: spec.host,
@@ -214,7 +215,7 @@ pub async fn serve_with_reload(
                     }
                 });
             }
-            Proto::Udp => {
+            Transport::Udp => {
                 let socket = tokio::net::UdpSocket::bind(spec.host)
                     .await
                     .map_err(|source| GatewayError::BindPublish {

@@ -11,6 +11,7 @@ use sluice_gateway::audit::AuditSink;
 use sluice_gateway::config::{self, Config};
 use sluice_gateway::decide::{Decider, PlatformDecider, PlatformDenySet, host_addresses};
 use sluice_gateway::enforce::PolicyDecider;
+use sluice_gateway::flow::Transport;
 use sluice_gateway::hostaddrs::HostAddresses;
 use sluice_gateway::reload::ReloadSource;
 use sluice_gateway::{GuestSource, ReadySignal, serve_with_reload};
@@ -210,7 +211,7 @@ fn self_restrict(args: &GatewayArgs, secret_dirs: Vec<PathBuf>) -> anyhow::Resul
         tcp_bind: args
             .publish
             .iter()
-            .filter(|p| p.proto == config::Proto::Tcp)
+            .filter(|p| p.proto == Transport::Tcp)
             .map(|p| p.host.port())
             .collect(),
         allow_missing_landlock: args.allow_missing_landlock,

@@ -11,6 +11,7 @@ use smoltcp::socket::tcp;
 
 use crate::audit::AuditEvent;
 use crate::enforce::MAX_NAMES_PER_IP;
+use crate::flow::Admission;
 use crate::reload::PolicyReload;
 use crate::session::Datapath;
 use crate::tcp::FlowState;
@@ -53,11 +54,11 @@ impl Datapath {
                 continue; // published (inbound)
             }
             let table_names: Vec<&str>;
+            let admission = flow.admission.as_ref();
+            let wire = admission.and_then(|a| a.wire.as_ref());
             let names: Vec<&str> = match &flow.state {
-                FlowState::Open { .. } => flow.names.iter().map(|n| &**n).collect(),
-                FlowState::InspectConnecting { .. } => {
-                    flow.wire.iter().map(|w| w.as_str()).collect()
-                }
+                FlowState::Open { .. } => admission.map(Admission::names).unwrap_or_default(),
+                FlowState::InspectConnecting { .. } => wire.iter().map(|w| w.as_str()).collect(),
                 FlowState::Connecting { .. } => {
                     table_names = self
                         .dns
@@ -74,7 +75,7 @@ impl Datapath {
             // A flow whose SNI / Host was read keeps its admission by that
             // name; any other (CIDR-admitted, raw TCP) needs a CIDR rule on
             // a port the new policy inspects.
-            let verdict = if flow.wire.is_some() {
+            let verdict = if wire.is_some() {
                 reload.decider.recheck_tcp(&flow.key, &names)
             } else {
                 reload.decider.recheck_tcp_uninspected(&flow.key, &names)
@@ -139,7 +140,7 @@ impl Datapath {
                 self.audit.record(&AuditEvent::Revoked {
                     totals: f.totals(id),
                     why: reason,
-                    wire: f.wire.as_ref(),
+                    wire: f.admission.as_ref().and_then(|a| a.wire.as_ref()),
                 });
                 self.counters.flows_closed += 1;
             }

@@ -39,7 +39,8 @@ use crate::jail::{self, CgroupLimits, FdMap, JailSpec, Layer};
 use crate::qemu::{self, AGENT_FD, CONSOLE_FD, NET_FD, VmConfig};
 use crate::spawn::{GatewayJail, Isolation, QemuJail, Sidecar, gateway_spec, qemu_spec};
 use sluice_gateway::args::{AuditFormat, GatewayArgs, LogFormat};
-use sluice_gateway::config::{Proto, PublishSpec};
+use sluice_gateway::config::PublishSpec;
+use sluice_gateway::flow::Transport;
 
 /// Exit status when `--timeout` expired.
 pub const EXIT_TIMEOUT: i32 = 124;
@@ -1203,7 +1204,7 @@ fn spawn_gateway(
             tcp_bind: args
                 .publish
                 .iter()
-                .filter(|p| p.proto == Proto::Tcp)
+                .filter(|p| p.proto == Transport::Tcp)
                 .map(|p| p.host.port())
                 .collect(),
             fds: vec![

@@ -27,10 +27,8 @@ use smoltcp::socket::tcp;
 use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::mpsc;
 
-use super::Flow;
 use crate::decide::{DenyReason, FlowKey};
-use crate::enforce::WireName;
-use crate::flow::FlowEnd;
+use crate::flow::{Admission, FlowEnd, WireName};
 use crate::session::{Datapath, Event};
 
 /// The host side of an open flow.
@@ -105,8 +103,8 @@ impl Datapath {
     /// proxy, or reset because the hand-over failed); false when it is to be
     /// spliced as usual.
     pub(crate) fn try_intercept(&mut self, id: u64, handle: SocketHandle, key: &FlowKey) -> bool {
-        let wire = match self.flows.get(&id) {
-            Some(Flow { wire: Some(w), .. }) => w.clone(),
+        let wire = match self.flows.get(&id).and_then(|f| f.admission.as_ref()) {
+            Some(Admission { wire: Some(w), .. }) => w.clone(),
             _ => return false,
         };
         match wire {
@@ -170,7 +168,10 @@ impl Datapath {
         // Send the RST now, before the socket is removed with the flow.
         self.egress();
         self.counters.flows_denied += 1;
-        let wire = self.flows.get(&id).and_then(|f| f.wire.clone());
+        let wire = self
+            .flows
+            .get(&id)
+            .and_then(|f| f.admission.as_ref()?.wire.clone());
         self.audit.record(&crate::audit::AuditEvent::InspectedDeny {
             flow: id,
             src: key.src,

@@ -11,6 +11,7 @@ use super::{Flow, FlowState};
 use crate::audit::AuditEvent;
 use crate::decide::{DecideContext, DenyReason, InspectVerdict};
 use crate::enforce::sniff_wire_name;
+use crate::flow::Admission;
 use crate::session::Datapath;
 
 impl Datapath {
@@ -72,8 +73,7 @@ impl Datapath {
             InspectVerdict::Allow(verdict) => {
                 if let Some(f) = self.flows.get_mut(&id) {
                     f.state = FlowState::InspectConnecting { handle };
-                    f.wire = wire;
-                    f.verdict = Some(verdict);
+                    f.admission = Some(Admission::new(verdict, wire));
                 }
                 if !self.try_intercept(id, handle, &key) {
                     self.spawn_connect(id, key.dst);

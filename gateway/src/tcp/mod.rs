@@ -19,9 +19,8 @@ use smoltcp::socket::tcp;
 use tokio::net::TcpStream;
 
 use crate::audit::FlowTotals;
-use crate::decide::{FlowKey, Verdict};
-use crate::enforce::WireName;
-use crate::flow::Transport;
+use crate::decide::FlowKey;
+use crate::flow::{Admission, Transport};
 
 pub(crate) mod handoff;
 mod inspect;
@@ -68,14 +67,9 @@ pub(crate) struct Flow {
     pub(crate) down: u64,
     /// Whether the flow's `connection` (allow) line was written (a close line follows only then).
     pub(crate) audited_open: bool,
-    /// The SNI or Host that admitted an inspected flow.
-    pub(crate) wire: Option<WireName>,
-    /// The decider's allow verdict, for the flow's `connection` line
-    /// (`None` until allowed, and for DNS over TCP and published flows).
-    pub(crate) verdict: Option<Verdict>,
-    /// The names that admitted the flow (rechecked on reload): the wire
-    /// name, or the table's names for the destination at open.
-    pub(crate) names: Vec<Box<str>>,
+    /// What admitted it: `None` until the decider allowed it, and for
+    /// DNS over TCP and published flows (no decider is asked).
+    pub(crate) admission: Option<Admission>,
 }
 
 impl Flow {

@@ -15,11 +15,19 @@ use tokio::net::TcpStream;
 use super::{Flow, FlowState, HostStream, is_local_route, syn_seq};
 use crate::audit::AuditEvent;
 use crate::decide::{DecideContext, Decision, DenyReason, FlowKey, Transport, Verdict};
-use crate::flow::FlowEnd;
+use crate::flow::{Admission, FlowEnd};
 use crate::dns::session::DNS_TCP_BUF;
 use crate::packet;
 use crate::session::{Datapath, Event};
 use crate::stack::ip4;
+
+/// What a flow's host connect was started for.
+enum Waiting {
+    /// A held guest SYN, to be fed to a new listening socket.
+    Syn(Vec<u8>),
+    /// The socket of an inspected flow, already accepted.
+    Accepted(SocketHandle),
+}
 
 impl Datapath {
     pub(crate) fn rst_syn(&mut self, frame: &[u8], src: SocketAddrV4, dst: SocketAddrV4, seq: u32) {
@@ -88,7 +96,7 @@ impl Datapath {
                     },
                 );
                 if let Some(f) = self.flows.get_mut(&id) {
-                    f.verdict = Some(verdict);
+                    f.admission = Some(Admission::new(verdict, None));
                 }
                 self.spawn_connect(id, key.dst);
             }
@@ -124,9 +132,7 @@ impl Datapath {
                 up: 0,
                 down: 0,
                 audited_open: false,
-                wire: None,
-                verdict: None,
-                names: Vec::new(),
+                admission: None,
             },
         );
         self.by_key.insert(key, id);
@@ -192,7 +198,14 @@ impl Datapath {
             return;
         };
         let key = flow.key;
-        let state = std::mem::replace(&mut flow.state, FlowState::Connecting { syn: Vec::new() });
+        // What the connect was waiting for: a held SYN (taken: the flow is
+        // opened or removed below) or an accepted, inspected socket.
+        let waiting = match &mut flow.state {
+            FlowState::Connecting { syn } => Waiting::Syn(std::mem::take(syn)),
+            FlowState::InspectConnecting { handle } => Waiting::Accepted(*handle),
+            // No connect is pending in any other state.
+            _ => return,
+        };
         // A host address the refresher has not seen yet (crate::hostaddrs):
         // refused before any guest byte is written to it.
         let mut failure = DenyReason::ConnectFailed;
@@ -205,8 +218,8 @@ impl Datapath {
             }
             other => other,
         };
-        match (state, result) {
-            (FlowState::Connecting { syn }, Ok(host)) => {
+        match (waiting, result) {
+            (Waiting::Syn(syn), Ok(host)) => {
                 let (SocketAddr::V4(src), SocketAddr::V4(dst)) = (key.src, key.dst) else {
                     return;
                 };
@@ -219,7 +232,7 @@ impl Datapath {
                     None => self.remove_flow(id),
                 }
             }
-            (FlowState::Connecting { syn }, Err(e)) => {
+            (Waiting::Syn(syn), Err(e)) => {
                 tracing::debug!(dst = %key.dst, error = %e, "host connect failed");
                 if let (SocketAddr::V4(src), SocketAddr::V4(dst)) = (key.src, key.dst) {
                     let seq = syn_seq(&syn);
@@ -228,22 +241,14 @@ impl Datapath {
                 self.deny_audit(&key, failure);
                 self.remove_flow(id);
             }
-            (FlowState::InspectConnecting { handle }, Ok(host)) => {
+            (Waiting::Accepted(handle), Ok(host)) => {
                 let _ = host.set_nodelay(true);
                 self.open_flow(id, handle, host);
             }
-            (FlowState::InspectConnecting { handle }, Err(_)) => {
+            (Waiting::Accepted(handle), Err(_)) => {
                 self.sockets.get_mut::<tcp::Socket<'_>>(handle).abort();
                 self.deny_audit(&key, failure);
-                if let Some(f) = self.flows.get_mut(&id) {
-                    f.state = FlowState::InspectConnecting { handle };
-                }
                 self.finish_flow(id, FlowEnd::ConnectFailed);
-            }
-            (other, _) => {
-                if let Some(f) = self.flows.get_mut(&id) {
-                    f.state = other;
-                }
             }
         }
     }
@@ -270,14 +275,18 @@ impl Datapath {
             });
             return;
         }
-        // Every flow that reaches here but a published one was allowed by
-        // the decider, which set its verdict.
-        let verdict = flow
-            .verdict
-            .take()
-            .unwrap_or(Verdict::of(sluice_policy::Reason::Allowlisted));
-        if let Some(wire) = &flow.wire {
-            flow.names = vec![wire.as_str().into()];
+        // Every flow that reaches here but a published one was admitted
+        // by the decider; fail closed on one that was not.
+        let Some(admission) = flow.admission.as_mut() else {
+            tracing::error!(flow = id, "flow opened without an admission; reset");
+            let denied = Verdict::of(sluice_policy::Reason::NotAllowlisted);
+            self.sockets.get_mut::<tcp::Socket<'_>>(handle).abort();
+            self.deny_audit(&key, denied);
+            self.remove_flow(id);
+            return;
+        };
+        if let Some(wire) = &admission.wire {
+            admission.names = vec![wire.as_str().into()];
             // The name the flow was admitted with stays in the table while it lives.
             self.dns.table_mut().pin(id, key.dst.ip(), [wire.as_str()]);
             self.audit.record(&AuditEvent::InspectedOpen {
@@ -285,7 +294,7 @@ impl Datapath {
                 src: key.src,
                 dst: key.dst,
                 wire,
-                verdict: &verdict,
+                verdict: &admission.verdict,
             });
             return;
         }
@@ -296,17 +305,17 @@ impl Datapath {
             .names_for(key.dst.ip(), now)
             .take(crate::enforce::MAX_NAMES_PER_IP)
             .collect();
-        flow.names = names.iter().map(|n| Box::from(*n)).collect();
+        admission.names = names.iter().map(|n| Box::from(*n)).collect();
         self.audit.record(&AuditEvent::FlowOpen {
             flow: id,
             transport: Transport::Tcp,
             src: key.src,
             dst: key.dst,
-            verdict: &verdict,
+            verdict: &admission.verdict,
         });
         self.dns
             .table_mut()
-            .pin(id, key.dst.ip(), flow.names.iter().map(|n| &**n));
+            .pin(id, key.dst.ip(), admission.names.iter().map(|n| &**n));
     }
 
     /// Copies between host sockets and smoltcp buffers ([`super::splice`]);

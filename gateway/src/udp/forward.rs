@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use super::{ClosedUdpFlow, SendOutcome, UdpOpenError};
 use crate::audit::AuditEvent;
 use crate::decide::{DecideContext, Decision, DenyReason, FlowKey, Transport, Verdict};
-use crate::flow::FlowEnd;
+use crate::flow::{Admission, FlowEnd};
 use crate::packet;
 use crate::session::Datapath;
 use crate::stack::TX_HIGH_WATER;
@@ -51,7 +51,7 @@ impl Datapath {
         };
         let verdict = match decision {
             Decision::Deny(verdict) => verdict,
-            Decision::Allow(verdict) => match self.open_udp(key, now, &verdict) {
+            Decision::Allow(verdict) => match self.open_udp(key, now, verdict) {
                 Ok(()) => {
                     self.udp.send(&key, payload, now);
                     return;
@@ -71,7 +71,7 @@ impl Datapath {
         &mut self,
         key: FlowKey,
         now: Instant,
-        verdict: &Verdict,
+        verdict: Verdict,
     ) -> Result<(), DenyReason> {
         let id = self.next_id;
         match self.udp.open(id, key, now) {
@@ -88,26 +88,26 @@ impl Datapath {
         }
         self.next_id += 1;
         self.counters.udp_flows_opened += 1;
-        let owned: Vec<String> = self
+        let mut admission = Admission::new(verdict, None);
+        admission.names = self
             .dns
             .table()
             .names_for(key.dst.ip(), now)
             .take(8)
-            .map(str::to_owned)
+            .map(Box::from)
             .collect();
-        let names: Vec<&str> = owned.iter().map(String::as_str).collect();
-        self.udp.set_names(&key, &names);
         // The names the flow was admitted with stay in the table while it lives.
         self.dns
             .table_mut()
-            .pin(id, key.dst.ip(), names.iter().copied());
+            .pin(id, key.dst.ip(), admission.names.iter().map(|n| &**n));
         self.audit.record(&AuditEvent::FlowOpen {
             flow: id,
             transport: Transport::Udp,
             src: key.src,
             dst: key.dst,
-            verdict,
+            verdict: &admission.verdict,
         });
+        self.udp.admit(&key, admission);
         Ok(())
     }
 
