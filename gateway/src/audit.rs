@@ -42,9 +42,8 @@ use hickory_proto::op::ResponseCode;
 use sluice_policy::audit::{AuditRecord, Kind, PolicyRef, Timestamp};
 use sluice_policy::{CompiledPolicy, Reason};
 
-use crate::decide::{Rule, Verdict};
-use crate::enforce::WireName;
-use crate::flow::{FlowEnd, Transport};
+use crate::flow::{FlowEnd, Transport, WireName};
+use crate::verdict::{Rule, Verdict};
 
 mod limit;
 pub mod ocsf;
@@ -534,7 +533,7 @@ fn closed<'a>(rec: AuditRecord<'a>, t: &FlowTotals) -> AuditRecord<'a> {
 
 /// `rec` with `verdict`'s rule and explanation.
 fn with_verdict<'a>(mut rec: AuditRecord<'a>, verdict: &'a Verdict) -> AuditRecord<'a> {
-    rec.rule = verdict.rule.as_ref().map(Rule::as_ref);
+    rec.rule = verdict.rule.as_ref().map(Rule::to_audit);
     rec.detail = verdict.detail.map(Cow::Borrowed);
     rec
 }
@@ -569,9 +568,11 @@ fn build<'a>(
             verdict,
         } => {
             let mut r = with_verdict(
-                new(Kind::Connection, verdict.reason)
-                    .flow(flow)
-                    .endpoints(Transport::Tcp, src, dst),
+                new(Kind::Connection, verdict.reason).flow(flow).endpoints(
+                    Transport::Tcp,
+                    src,
+                    dst,
+                ),
                 verdict,
             );
             set_wire(&mut r, Some(wire));
@@ -602,9 +603,11 @@ fn build<'a>(
             wire,
         } => {
             let mut r = with_verdict(
-                new(Kind::Connection, verdict.reason)
-                    .flow(flow)
-                    .endpoints(Transport::Tcp, src, dst),
+                new(Kind::Connection, verdict.reason).flow(flow).endpoints(
+                    Transport::Tcp,
+                    src,
+                    dst,
+                ),
                 verdict,
             );
             set_wire(&mut r, wire);
@@ -620,8 +623,8 @@ fn build<'a>(
             why,
             wire,
         } => {
-            let mut r = closed(new(Kind::FlowClose, Reason::ReloadRevoked), totals)
-                .detail(why.as_str());
+            let mut r =
+                closed(new(Kind::FlowClose, Reason::ReloadRevoked), totals).detail(why.as_str());
             set_wire(&mut r, wire);
             r
         }
@@ -680,8 +683,8 @@ pub(crate) mod tests {
     use sluice_policy::audit::Suppressed;
     use sluice_policy::{CompileOptions, Decision, from_yaml_str};
 
+    use crate::decide::policy::dns_decision;
     use crate::decide::{DenyReason, DnsDecision};
-    use crate::enforce::dns_decision;
 
     /// A writer tests can read back.
     #[derive(Clone, Default)]
@@ -737,11 +740,8 @@ pub(crate) mod tests {
         let answers = ["93.184.216.34".parse().unwrap()];
         // The verdicts as the policy decider makes them.
         let p = policy();
-        let cidr = Verdict::of_policy(&p.check_destination(
-            "203.0.113.9".parse().unwrap(),
-            22,
-            &[],
-        ));
+        let cidr =
+            Verdict::of_policy(&p.check_destination("203.0.113.9".parse().unwrap(), 22, &[]));
         let by_sni = Verdict::of_policy(&p.check_name_port("www.example.com", Transport::Tcp, 443));
         let unresolved = Verdict::of(Reason::IpNotResolvedForName);
         let udp = DenyReason::UdpNotAllowed.verdict();
@@ -749,7 +749,9 @@ pub(crate) mod tests {
         let DnsDecision::Forward(answered) = dns_decision(&p, "www.example.com") else {
             panic!("www.example.com is allowed");
         };
-        let DnsDecision::Answer { verdict: refused, .. } = dns_decision(&p, "bad.example.com")
+        let DnsDecision::Answer {
+            verdict: refused, ..
+        } = dns_decision(&p, "bad.example.com")
         else {
             panic!("bad.example.com is denied");
         };
@@ -1048,7 +1050,7 @@ pub(crate) mod tests {
         use crate::dns::server::Outcome;
 
         let p = policy();
-        let decider = crate::enforce::PolicyDecider::new(
+        let decider = crate::decide::PolicyDecider::new(
             Arc::clone(&p),
             crate::decide::PlatformDenySet::default(),
         );
@@ -1061,29 +1063,53 @@ pub(crate) mod tests {
         let chain = decider
             .dns_cname_target("bad.example.com")
             .expect("a chain through a denied name is refused");
-        let DnsDecision::Answer { verdict: denied, rcode } = decider.dns_query("bad.example.com")
+        let DnsDecision::Answer {
+            verdict: denied,
+            rcode,
+        } = decider.dns_query("bad.example.com")
         else {
             panic!("bad.example.com is denied");
         };
-        let DnsDecision::Answer { verdict: unlisted, .. } = decider.dns_query("other.test") else {
+        let DnsDecision::Answer {
+            verdict: unlisted, ..
+        } = decider.dns_query("other.test")
+        else {
             panic!("other.test is not allowed");
         };
         let outcomes = [
-            ("alias.example.com", Outcome::Answered {
-                rcode: ResponseCode::NoError,
-                addresses: vec!["93.184.216.34".parse().unwrap()],
-                cached: false,
-                verdict: allowed.clone(),
-            }),
-            ("alias.example.com", Outcome::PrivateAnswer {
-                verdict: Verdict {
-                    reason: Reason::PrivateAnswer,
-                    ..allowed
+            (
+                "alias.example.com",
+                Outcome::Answered {
+                    rcode: ResponseCode::NoError,
+                    addresses: vec!["93.184.216.34".parse().unwrap()],
+                    cached: false,
+                    verdict: allowed.clone(),
                 },
-            }),
+            ),
+            (
+                "alias.example.com",
+                Outcome::PrivateAnswer {
+                    verdict: Verdict {
+                        reason: Reason::PrivateAnswer,
+                        ..allowed
+                    },
+                },
+            ),
             ("alias.example.com", Outcome::ChainDenied { verdict: chain }),
-            ("bad.example.com", Outcome::Denied { rcode, verdict: denied }),
-            ("other.test", Outcome::Denied { rcode, verdict: unlisted }),
+            (
+                "bad.example.com",
+                Outcome::Denied {
+                    rcode,
+                    verdict: denied,
+                },
+            ),
+            (
+                "other.test",
+                Outcome::Denied {
+                    rcode,
+                    verdict: unlisted,
+                },
+            ),
             ("alias.example.com", Outcome::Busy),
         ];
         for (qname, outcome) in &outcomes {

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 
 use sluice_policy::Reason;
 
-use crate::decide::Verdict;
+use crate::verdict::Verdict;
 
 /// Transport of a flow: the policy crate's type, used from the first
 /// packet to the audit line.

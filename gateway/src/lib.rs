@@ -13,8 +13,9 @@
 //! builds the gateway's argv from [`args::GatewayArgs`] and
 //! [`config::PublishSpec`]; its tests render records with [`audit::ocsf`])
 //! and the end-to-end tests (the audit rate limits) use: [`serve`], [`serve_with_reload`], their argument
-//! types, and the modules [`args`], [`audit`], [`config`], [`decide`],
-//! [`enforce`], [`hostaddrs`] and [`reload`]. Every other module is private.
+//! types, and the modules [`args`], [`audit`], [`config`], [`decide`]
+//! (with [`decide::platform`] and [`decide::policy`]), [`flow`] and
+//! [`reload`]. Every other module is private.
 //!
 //! The `test-util` feature (nothing that ships enables it) also makes
 //! `dhcp`, `dns` (`server`, `table`, `upstream`), `frames`, `packet`,
@@ -31,9 +32,7 @@ pub mod args;
 pub mod audit;
 pub mod config;
 pub mod decide;
-pub mod enforce;
 pub mod flow;
-pub mod hostaddrs;
 pub mod reload;
 
 // Public only for the in-process drivers, with `test-util`.
@@ -69,6 +68,7 @@ mod revoke;
 mod stack;
 mod tcp;
 mod udp;
+mod verdict;
 
 #[cfg(test)]
 mod name_corpus_tests;
@@ -180,7 +180,11 @@ pub async fn serve_with_reload(
     if let Some(mut source) = reload {
         // Secret values are read with the policy only where a proxy uses them.
         source.load_secrets = cfg.intercept.is_some();
-        reload::spawn(source, events_tx.clone()).map_err(GatewayError::Signals)?;
+        let events = events_tx.clone();
+        reload::spawn(source, move |r| {
+            events.send(Event::Reload(Box::new(r))).is_ok()
+        })
+        .map_err(GatewayError::Signals)?;
     }
     audit.record(&AuditEvent::Gateway {
         reason: sluice_policy::Reason::Started,

@@ -9,10 +9,10 @@ use clap::Parser;
 use sluice_gateway::args::{GatewayArgs, LogFormat};
 use sluice_gateway::audit::AuditSink;
 use sluice_gateway::config::{self, Config};
-use sluice_gateway::decide::{Decider, PlatformDecider, PlatformDenySet, host_addresses};
-use sluice_gateway::enforce::PolicyDecider;
+use sluice_gateway::decide::{
+    Decider, HostAddresses, PlatformDecider, PlatformDenySet, PolicyDecider, host_addresses,
+};
 use sluice_gateway::flow::Transport;
-use sluice_gateway::hostaddrs::HostAddresses;
 use sluice_gateway::reload::ReloadSource;
 use sluice_gateway::{GuestSource, ReadySignal, serve_with_reload};
 use sluice_intercept::{Interceptor, InterceptorConfig};

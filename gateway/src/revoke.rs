@@ -10,7 +10,7 @@ use sluice_policy::Reason;
 use smoltcp::socket::tcp;
 
 use crate::audit::AuditEvent;
-use crate::enforce::MAX_NAMES_PER_IP;
+use crate::decide::policy::MAX_NAMES_PER_IP;
 use crate::flow::Admission;
 use crate::reload::PolicyReload;
 use crate::session::Datapath;
@@ -87,7 +87,11 @@ impl Datapath {
 
         // Forwarded UDP flows, against the names that admitted them.
         let udp_revoked = self.udp.revoke(now, |key, names| {
-            reload.decider.recheck_udp(key, names).err().map(|v| v.reason)
+            reload
+                .decider
+                .recheck_udp(key, names)
+                .err()
+                .map(|v| v.reason)
         });
 
         let mut detail = format!(

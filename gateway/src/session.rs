@@ -58,6 +58,7 @@ const COUNTER_LOG_INTERVAL: Duration = Duration::from_secs(60);
 
 /// Messages from helper tasks to the datapath.
 #[derive(Debug)]
+#[cfg_attr(not(feature = "test-util"), expect(unreachable_pub))]
 pub enum Event {
     /// A host connect for flow `id` finished.
     Connected {

@@ -4,8 +4,8 @@
 use super::*;
 use crate::config::DEFAULT_SUBNET;
 use crate::decide::{DecideContext, Decision, DenyReason, InspectVerdict};
-use sluice_policy::Reason;
 use crate::packet::tests::{GUEST_MAC, tcp_frame, udp_frame};
+use sluice_policy::Reason;
 use smoltcp::wire::{
     ArpOperation, ArpPacket, ArpRepr, EthernetAddress, EthernetFrame, EthernetProtocol, IpProtocol,
     Ipv4Packet, TcpControl, TcpPacket,
@@ -639,7 +639,7 @@ async fn an_answer_whose_cname_chain_reaches_a_denied_name_is_refused() {
     use hickory_proto::rr::{Name, RecordType};
     const POLICY: &str = "version: 1\nid: cname-test\nallow:\n  - domain: \"*.example.org\"\n    ports: [443]\ndeny:\n  - \"bad.example.org\"\n";
     let policy = sluice_policy::from_yaml_str(POLICY, "p.yaml", &Default::default()).unwrap();
-    let decider = crate::enforce::PolicyDecider::new(
+    let decider = crate::decide::PolicyDecider::new(
         Arc::new(policy),
         crate::decide::PlatformDenySet::default(),
     );

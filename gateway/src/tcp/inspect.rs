@@ -9,8 +9,8 @@ use smoltcp::socket::tcp;
 
 use super::{Flow, FlowState};
 use crate::audit::AuditEvent;
+use crate::decide::policy::sniff_wire_name;
 use crate::decide::{DecideContext, DenyReason, InspectVerdict};
-use crate::enforce::sniff_wire_name;
 use crate::flow::Admission;
 use crate::session::Datapath;
 

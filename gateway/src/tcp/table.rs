@@ -15,8 +15,8 @@ use tokio::net::TcpStream;
 use super::{Flow, FlowState, HostStream, is_local_route, syn_seq};
 use crate::audit::AuditEvent;
 use crate::decide::{DecideContext, Decision, DenyReason, FlowKey, Transport, Verdict};
-use crate::flow::{Admission, FlowEnd};
 use crate::dns::session::DNS_TCP_BUF;
+use crate::flow::{Admission, FlowEnd};
 use crate::packet;
 use crate::session::{Datapath, Event};
 use crate::stack::ip4;
@@ -206,7 +206,7 @@ impl Datapath {
             // No connect is pending in any other state.
             _ => return,
         };
-        // A host address the refresher has not seen yet (crate::hostaddrs):
+        // A host address the refresher has not seen yet (crate::decide::HostAddresses):
         // refused before any guest byte is written to it.
         let mut failure = DenyReason::ConnectFailed;
         let result = match result {
@@ -303,7 +303,7 @@ impl Datapath {
             .dns
             .table()
             .names_for(key.dst.ip(), now)
-            .take(crate::enforce::MAX_NAMES_PER_IP)
+            .take(crate::decide::policy::MAX_NAMES_PER_IP)
             .collect();
         admission.names = names.iter().map(|n| Box::from(*n)).collect();
         self.audit.record(&AuditEvent::FlowOpen {

@@ -91,12 +91,12 @@ use hickory_proto::op::ResponseCode;
 use sluice_inspect::{http, tls};
 use sluice_policy::{CompiledPolicy, PortProtocol, Reason, Transport};
 
-use crate::decide::{
+use super::{
     DecideContext, Decider, Decision, DenyReason, DnsDecision, FlowKey, InspectVerdict,
     PlatformDenySet, Verdict,
 };
-pub use crate::flow::WireName;
 use crate::dns::DnsTable;
+pub use crate::flow::WireName;
 
 /// Bound on the first bytes buffered for TLS / HTTP inspection (16 KiB:
 /// post-quantum ClientHellos of several KB fit).
@@ -175,11 +175,7 @@ impl PolicyDecider {
     /// nothing ties the connection to any of them. The deny reason is the one
     /// a name-less flow to that address gets (`ip_not_resolved_for_name`
     /// unless the address gate says otherwise).
-    pub fn recheck_tcp_uninspected(
-        &self,
-        flow: &FlowKey,
-        names: &[&str],
-    ) -> Result<(), Verdict> {
+    pub fn recheck_tcp_uninspected(&self, flow: &FlowKey, names: &[&str]) -> Result<(), Verdict> {
         self.recheck_tcp(flow, names)?;
         let policy = self.policy.load();
         let port = flow.dst.port();
@@ -440,9 +436,7 @@ impl Decider for PolicyDecider {
                 }
                 match http::RequestHeadReader::new(INSPECT_MAX_BYTES).push(first_bytes) {
                     http::Progress::NeedMore => InspectVerdict::NeedMore,
-                    http::Progress::Reject(r) => {
-                        InspectVerdict::Deny(Verdict::of(http_reason(r)))
-                    }
+                    http::Progress::Reject(r) => InspectVerdict::Deny(Verdict::of(http_reason(r))),
                     http::Progress::Done(head) => match &head.host {
                         http::Host::Name(name) => Self::check_wire_name(
                             &policy,
@@ -587,7 +581,7 @@ mod tests {
     use sluice_policy::{CompileOptions, from_yaml_str};
 
     use super::*;
-    use crate::decide::Transport;
+    use crate::flow::Transport;
 
     const POLICY: &str = r#"
 version: 1
@@ -872,7 +866,10 @@ internal:
                 "prefix {cut}"
             );
         }
-        assert_eq!(bare(d.inspect(&f, &hello, &ctx)), InspectVerdict::Allow(ALLOWED));
+        assert_eq!(
+            bare(d.inspect(&f, &hello, &ctx)),
+            InspectVerdict::Allow(ALLOWED)
+        );
     }
 
     #[test]
@@ -984,7 +981,11 @@ internal:
             inspect_denied("sni_absent")
         );
         assert_eq!(
-            bare(run_tcp(&d, &dst, &client_hello(&["www.example.com"], false))),
+            bare(run_tcp(
+                &d,
+                &dst,
+                &client_hello(&["www.example.com"], false)
+            )),
             InspectVerdict::Allow(ALLOWED),
             "the crafted hello is well-formed"
         );
@@ -1007,7 +1008,11 @@ internal:
         let d = decider();
         let dst = format!("{WWW}:443");
         assert_eq!(
-            bare(run_tcp(&d, &dst, b"GET / HTTP/1.1\r\nHost: www.example.com\r\n\r\n")),
+            bare(run_tcp(
+                &d,
+                &dst,
+                b"GET / HTTP/1.1\r\nHost: www.example.com\r\n\r\n"
+            )),
             inspect_denied("not_tls")
         );
         assert_eq!(
@@ -1024,7 +1029,10 @@ internal:
         let n = bad.len();
         bad[n - 9] = 0xff; // corrupt the server_name/extension lengths
         bad[n - 10] = 0xff;
-        assert_eq!(bare(run_tcp(&d, &dst, &bad)), inspect_denied("sni_unreadable"));
+        assert_eq!(
+            bare(run_tcp(&d, &dst, &bad)),
+            inspect_denied("sni_unreadable")
+        );
     }
 
     #[test]
@@ -1046,10 +1054,16 @@ internal:
         );
         // Host naming a name the policy does not allow at all.
         let other = b"GET / HTTP/1.1\r\nHost: evil.example.net\r\n\r\n";
-        assert_eq!(bare(run_tcp(&d, &dst, other)), inspect_denied("not_allowlisted"));
+        assert_eq!(
+            bare(run_tcp(&d, &dst, other)),
+            inspect_denied("not_allowlisted")
+        );
         // An IP literal in Host.
         let lit = b"GET / HTTP/1.1\r\nHost: 93.184.216.34\r\n\r\n";
-        assert_eq!(bare(run_tcp(&d, &dst, lit)), inspect_denied("not_allowlisted"));
+        assert_eq!(
+            bare(run_tcp(&d, &dst, lit)),
+            inspect_denied("not_allowlisted")
+        );
         let connect = b"CONNECT www.example.com:443 HTTP/1.1\r\nHost: www.example.com:443\r\n\r\n";
         assert_eq!(
             bare(run_tcp(&d, &dst, connect)),
@@ -1086,7 +1100,10 @@ internal:
     #[test]
     fn raw_tcp_ports_need_a_rule_for_the_port() {
         let d = decider();
-        assert_eq!(bare(run_tcp(&d, "151.101.2.2:5432", b"")), InspectVerdict::Allow(ALLOWED));
+        assert_eq!(
+            bare(run_tcp(&d, "151.101.2.2:5432", b"")),
+            InspectVerdict::Allow(ALLOWED)
+        );
         assert_eq!(
             bare(run_tcp(&d, "151.101.2.2:22", b"")),
             inspect_denied("port_not_allowed")
@@ -1101,7 +1118,10 @@ internal:
             inspect_denied("port_not_allowed")
         );
         // CIDR rule: no name needed, on its ports only, even on TLS ports.
-        assert_eq!(bare(run_tcp(&d, "203.0.113.9:22", b"")), InspectVerdict::Allow(ALLOWED));
+        assert_eq!(
+            bare(run_tcp(&d, "203.0.113.9:22", b"")),
+            InspectVerdict::Allow(ALLOWED)
+        );
         assert_eq!(
             bare(run_tcp(&d, "203.0.113.9:443", b"not tls")),
             InspectVerdict::Allow(ALLOWED)
@@ -1117,8 +1137,14 @@ internal:
         let f = Fixture::new();
         let (d, ctx) = (&f.d, f.ctx());
         for dst in ["8.8.8.8:53", "1.1.1.1:853", "203.0.113.9:53"] {
-            assert_eq!(bare(d.decide_tcp(&tcp(dst), &ctx)), denied("dns_resolver_denied"));
-            assert_eq!(bare(d.decide_udp(&udp(dst), &ctx)), denied("dns_resolver_denied"));
+            assert_eq!(
+                bare(d.decide_tcp(&tcp(dst), &ctx)),
+                denied("dns_resolver_denied")
+            );
+            assert_eq!(
+                bare(d.decide_udp(&udp(dst), &ctx)),
+                denied("dns_resolver_denied")
+            );
         }
     }
 
@@ -1185,7 +1211,10 @@ internal:
             denied("quic_blocked")
         );
         // A rule with udp_ports opens exactly that.
-        assert_eq!(bare(d.decide_udp(&udp("151.101.3.3:443"), &ctx)), Decision::Allow(ALLOWED));
+        assert_eq!(
+            bare(d.decide_udp(&udp("151.101.3.3:443"), &ctx)),
+            Decision::Allow(ALLOWED)
+        );
         assert_eq!(
             bare(d.decide_udp(&udp("151.101.3.3:444"), &ctx)),
             denied("udp_blocked")
@@ -1231,7 +1260,10 @@ internal:
         );
         assert_eq!(bare(d.decide_tcp(&f, &ctx)), denied("not_allowlisted"));
         d.swap(old);
-        assert_eq!(bare(d.inspect(&f, &hello, &ctx)), InspectVerdict::Allow(ALLOWED));
+        assert_eq!(
+            bare(d.inspect(&f, &hello, &ctx)),
+            InspectVerdict::Allow(ALLOWED)
+        );
     }
 
     #[test]
@@ -1470,7 +1502,7 @@ internal:
         let b = d.policy().ttl_bounds();
         assert_eq!(dyn_d.dns_ttl_bounds(), Some((b.min, b.max)));
         // The platform-only decider keeps the defaults: forward everything.
-        let p = crate::decide::PlatformDecider::new(platform());
+        let p = super::super::PlatformDecider::new(platform());
         let dyn_p: &dyn Decider = &p;
         assert_eq!(
             dyn_p.dns_query("evil.example.net"),
