@@ -111,7 +111,7 @@ fn main() -> anyhow::Result<()> {
     audit.set_format(args.audit_format);
     audit.set_policy(policy.clone());
     let broadcast = cfg.subnet.broadcast();
-    // Read now, kept current by a refresher on the runtime (hostaddrs module docs).
+    // Read now, kept current by a refresher on the runtime (`decide::platform` module docs).
     let hosts = Arc::new(HostAddresses::read());
     let deny = PlatformDenySet::with_host_addresses(Arc::clone(&hosts), cfg.gateway_ip, broadcast);
     let mut reload = None;
