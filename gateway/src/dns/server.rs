@@ -154,6 +154,10 @@ pub(crate) struct Delivery {
 
 /// What [`DnsServer::query`] did with a query.
 #[derive(Debug)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "`Now` is the common case and a `Served` is returned and matched once, never stored: boxing it would allocate per answer"
+)]
 pub(crate) enum Served {
     /// Answered now.
     Now(Delivery),
