@@ -1,11 +1,11 @@
 //! Fuzz the HTTP request head reader with the gateway's bound
-//! (`sluice_gateway::enforce::INSPECT_MAX_BYTES`), whole and in segments of
+//! (`sluice_gateway::decide::policy::INSPECT_MAX_BYTES`), whole and in segments of
 //! the size given by the first input byte.
 //!
 //! Invariants beyond "no panic": Host and port of a `Done` do not depend on
 //! segmentation, and an input rejected whole is never accepted when split.
 
-use sluice_gateway::enforce::INSPECT_MAX_BYTES;
+use sluice_gateway::decide::policy::INSPECT_MAX_BYTES;
 use sluice_inspect::http::{Progress, RequestHeadReader};
 
 /// One fuzz input (the libFuzzer target and the corpus replay call this).

@@ -1,5 +1,5 @@
 //! Fuzz the ClientHello reader with the gateway's bound
-//! (`sluice_gateway::enforce::INSPECT_MAX_BYTES`, 16 KiB): the input is
+//! (`sluice_gateway::decide::policy::INSPECT_MAX_BYTES`, 16 KiB): the input is
 //! pushed whole, and again split into segments of the size given by its
 //! first byte, so record and segment boundaries vary.
 //!
@@ -7,7 +7,7 @@
 //! decision (SNI and ALPN of a `Done`), and an input rejected whole is never
 //! accepted when split.
 
-use sluice_gateway::enforce::INSPECT_MAX_BYTES;
+use sluice_gateway::decide::policy::INSPECT_MAX_BYTES;
 use sluice_inspect::tls::{ClientHelloReader, Progress};
 
 /// One fuzz input (the libFuzzer target and the corpus replay call this).

@@ -2,22 +2,12 @@
 //! query, connection, flow close, policy reload, gateway lifecycle), written
 //! to a file or stdout. The schema is `docs/audit.md`.
 //!
-//! The datapath describes what happened with an [`AuditEvent`] (its own
-//! vocabulary: reason codes as strings, ends of flows); this module maps each
-//! event to an [`AuditRecord`]:
-//! - the `policy` reference (id, version hash, label) of the policy in force
-//!   ([`AuditSink::set_policy`] is called on every applied reload);
-//! - the `reason` from the closed [`Reason`] set (datapath codes without a
-//!   policy spelling are mapped: `gateway_address` is `platform_denied`,
-//!   `udp_not_allowed` is `udp_blocked`, `too_many_flows` is `flow_limit`,
-//!   `outside_sandbox_ca` and `no_sandbox_ca` are `inspect_failed` with the
-//!   cause in `detail` (an inspected host the running CA cannot sign for);
-//!   an unknown code fails closed to `not_allowlisted` with the code in
-//!   `detail`);
-//! - the `rule` that decided: re-derived from the same snapshot with the
-//!   same inputs the decider used (the names that admitted the flow, the SNI
-//!   or Host, the DNS question). Checks are pure and allocation-free, so this
-//!   costs one lookup per line.
+//! The datapath describes what happened with an [`AuditEvent`], carrying
+//! the [`Verdict`] its decision made (a typed [`Reason`], the rule that
+//! decided, the gateway's explanation) or how a flow ended ([`FlowEnd`]);
+//! this module only serialises it, adding the `policy` reference (id,
+//! version hash, label) of the policy in force ([`AuditSink::set_policy`]
+//! is called on every applied reload). Nothing is decided here.
 //!
 //! # Flood bounding
 //! Every record (allow or deny, of every kind) passes the window limiter
@@ -49,11 +39,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hickory_proto::op::ResponseCode;
-use sluice_policy::audit::{AuditRecord, Kind, PolicyRef, RuleRef, Timestamp};
-use sluice_policy::{CompiledPolicy, Reason, Transport, Verdict};
+use sluice_policy::audit::{AuditRecord, Kind, PolicyRef, Timestamp};
+use sluice_policy::{CompiledPolicy, Reason};
 
-use crate::enforce::WireName;
+use crate::flow::{FlowEnd, Transport, WireName};
 use crate::metrics::Metrics;
+use crate::verdict::{Rule, Verdict};
 
 mod limit;
 pub mod ocsf;
@@ -93,22 +84,23 @@ const CLAMP_ENTRIES: usize = 16;
 /// (platform deny set only).
 pub const NO_POLICY_ID: &str = "none";
 
-/// What happened, in the datapath's terms; [`AuditSink::record`] maps it to
-/// a schema-1 [`AuditRecord`].
+/// What happened, in the datapath's terms, with the [`Verdict`] the
+/// decision made; [`AuditSink::record`] serialises it as a schema-1
+/// [`AuditRecord`].
 #[derive(Debug)]
 pub enum AuditEvent<'a> {
     /// A flow was allowed and connected (kind `connection`, decision allow).
     FlowOpen {
         /// Flow id (unique within the process).
         flow: u64,
-        /// `tcp` or `udp`.
-        proto: &'static str,
+        /// TCP or UDP.
+        transport: Transport,
         /// Guest endpoint.
         src: SocketAddr,
         /// Destination.
         dst: SocketAddr,
-        /// Names the destination was resolved for (from the DNS table).
-        names: &'a [&'a str],
+        /// The decider's verdict: reason and the rule that allowed it.
+        verdict: &'a Verdict,
     },
     /// An inspected flow was allowed on the name it presented (kind
     /// `connection`, decision allow, `sni` or `host` set).
@@ -121,14 +113,16 @@ pub enum AuditEvent<'a> {
         dst: SocketAddr,
         /// The SNI or Host that admitted the flow.
         wire: &'a WireName,
+        /// The decider's verdict on its first bytes.
+        verdict: &'a Verdict,
     },
     /// A host connection through a `--publish` mapping (kind `connection`,
     /// reason `published`).
     PublishedOpen {
         /// Flow id.
         flow: u64,
-        /// `tcp` or `udp`.
-        proto: &'static str,
+        /// TCP or UDP.
+        transport: Transport,
         /// The gateway-side endpoint the guest sees.
         src: SocketAddr,
         /// The guest endpoint.
@@ -136,14 +130,14 @@ pub enum AuditEvent<'a> {
     },
     /// A flow was denied (kind `connection`, decision deny).
     FlowDeny {
-        /// `tcp` or `udp`.
-        proto: &'static str,
+        /// TCP or UDP.
+        transport: Transport,
         /// Guest endpoint.
         src: SocketAddr,
         /// Destination.
         dst: SocketAddr,
-        /// Reason code (a [`Reason`] spelling or a datapath code).
-        reason: &'static str,
+        /// Why.
+        verdict: &'a Verdict,
     },
     /// An inspected flow was denied on its first bytes (kind `connection`,
     /// decision deny, with the flow id and the name seen, if any).
@@ -154,8 +148,8 @@ pub enum AuditEvent<'a> {
         src: SocketAddr,
         /// Destination.
         dst: SocketAddr,
-        /// Reason code.
-        reason: &'static str,
+        /// Why.
+        verdict: &'a Verdict,
         /// The SNI or Host, when the first bytes named one.
         wire: Option<&'a WireName>,
     },
@@ -163,9 +157,8 @@ pub enum AuditEvent<'a> {
     FlowClose {
         /// The flow and its totals.
         totals: FlowTotals,
-        /// How it ended: `closed`, `reset`, `idle_timeout`, `shutdown`,
-        /// `connect_failed`, or why the guest session ended.
-        end: &'static str,
+        /// How it ended.
+        end: FlowEnd,
     },
     /// An open flow was reset because a reloaded policy denies it (kind
     /// `flow_close`, reason `reload_revoked`, the new verdict's reason in
@@ -173,28 +166,25 @@ pub enum AuditEvent<'a> {
     Revoked {
         /// The flow and its totals.
         totals: FlowTotals,
-        /// Why the new policy denies it (a reason code).
-        why: &'static str,
+        /// Why the new policy denies it.
+        why: Reason,
         /// The SNI or Host that had admitted it, if inspected.
         wire: Option<&'a WireName>,
     },
     /// A DNS query from the guest (kind `dns`).
     Dns {
-        /// Query name.
+        /// Query name (empty when the query could not be read).
         qname: &'a str,
         /// Query type.
         qtype: &'a str,
         /// Response code returned.
-        rcode: &'a str,
+        rcode: ResponseCode,
         /// Addresses returned (and recorded).
         answers: &'a [IpAddr],
-        /// `forwarded`, `local` (answered by the gateway: AAAA withheld,
-        /// SERVFAIL when busy), `denied` (a policy refused the name or
-        /// every answer address) or `failed` (no usable upstream answer).
-        outcome: &'static str,
-        /// Why the query was denied (`not_allowlisted`, `denylisted`,
-        /// `private_answer`); absent otherwise.
-        reason: Option<&'static str>,
+        /// Why: `dns_answered` with the rule that allowed the name, or
+        /// the denial (`not_allowlisted`, `denylisted`, `private_answer`,
+        /// ...), or `upstream_error`.
+        verdict: &'a Verdict,
     },
     /// A policy reload (kind `policy_reload`): applied (the sink's policy
     /// is already the new one) or rejected (the old one stays).
@@ -233,8 +223,8 @@ pub enum AuditEvent<'a> {
 pub struct FlowTotals {
     /// Flow id.
     pub flow: u64,
-    /// `tcp` or `udp`.
-    pub proto: &'static str,
+    /// TCP or UDP.
+    pub transport: Transport,
     /// Guest endpoint.
     pub src: SocketAddr,
     /// Destination.
@@ -288,27 +278,6 @@ impl std::fmt::Debug for AuditSink {
     }
 }
 
-/// The schema reason for a datapath reason code (see the module docs).
-pub fn reason_of(code: &str) -> (Reason, Option<&str>) {
-    match code {
-        "gateway_address" => (Reason::PlatformDenied, Some("gateway address")),
-        "udp_not_allowed" => (Reason::UdpBlocked, None),
-        "too_many_flows" => (Reason::FlowLimit, None),
-        "outside_sandbox_ca" => (
-            Reason::InspectFailed,
-            Some("host outside the sandbox CA's name constraints; restart to inspect"),
-        ),
-        "no_sandbox_ca" => (
-            Reason::InspectFailed,
-            Some("no sandbox CA (the policy at start inspected no host); restart to inspect"),
-        ),
-        other => match Reason::from_name(other) {
-            Some(r) => (r, None),
-            None => (Reason::NotAllowlisted, Some(other)),
-        },
-    }
-}
-
 /// The audit spelling of a DNS response code (`NOERROR`, `NXDOMAIN`, ...).
 pub fn rcode_mnemonic(rcode: ResponseCode) -> &'static str {
     match u16::from(rcode) {
@@ -320,22 +289,6 @@ pub fn rcode_mnemonic(rcode: ResponseCode) -> &'static str {
         5 => "REFUSED",
         _ => "OTHER",
     }
-}
-
-fn transport_of(proto: &str) -> Transport {
-    if proto == "udp" {
-        Transport::Udp
-    } else {
-        Transport::Tcp
-    }
-}
-
-fn rule_of<'a>(v: &Verdict<'a>) -> Option<RuleRef<'a>> {
-    v.rule.map(|m| RuleRef {
-        id: Cow::Borrowed(m.id),
-        pattern: Cow::Borrowed(m.pattern),
-        name: m.name.map(Cow::Borrowed),
-    })
 }
 
 fn set_wire<'a>(rec: &mut AuditRecord<'a>, wire: Option<&'a WireName>) {
@@ -617,11 +570,18 @@ fn bare<'a>(rec: &AuditRecord<'a>) -> AuditRecord<'a> {
 /// `rec` with a closed flow's id, endpoints and totals.
 fn closed<'a>(rec: AuditRecord<'a>, t: &FlowTotals) -> AuditRecord<'a> {
     rec.flow(t.flow)
-        .endpoints(transport_of(t.proto), t.src, t.dst)
+        .endpoints(t.transport, t.src, t.dst)
         .totals(t.bytes_up, t.bytes_down, t.duration_ms)
 }
 
-/// Maps one event to its record under `policy` (see the module docs).
+/// `rec` with `verdict`'s rule and explanation.
+fn with_verdict<'a>(mut rec: AuditRecord<'a>, verdict: &'a Verdict) -> AuditRecord<'a> {
+    rec.rule = verdict.rule.as_ref().map(Rule::to_audit);
+    rec.detail = verdict.detail.map(Cow::Borrowed);
+    rec
+}
+
+/// Serialises one event as its record under `policy` (see the module docs).
 fn build<'a>(
     sandbox: &'a str,
     policy: Option<&'a CompiledPolicy>,
@@ -633,104 +593,72 @@ fn build<'a>(
     match *event {
         AuditEvent::FlowOpen {
             flow,
-            proto,
+            transport,
             src,
             dst,
-            names,
-        } => {
-            let verdict = policy.map(|p| {
-                if proto == "udp" {
-                    p.check_udp(dst.ip(), dst.port(), names)
-                } else {
-                    p.check_destination(dst.ip(), dst.port(), names)
-                }
-            });
-            // The decider allowed it: name the rule when the snapshot
-            // agrees (it always does for a policy decider).
-            let (reason, rule) = match verdict {
-                Some(v) if v.is_allowed() => (v.reason, rule_of(&v)),
-                _ => (Reason::Allowlisted, None),
-            };
-            let mut r =
-                new(Kind::Connection, reason)
-                    .flow(flow)
-                    .endpoints(transport_of(proto), src, dst);
-            r.rule = rule;
-            r
-        }
+            verdict,
+        } => with_verdict(
+            new(Kind::Connection, verdict.reason)
+                .flow(flow)
+                .endpoints(transport, src, dst),
+            verdict,
+        ),
         AuditEvent::InspectedOpen {
             flow,
             src,
             dst,
             wire,
+            verdict,
         } => {
-            let verdict =
-                policy.map(|p| p.check_name_port(wire.as_str(), Transport::Tcp, dst.port()));
-            let (reason, rule) = match verdict {
-                Some(v) if v.is_allowed() => (v.reason, rule_of(&v)),
-                _ => (Reason::Allowlisted, None),
-            };
-            let mut r =
-                new(Kind::Connection, reason)
-                    .flow(flow)
-                    .endpoints(Transport::Tcp, src, dst);
-            r.rule = rule;
+            let mut r = with_verdict(
+                new(Kind::Connection, verdict.reason).flow(flow).endpoints(
+                    Transport::Tcp,
+                    src,
+                    dst,
+                ),
+                verdict,
+            );
             set_wire(&mut r, Some(wire));
             r
         }
         AuditEvent::PublishedOpen {
             flow,
-            proto,
+            transport,
             src,
             dst,
         } => new(Kind::Connection, Reason::Published)
             .flow(flow)
-            .endpoints(transport_of(proto), src, dst),
+            .endpoints(transport, src, dst),
         AuditEvent::FlowDeny {
-            proto,
+            transport,
             src,
             dst,
-            reason,
-        } => {
-            let (reason, detail) = reason_of(reason);
-            let mut r = new(Kind::Connection, reason).endpoints(transport_of(proto), src, dst);
-            r.detail = detail.map(Cow::Borrowed);
-            r
-        }
+            verdict,
+        } => with_verdict(
+            new(Kind::Connection, verdict.reason).endpoints(transport, src, dst),
+            verdict,
+        ),
         AuditEvent::InspectedDeny {
             flow,
             src,
             dst,
-            reason,
+            verdict,
             wire,
         } => {
-            let (reason, detail) = reason_of(reason);
-            let mut r =
-                new(Kind::Connection, reason)
-                    .flow(flow)
-                    .endpoints(Transport::Tcp, src, dst);
-            r.detail = detail.map(Cow::Borrowed);
-            // A deny rule or a port-less allow rule explains the denial.
-            if let (Some(p), Some(w)) = (policy, wire) {
-                let v = p.check_name_port(w.as_str(), Transport::Tcp, dst.port());
-                if !v.is_allowed() {
-                    r.rule = rule_of(&v);
-                }
-            }
+            let mut r = with_verdict(
+                new(Kind::Connection, verdict.reason).flow(flow).endpoints(
+                    Transport::Tcp,
+                    src,
+                    dst,
+                ),
+                verdict,
+            );
             set_wire(&mut r, wire);
             r
         }
         AuditEvent::FlowClose { ref totals, end } => {
-            let (reason, detail) = match end {
-                "closed" => (Reason::Closed, None),
-                "idle_timeout" => (Reason::IdleTimeout, None),
-                "shutdown" => (Reason::Shutdown, None),
-                "connect_failed" => (Reason::ConnectFailed, None),
-                "upstream_error" => (Reason::UpstreamError, None),
-                other => (Reason::Closed, Some(other)),
-            };
-            let mut r = closed(new(Kind::FlowClose, reason), totals);
-            r.detail = detail.map(Cow::Borrowed);
+            let mut r = closed(new(Kind::FlowClose, end.reason()), totals);
+            r.detail = end.detail().map(Cow::Borrowed);
             r
         }
         AuditEvent::Revoked {
@@ -738,7 +666,8 @@ fn build<'a>(
             why,
             wire,
         } => {
-            let mut r = closed(new(Kind::FlowClose, Reason::ReloadRevoked), totals).detail(why);
+            let mut r =
+                closed(new(Kind::FlowClose, Reason::ReloadRevoked), totals).detail(why.as_str());
             set_wire(&mut r, wire);
             r
         }
@@ -747,41 +676,16 @@ fn build<'a>(
             qtype,
             rcode,
             answers,
-            outcome,
-            reason,
+            verdict,
         } => {
-            let (reason, detail) = match (reason, outcome) {
-                (Some(code), _) => reason_of(code),
-                (None, "forwarded") => (Reason::DnsAnswered, None),
-                (None, "local") if rcode == "NOERROR" => (Reason::DnsTypeWithheld, None),
-                (None, "local") => (
-                    Reason::UpstreamError,
-                    Some("no upstream resolver or too many queries in flight"),
-                ),
-                (None, _) => (Reason::UpstreamError, None),
-            };
-            let mut r = new(Kind::Dns, reason);
+            let mut r = new(Kind::Dns, verdict.reason);
             // A query that could not be read has no name or type.
             if !qname.is_empty() {
                 r = r.query(qname, qtype);
             }
-            r.rcode = Some(Cow::Borrowed(rcode));
+            r.rcode = Some(Cow::Borrowed(rcode_mnemonic(rcode)));
             r.answers = answers.to_vec();
-            r.detail = detail.map(Cow::Borrowed);
-            if let Some(p) = policy
-                && matches!(
-                    reason,
-                    Reason::DnsAnswered | Reason::Denylisted | Reason::PrivateAnswer
-                )
-            {
-                let v = p.check_name(qname);
-                // A CNAME-chain denial: the question's own name is allowed,
-                // so its rule did not decide; name none rather than that one.
-                if reason != Reason::Denylisted || v.reason == Reason::Denylisted {
-                    r.rule = rule_of(&v);
-                }
-            }
-            r
+            with_verdict(r, verdict)
         }
         AuditEvent::Reload {
             applied,
@@ -821,6 +725,9 @@ pub(crate) mod tests {
 
     use sluice_policy::audit::Suppressed;
     use sluice_policy::{CompileOptions, Decision, from_yaml_str};
+
+    use crate::decide::policy::dns_decision;
+    use crate::decide::{DenyReason, DnsDecision};
 
     /// A writer tests can read back.
     #[derive(Clone, Default)]
@@ -874,85 +781,101 @@ pub(crate) mod tests {
         let sni = WireName::Sni("www.example.com".into());
         let host = WireName::Host("bad.example.com".into());
         let answers = ["93.184.216.34".parse().unwrap()];
+        // The verdicts as the policy decider makes them.
+        let p = policy();
+        let cidr =
+            Verdict::of_policy(&p.check_destination("203.0.113.9".parse().unwrap(), 22, &[]));
+        let by_sni = Verdict::of_policy(&p.check_name_port("www.example.com", Transport::Tcp, 443));
+        let unresolved = Verdict::of(Reason::IpNotResolvedForName);
+        let udp = DenyReason::UdpNotAllowed.verdict();
+        let by_host = Verdict::of_policy(&p.check_name_port("bad.example.com", Transport::Tcp, 80));
+        let DnsDecision::Forward(answered) = dns_decision(&p, "www.example.com") else {
+            panic!("www.example.com is allowed");
+        };
+        let DnsDecision::Answer {
+            verdict: refused, ..
+        } = dns_decision(&p, "bad.example.com")
+        else {
+            panic!("bad.example.com is denied");
+        };
         let events = [
             AuditEvent::FlowOpen {
                 flow: 1,
-                proto: "tcp",
+                transport: Transport::Tcp,
                 src,
                 dst: "203.0.113.9:22".parse().unwrap(),
-                names: &[],
+                verdict: &cidr,
             },
             AuditEvent::InspectedOpen {
                 flow: 2,
                 src,
                 dst,
                 wire: &sni,
+                verdict: &by_sni,
             },
             AuditEvent::PublishedOpen {
                 flow: 3,
-                proto: "tcp",
+                transport: Transport::Tcp,
                 src: "10.0.2.2:49152".parse().unwrap(),
                 dst: "10.0.2.15:8080".parse().unwrap(),
             },
             AuditEvent::FlowDeny {
-                proto: "tcp",
+                transport: Transport::Tcp,
                 src,
                 dst,
-                reason: "ip_not_resolved_for_name",
+                verdict: &unresolved,
             },
             AuditEvent::FlowDeny {
-                proto: "udp",
+                transport: Transport::Udp,
                 src,
                 dst,
-                reason: "udp_not_allowed",
+                verdict: &udp,
             },
             AuditEvent::InspectedDeny {
                 flow: 4,
                 src,
                 dst: "93.184.216.34:80".parse().unwrap(),
-                reason: "denylisted",
+                verdict: &by_host,
                 wire: Some(&host),
             },
             AuditEvent::FlowClose {
                 totals: FlowTotals {
                     flow: 2,
-                    proto: "tcp",
+                    transport: Transport::Tcp,
                     src,
                     dst,
                     bytes_up: 10,
                     bytes_down: 20,
                     duration_ms: 30,
                 },
-                end: "reset",
+                end: FlowEnd::Reset,
             },
             AuditEvent::Revoked {
                 totals: FlowTotals {
                     flow: 1,
-                    proto: "tcp",
+                    transport: Transport::Tcp,
                     src,
                     dst,
                     bytes_up: 1,
                     bytes_down: 2,
                     duration_ms: 3,
                 },
-                why: "not_allowlisted",
+                why: Reason::NotAllowlisted,
                 wire: Some(&sni),
             },
             AuditEvent::Dns {
                 qname: "www.example.com",
                 qtype: "A",
-                rcode: "NOERROR",
+                rcode: ResponseCode::NoError,
                 answers: &answers,
-                outcome: "forwarded",
-                reason: None,
+                verdict: &answered,
             },
             AuditEvent::Dns {
                 qname: "bad.example.com",
                 qtype: "A",
-                rcode: "REFUSED",
+                rcode: ResponseCode::Refused,
                 answers: &[],
-                outcome: "denied",
-                reason: Some("denylisted"),
+                verdict: &refused,
             },
             AuditEvent::Reload {
                 applied: false,
@@ -1030,7 +953,7 @@ pub(crate) mod tests {
         sink.set_policy(Some(policy()));
         let totals = |flow, bytes_up, bytes_down, duration_ms| FlowTotals {
             flow,
-            proto: "tcp",
+            transport: Transport::Tcp,
             src: "10.0.2.15:1000".parse().unwrap(),
             dst: "93.184.216.34:443".parse().unwrap(),
             bytes_up,
@@ -1040,18 +963,18 @@ pub(crate) mod tests {
         let sni = WireName::Sni("www.example.com".into());
         sink.record(&AuditEvent::FlowClose {
             totals: totals(2, 10, 20, 30),
-            end: "reset",
+            end: FlowEnd::Reset,
         });
         sink.record(&AuditEvent::Revoked {
             totals: totals(1, 1, 2, 3),
-            why: "not_allowlisted",
+            why: Reason::NotAllowlisted,
             wire: Some(&sni),
         });
         let mut udp = totals(3, 4, 5, 6);
-        udp.proto = "udp";
+        udp.transport = Transport::Udp;
         sink.record(&AuditEvent::FlowClose {
             totals: udp,
-            end: "idle_timeout",
+            end: FlowEnd::IdleTimeout,
         });
         let text = buf.text();
         let lines: Vec<String> = text
@@ -1105,10 +1028,9 @@ pub(crate) mod tests {
             sink.record(&AuditEvent::Dns {
                 qname: "www.example.com",
                 qtype: "A",
-                rcode: "NOERROR",
+                rcode: ResponseCode::NoError,
                 answers: &answers,
-                outcome: "forwarded",
-                reason: None,
+                verdict: &ANSWERED,
             });
             sink.record(&AuditEvent::Reload {
                 applied: false,
@@ -1136,10 +1058,10 @@ pub(crate) mod tests {
         let buf = Shared::default();
         let mut sink = AuditSink::new(Box::new(buf.clone()), "sb");
         sink.record(&AuditEvent::FlowDeny {
-            proto: "tcp",
+            transport: Transport::Tcp,
             src: "10.0.2.15:1".parse().unwrap(),
             dst: "10.0.2.2:22".parse().unwrap(),
-            reason: "gateway_address",
+            verdict: &DenyReason::GatewayAddress.verdict(),
         });
         let lines = parse_all(&buf.text());
         assert_eq!(lines[0]["policy"]["id"], NO_POLICY_ID);
@@ -1148,26 +1070,127 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn unknown_codes_fail_closed() {
-        assert_eq!(
-            reason_of("something_new"),
-            (Reason::NotAllowlisted, Some("something_new"))
-        );
-        assert_eq!(reason_of("sni_absent"), (Reason::SniAbsent, None));
-        assert_eq!(Reason::NotAllowlisted.decision(), Decision::Deny);
-    }
-
-    #[test]
     fn hosts_the_running_ca_cannot_sign_for_are_inspect_failed_with_the_cause() {
-        for code in ["outside_sandbox_ca", "no_sandbox_ca"] {
-            let (reason, detail) = reason_of(code);
-            assert_eq!(reason, Reason::InspectFailed);
-            assert_eq!(reason.decision(), Decision::Deny);
+        for why in [DenyReason::OutsideSandboxCa, DenyReason::NoSandboxCa] {
+            let v = why.verdict();
+            assert_eq!(v.reason, Reason::InspectFailed);
+            assert_eq!(v.reason.decision(), Decision::Deny);
             assert!(
-                detail.is_some_and(|d| d.contains("restart to inspect")),
-                "{code}"
+                v.detail.is_some_and(|d| d.contains("restart to inspect")),
+                "{why:?}"
             );
         }
+    }
+
+    /// The `dns` lines name the rule the decider's verdict carries: the
+    /// allow rule of an answered or private answer, the deny rule of a
+    /// refused question, and none for a CNAME chain refused through a
+    /// denied name (the question's own rule did not decide) or for a name
+    /// nothing allows.
+    #[test]
+    fn dns_lines_name_the_rule_that_decided() {
+        use crate::decide::Decider as _;
+        use crate::dns::server::Outcome;
+
+        let p = policy();
+        let decider = crate::decide::PolicyDecider::new(
+            Arc::clone(&p),
+            crate::decide::PlatformDenySet::default(),
+        );
+        let buf = Shared::default();
+        let mut sink = AuditSink::new(Box::new(buf.clone()), "sb1");
+        sink.set_policy(Some(Arc::clone(&p)));
+        let DnsDecision::Forward(allowed) = decider.dns_query("alias.example.com") else {
+            panic!("alias.example.com is allowed");
+        };
+        let chain = decider
+            .dns_cname_target("bad.example.com")
+            .expect("a chain through a denied name is refused");
+        let DnsDecision::Answer {
+            verdict: denied,
+            rcode,
+        } = decider.dns_query("bad.example.com")
+        else {
+            panic!("bad.example.com is denied");
+        };
+        let DnsDecision::Answer {
+            verdict: unlisted, ..
+        } = decider.dns_query("other.test")
+        else {
+            panic!("other.test is not allowed");
+        };
+        let outcomes = [
+            (
+                "alias.example.com",
+                Outcome::Answered {
+                    rcode: ResponseCode::NoError,
+                    addresses: vec!["93.184.216.34".parse().unwrap()],
+                    cached: false,
+                    verdict: allowed.clone(),
+                },
+            ),
+            (
+                "alias.example.com",
+                Outcome::PrivateAnswer {
+                    verdict: Verdict {
+                        reason: Reason::PrivateAnswer,
+                        ..allowed
+                    },
+                },
+            ),
+            ("alias.example.com", Outcome::ChainDenied { verdict: chain }),
+            (
+                "bad.example.com",
+                Outcome::Denied {
+                    rcode,
+                    verdict: denied,
+                },
+            ),
+            (
+                "other.test",
+                Outcome::Denied {
+                    rcode,
+                    verdict: unlisted,
+                },
+            ),
+            ("alias.example.com", Outcome::Busy),
+        ];
+        for (qname, outcome) in &outcomes {
+            sink.record(&AuditEvent::Dns {
+                qname,
+                qtype: "A",
+                rcode: outcome.rcode(),
+                answers: &[],
+                verdict: &outcome.verdict(),
+            });
+        }
+        let lines = parse_all(&buf.text());
+        let got: Vec<(&str, &str, Option<&str>)> = lines
+            .iter()
+            .map(|l| {
+                (
+                    l["reason"].as_str().unwrap(),
+                    l["rcode"].as_str().unwrap(),
+                    l["rule"]["pattern"].as_str(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("dns_answered", "NOERROR", Some("**.example.com")),
+                ("private_answer", "REFUSED", Some("**.example.com")),
+                ("denylisted", "REFUSED", None),
+                ("denylisted", "REFUSED", Some("bad.example.com")),
+                ("not_allowlisted", "REFUSED", None),
+                ("upstream_error", "SERVFAIL", None),
+            ]
+        );
+        assert_eq!(lines[0]["rule"]["name"], "alias.example.com");
+        assert_eq!(
+            lines[5]["detail"],
+            "no upstream resolver or too many queries in flight"
+        );
     }
 
     /// A sink whose current window lasts until `ended` is called.
@@ -1244,7 +1267,7 @@ pub(crate) mod tests {
         let dst: SocketAddr = "93.184.216.34:443".parse().unwrap();
         let totals = FlowTotals {
             flow: i,
-            proto: "tcp",
+            transport: Transport::Tcp,
             src,
             dst,
             bytes_up: 1,
@@ -1255,35 +1278,34 @@ pub(crate) mod tests {
             0 => AuditEvent::Dns {
                 qname: name,
                 qtype: "A",
-                rcode: "NOERROR",
+                rcode: ResponseCode::NoError,
                 answers,
-                outcome: "forwarded",
-                reason: None,
+                verdict: &ANSWERED,
             },
             1 => AuditEvent::Dns {
                 qname: name,
                 qtype: "A",
-                rcode: "REFUSED",
+                rcode: ResponseCode::Refused,
                 answers: &[],
-                outcome: "denied",
-                reason: Some("not_allowlisted"),
+                verdict: &NOT_ALLOWLISTED,
             },
             2 => AuditEvent::InspectedOpen {
                 flow: i,
                 src,
                 dst,
                 wire,
+                verdict: &ALLOWLISTED,
             },
             3 => AuditEvent::InspectedDeny {
                 flow: i,
                 src,
                 dst,
-                reason: "denylisted",
+                verdict: &DENYLISTED,
                 wire: Some(wire),
             },
             4 => AuditEvent::FlowClose {
                 totals,
-                end: "closed",
+                end: FlowEnd::Closed,
             },
             5 => AuditEvent::Reload {
                 applied: false,
@@ -1298,6 +1320,11 @@ pub(crate) mod tests {
     }
 
     const FLOOD_KINDS: usize = 7;
+
+    static ANSWERED: Verdict = Verdict::of(Reason::DnsAnswered);
+    static NOT_ALLOWLISTED: Verdict = Verdict::of(Reason::NotAllowlisted);
+    static ALLOWLISTED: Verdict = Verdict::of(Reason::Allowlisted);
+    static DENYLISTED: Verdict = Verdict::of(Reason::Denylisted);
 
     /// A flood of one record, repeated, of each kind (allow and deny): one
     /// window writes [`LINES_PER_REASON`] lines of it, and one summary

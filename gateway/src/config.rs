@@ -8,6 +8,8 @@ use std::time::Duration;
 use ipnet::Ipv4Net;
 use thiserror::Error;
 
+use crate::flow::Transport;
+
 /// Default virtual subnet (the guest sees a /24).
 pub const DEFAULT_SUBNET: &str = "10.0.2.0/24";
 /// Default MTU advertised to the guest by DHCP (option 26), as passt does.
@@ -49,15 +51,6 @@ pub enum ConfigError {
     NoResolver,
 }
 
-/// Transport of a published port.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Proto {
-    /// TCP.
-    Tcp,
-    /// UDP.
-    Udp,
-}
-
 /// One `--publish [HOST_ADDR:]HOST_PORT:GUEST_PORT[/tcp|/udp]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PublishSpec {
@@ -66,7 +59,7 @@ pub struct PublishSpec {
     /// The guest port connections are forwarded to.
     pub guest_port: u16,
     /// TCP or UDP.
-    pub proto: Proto,
+    pub proto: Transport,
 }
 
 impl FromStr for PublishSpec {
@@ -78,10 +71,10 @@ impl FromStr for PublishSpec {
             why,
         };
         let (body, proto) = match s.rsplit_once('/') {
-            Some((b, "tcp")) => (b, Proto::Tcp),
-            Some((b, "udp")) => (b, Proto::Udp),
+            Some((b, "tcp")) => (b, Transport::Tcp),
+            Some((b, "udp")) => (b, Transport::Udp),
             Some(_) => return Err(err("protocol must be tcp or udp")),
-            None => (s, Proto::Tcp),
+            None => (s, Transport::Tcp),
         };
         let (host_part, guest) = body
             .rsplit_once(':')
@@ -111,8 +104,8 @@ impl std::fmt::Display for PublishSpec {
     /// (an IPv6 host address in brackets).
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let proto = match self.proto {
-            Proto::Tcp => "tcp",
-            Proto::Udp => "udp",
+            Transport::Tcp => "tcp",
+            Transport::Udp => "udp",
         };
         write!(f, "{}:{}/{proto}", self.host, self.guest_port)
     }
@@ -242,10 +235,10 @@ mod tests {
     fn publish_specs() {
         let p: PublishSpec = "8080:80".parse().unwrap();
         assert_eq!(p.host, "127.0.0.1:8080".parse().unwrap());
-        assert_eq!((p.guest_port, p.proto), (80, Proto::Tcp));
+        assert_eq!((p.guest_port, p.proto), (80, Transport::Tcp));
         let p: PublishSpec = "0.0.0.0:5353:53/udp".parse().unwrap();
         assert_eq!(p.host, "0.0.0.0:5353".parse().unwrap());
-        assert_eq!(p.proto, Proto::Udp);
+        assert_eq!(p.proto, Transport::Udp);
         let p: PublishSpec = "[::1]:9000:22/tcp".parse().unwrap();
         assert_eq!(p.host, "[::1]:9000".parse().unwrap());
         for bad in ["80", "a:80", "80:b", "1:2/sctp", "99999:1", "1:0"] {

@@ -14,8 +14,9 @@
 //! builds the gateway's argv from [`args::GatewayArgs`] and
 //! [`config::PublishSpec`]; its tests render records with [`audit::ocsf`])
 //! and the end-to-end tests (the audit rate limits) use: [`serve`], [`serve_with_reload`], their argument
-//! types, and the modules [`args`], [`audit`], [`config`], [`decide`],
-//! [`enforce`], [`hostaddrs`], [`link`], [`metrics`] and [`reload`]. Every other module is private.
+//! types, and the modules [`args`], [`audit`], [`config`], [`decide`]
+//! (with [`decide::platform`] and [`decide::policy`]), [`flow`], [`link`],
+//! [`metrics`] and [`reload`]. Every other module is private.
 //!
 //! The `test-util` feature (nothing that ships enables it) also makes
 //! `dhcp`, `dns` (`server`, `table`, `upstream`), `frames`, `packet`,
@@ -32,8 +33,7 @@ pub mod args;
 pub mod audit;
 pub mod config;
 pub mod decide;
-pub mod enforce;
-pub mod hostaddrs;
+pub mod flow;
 pub mod link;
 pub mod metrics;
 pub mod reload;
@@ -71,6 +71,7 @@ mod revoke;
 mod stack;
 mod tcp;
 mod udp;
+mod verdict;
 
 #[cfg(test)]
 mod name_corpus_tests;
@@ -84,8 +85,9 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 
 use crate::audit::{AuditEvent, AuditSink};
-use crate::config::{Config, Proto};
+use crate::config::Config;
 use crate::decide::Decider;
+use crate::flow::Transport;
 use crate::link::GuestLink;
 use crate::session::{Datapath, Event, SessionEnd};
 
@@ -188,7 +190,11 @@ pub async fn serve_with_reload(
     if let Some(mut source) = reload {
         // Secret values are read with the policy only where a proxy uses them.
         source.load_secrets = cfg.intercept.is_some();
-        reload::spawn(source, events_tx.clone()).map_err(GatewayError::Signals)?;
+        let events = events_tx.clone();
+        reload::spawn(source, move |r| {
+            events.send(Event::Reload(Box::new(r))).is_ok()
+        })
+        .map_err(GatewayError::Signals)?;
     }
     audit.record(&AuditEvent::Gateway {
         reason: sluice_policy::Reason::Started,
@@ -196,7 +202,7 @@ pub async fn serve_with_reload(
     });
     for spec in &cfg.publish {
         match spec.proto {
-            Proto::Tcp => {
+            Transport::Tcp => {
                 let listener = TcpListener::bind(spec.host).await.map_err(|source| {
                     GatewayError::BindPublish {
                         addr: spec.host,
@@ -223,7 +229,7 @@ pub async fn serve_with_reload(
                     }
                 });
             }
-            Proto::Udp => {
+            Transport::Udp => {
                 let socket = tokio::net::UdpSocket::bind(spec.host)
                     .await
                     .map_err(|source| GatewayError::BindPublish {

@@ -12,9 +12,10 @@ use clap::Parser;
 use sluice_gateway::args::{GatewayArgs, Isolation, LogFormat};
 use sluice_gateway::audit::AuditSink;
 use sluice_gateway::config::{self, Config};
-use sluice_gateway::decide::{Decider, PlatformDecider, PlatformDenySet, host_addresses};
-use sluice_gateway::enforce::PolicyDecider;
-use sluice_gateway::hostaddrs::HostAddresses;
+use sluice_gateway::decide::{
+    Decider, HostAddresses, PlatformDecider, PlatformDenySet, PolicyDecider, host_addresses,
+};
+use sluice_gateway::flow::Transport;
 use sluice_gateway::link::GuestLink;
 use sluice_gateway::metrics::{Metrics, MetricsAddr, MetricsListener};
 use sluice_gateway::reload::ReloadSource;
@@ -144,7 +145,7 @@ fn main() -> anyhow::Result<()> {
         None => None,
     };
     let broadcast = cfg.subnet.broadcast();
-    // Read now, kept current by a refresher on the runtime (hostaddrs module docs).
+    // Read now, kept current by a refresher on the runtime (`decide::platform` module docs).
     let hosts = Arc::new(HostAddresses::read());
     let deny = PlatformDenySet::with_host_addresses(Arc::clone(&hosts), cfg.gateway_ip, broadcast);
     let mut reload = None;
@@ -310,7 +311,7 @@ fn self_restrict(args: &GatewayArgs, secret_dirs: Vec<PathBuf>) -> anyhow::Resul
         tcp_bind: args
             .publish
             .iter()
-            .filter(|p| p.proto == config::Proto::Tcp)
+            .filter(|p| p.proto == Transport::Tcp)
             .map(|p| p.host.port())
             .collect(),
         allow_missing_landlock: args.allow_missing_landlock,

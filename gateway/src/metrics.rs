@@ -348,6 +348,10 @@ mod tests {
 
     use super::*;
     use crate::audit::{AuditEvent, AuditSink, FlowTotals};
+    use crate::flow::{FlowEnd, Transport};
+    use crate::verdict::Verdict;
+    use hickory_proto::op::ResponseCode;
+    use sluice_policy::Reason;
 
     /// The exposition's value of the series `line_start` (name and labels
     /// as encoded), if present.
@@ -364,38 +368,40 @@ mod tests {
         sink.set_metrics(Arc::clone(&metrics));
         let src = "10.0.2.15:40000".parse().expect("addr");
         let dst = "198.51.100.10:443".parse().expect("addr");
+        let allowed = Verdict::of(Reason::Allowlisted);
         sink.record(&AuditEvent::FlowOpen {
             flow: 1,
-            proto: "tcp",
+            transport: Transport::Tcp,
             src,
             dst,
-            names: &[],
+            verdict: &allowed,
         });
+        let udp = Verdict::of(Reason::UdpBlocked);
         sink.record(&AuditEvent::FlowDeny {
-            proto: "udp",
+            transport: Transport::Udp,
             src,
             dst,
-            reason: "udp_not_allowed",
+            verdict: &udp,
         });
         sink.record(&AuditEvent::FlowClose {
             totals: FlowTotals {
                 flow: 1,
-                proto: "tcp",
+                transport: Transport::Tcp,
                 src,
                 dst,
                 bytes_up: 10,
                 bytes_down: 20,
                 duration_ms: 1,
             },
-            end: "closed",
+            end: FlowEnd::Closed,
         });
+        let refused = Verdict::of(Reason::NotAllowlisted);
         sink.record(&AuditEvent::Dns {
             qname: "example.com",
             qtype: "A",
-            rcode: "REFUSED",
+            rcode: ResponseCode::Refused,
             answers: &[],
-            outcome: "denied",
-            reason: Some("not_allowlisted"),
+            verdict: &refused,
         });
         sink.record(&AuditEvent::Reload {
             applied: false,

@@ -23,8 +23,8 @@
 //! # What a reload does
 //! The file is read and compiled off the datapath (a blocking task; a
 //! 100k-rule policy takes about a second). The outcome goes to the datapath
-//! as [`Event::Reload`], so it is applied between two frames, on the one
-//! task that owns the flows:
+//! (through the callback [`spawn`] is given: the session's event queue), so
+//! it is applied between two frames, on the one task that owns the flows:
 //! - **Invalid file**: nothing changes; the old policy keeps running and
 //!   every open flow continues. Audit: `policy_reload`, decision deny,
 //!   reason `reload_rejected`, `detail` = the trigger and every error as
@@ -84,11 +84,9 @@ use sluice_intercept::Interceptor;
 use sluice_policy::{CompileOptions, CompiledPolicy};
 use sluice_secrets::{SecretError, SecretStore};
 use tokio::signal::unix::{SignalKind, signal};
-use tokio::sync::mpsc;
 
 use crate::audit::{AuditEvent, AuditSink};
-use crate::enforce::PolicyDecider;
-use crate::session::Event;
+use crate::decide::PolicyDecider;
 
 /// How often the policy file's metadata is polled.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(500);
@@ -112,7 +110,7 @@ impl Trigger {
     }
 }
 
-/// One reload attempt, delivered to the datapath as [`Event::Reload`].
+/// One reload attempt, delivered to the datapath (see [`spawn`]).
 #[derive(Debug)]
 pub struct PolicyReload {
     /// The decider whose policy is swapped.
@@ -268,11 +266,15 @@ impl Debounce {
 }
 
 /// Starts the reload task: SIGHUP and the file poll (see the module docs).
-/// Each attempt is sent to `events`; the task ends when nobody listens.
+/// Each attempt is handed to `deliver`; the task ends when it returns false
+/// (nobody listens any more).
 ///
 /// # Errors
 /// The SIGHUP handler could not be installed.
-pub fn spawn(source: ReloadSource, events: mpsc::UnboundedSender<Event>) -> std::io::Result<()> {
+pub fn spawn(
+    source: ReloadSource,
+    mut deliver: impl FnMut(PolicyReload) -> bool + Send + 'static,
+) -> std::io::Result<()> {
     let mut hup = signal(SignalKind::hangup())?;
     // Taken now, not when the task first runs: a change made in between
     // must not go unseen.
@@ -317,7 +319,7 @@ pub fn spawn(source: ReloadSource, events: mpsc::UnboundedSender<Event>) -> std:
                 outcome,
                 trigger,
             };
-            if events.send(Event::Reload(Box::new(reload))).is_err() {
+            if !deliver(reload) {
                 break;
             }
         }
@@ -399,21 +401,18 @@ pub fn apply_idle(reload: PolicyReload, intercept: Option<&Interceptor>, audit: 
 mod tests {
     use super::*;
     use crate::decide::PlatformDenySet;
+    use tokio::sync::mpsc;
 
     const A: &str =
         "version: 1\nid: reload-test\nlabel: A\nallow:\n  - domain: \"a.example.com\"\n";
     const B: &str =
         "version: 1\nid: reload-test\nlabel: B\nallow:\n  - domain: \"b.example.com\"\n";
 
-    async fn next_reload(rx: &mut mpsc::UnboundedReceiver<Event>) -> PolicyReload {
-        let ev = tokio::time::timeout(Duration::from_secs(60), rx.recv())
+    async fn next_reload(rx: &mut mpsc::UnboundedReceiver<PolicyReload>) -> PolicyReload {
+        tokio::time::timeout(Duration::from_secs(60), rx.recv())
             .await
             .expect("no reload event")
-            .expect("reload task ended");
-        match ev {
-            Event::Reload(r) => *r,
-            other => panic!("unexpected event {other:?}"),
-        }
+            .expect("reload task ended")
     }
 
     fn compiled(yaml: &str) -> CompiledPolicy {
@@ -606,7 +605,7 @@ mod tests {
         let mut source = ReloadSource::new(path.clone(), decider, CompileOptions::default());
         source.poll = Duration::from_millis(20);
         let (tx, mut rx) = mpsc::unbounded_channel();
-        spawn(source, tx).unwrap();
+        spawn(source, move |r| tx.send(r).is_ok()).unwrap();
 
         // Rename-replace, as editors do.
         let tmp = dir.join("policy.yaml.tmp");

@@ -6,11 +6,12 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use sluice_policy::Reason;
 use smoltcp::socket::tcp;
 
 use crate::audit::AuditEvent;
-use crate::decide::DenyReason;
-use crate::enforce::MAX_NAMES_PER_IP;
+use crate::decide::policy::MAX_NAMES_PER_IP;
+use crate::flow::Admission;
 use crate::reload::PolicyReload;
 use crate::session::Datapath;
 use crate::tcp::FlowState;
@@ -47,17 +48,17 @@ impl Datapath {
         // Decide every flow under the new policy before touching any.
         let now = Instant::now();
         let gateway = IpAddr::V4(self.cfg.gateway_ip);
-        let mut revoked: Vec<(u64, DenyReason)> = Vec::new();
+        let mut revoked: Vec<(u64, Reason)> = Vec::new();
         for (&id, flow) in &self.flows {
             if flow.key.src.ip() == gateway {
                 continue; // published (inbound)
             }
             let table_names: Vec<&str>;
+            let admission = flow.admission.as_ref();
+            let wire = admission.and_then(|a| a.wire.as_ref());
             let names: Vec<&str> = match &flow.state {
-                FlowState::Open { .. } => flow.names.iter().map(|n| &**n).collect(),
-                FlowState::InspectConnecting { .. } => {
-                    flow.wire.iter().map(|w| w.as_str()).collect()
-                }
+                FlowState::Open { .. } => admission.map(Admission::names).unwrap_or_default(),
+                FlowState::InspectConnecting { .. } => wire.iter().map(|w| w.as_str()).collect(),
                 FlowState::Connecting { .. } => {
                     table_names = self
                         .dns
@@ -74,19 +75,23 @@ impl Datapath {
             // A flow whose SNI / Host was read keeps its admission by that
             // name; any other (CIDR-admitted, raw TCP) needs a CIDR rule on
             // a port the new policy inspects.
-            let verdict = if flow.wire.is_some() {
+            let verdict = if wire.is_some() {
                 reload.decider.recheck_tcp(&flow.key, &names)
             } else {
                 reload.decider.recheck_tcp_uninspected(&flow.key, &names)
             };
-            if let Err(reason) = verdict {
-                revoked.push((id, reason));
+            if let Err(verdict) = verdict {
+                revoked.push((id, verdict.reason));
             }
         }
 
         // Forwarded UDP flows, against the names that admitted them.
         let udp_revoked = self.udp.revoke(now, |key, names| {
-            reload.decider.recheck_udp(key, names).err()
+            reload
+                .decider
+                .recheck_udp(key, names)
+                .err()
+                .map(|v| v.reason)
         });
 
         let mut detail = format!(
@@ -138,8 +143,8 @@ impl Datapath {
             if let Some(f) = self.flows.get(&id) {
                 self.audit.record(&AuditEvent::Revoked {
                     totals: f.totals(id),
-                    why: reason.as_str(),
-                    wire: f.wire.as_ref(),
+                    why: reason,
+                    wire: f.admission.as_ref().and_then(|a| a.wire.as_ref()),
                 });
                 self.counters.flows_closed += 1;
             }
@@ -152,7 +157,7 @@ impl Datapath {
             self.dns.table_mut().unpin(c.id);
             self.audit.record(&AuditEvent::Revoked {
                 totals: c.totals(),
-                why: reason.as_str(),
+                why: reason,
                 wire: None,
             });
             self.counters.flows_closed += 1;

@@ -28,9 +28,10 @@ use tokio::sync::mpsc;
 
 use crate::audit::{AuditEvent, AuditSink};
 use crate::config::Config;
-use crate::decide::{Decider, DenyReason, FlowKey, Transport};
+use crate::decide::{Decider, FlowKey, Verdict};
 use crate::dhcp::{self, DhcpServer};
 use crate::dns::{DnsServer, UpstreamReply};
+use crate::flow::FlowEnd;
 use crate::frames::{FrameError, TxBatch};
 use crate::link::{GuestLink, LinkFailure, Received};
 use crate::packet::{self, Addresses, Class, DropReason};
@@ -53,6 +54,7 @@ const COUNTER_LOG_INTERVAL: Duration = Duration::from_secs(60);
 
 /// Messages from helper tasks to the datapath.
 #[derive(Debug)]
+#[cfg_attr(not(feature = "test-util"), expect(unreachable_pub))]
 pub enum Event {
     /// A host connect for flow `id` finished.
     Connected {
@@ -282,7 +284,7 @@ impl Datapath {
                 for _ in 0..8 {
                     match guest.receive(&mut rx, |frame| self.on_frame(frame)) {
                         Ok(Received::Closed) => {
-                            self.close_all("guest_closed");
+                            self.close_all(FlowEnd::GuestClosed);
                             return SessionEnd::GuestClosed;
                         }
                         Ok(Received::Idle) => break,
@@ -292,11 +294,11 @@ impl Datapath {
                             }
                         }
                         Err(LinkFailure::Protocol(e)) => {
-                            self.close_all("protocol_error");
+                            self.close_all(FlowEnd::ProtocolError);
                             return SessionEnd::ProtocolError(e);
                         }
                         Err(LinkFailure::Io(e)) => {
-                            self.close_all("guest_error");
+                            self.close_all(FlowEnd::GuestError);
                             return SessionEnd::GuestIo(e);
                         }
                     }
@@ -308,7 +310,7 @@ impl Datapath {
             }
             for ev in pending_events.drain(..) {
                 if self.on_event(ev) {
-                    self.close_all("shutdown");
+                    self.close_all(FlowEnd::Shutdown);
                     self.flush_best_effort(guest);
                     return SessionEnd::Shutdown;
                 }
@@ -329,7 +331,7 @@ impl Datapath {
                     break;
                 }
                 if let Err(e) = guest.transmit(&mut self.tx) {
-                    self.close_all("guest_error");
+                    self.close_all(FlowEnd::GuestError);
                     return SessionEnd::GuestIo(e);
                 }
                 if self.tx.queued() > 0 {
@@ -484,18 +486,13 @@ impl Datapath {
         );
     }
 
-    pub(crate) fn deny_audit(&mut self, key: &FlowKey, reason: DenyReason) {
+    pub(crate) fn deny_audit(&mut self, key: &FlowKey, verdict: impl Into<Verdict>) {
         self.counters.flows_denied += 1;
-        let proto = if key.transport == Transport::Tcp {
-            "tcp"
-        } else {
-            "udp"
-        };
         self.audit.record(&AuditEvent::FlowDeny {
-            proto,
+            transport: key.transport,
             src: key.src,
             dst: key.dst,
-            reason: reason.as_str(),
+            verdict: &verdict.into(),
         });
     }
 

@@ -42,6 +42,7 @@ use tokio::net::UdpSocket;
 
 use crate::audit::FlowTotals;
 use crate::decide::FlowKey;
+use crate::flow::{Admission, FlowEnd, Transport};
 
 /// Default bound on concurrent UDP flows.
 pub(crate) const DEFAULT_MAX_UDP_FLOWS: usize = 256;
@@ -97,7 +98,7 @@ pub(crate) enum UdpOpenError {
     },
 }
 
-/// How a UDP flow ended (the audit `end` value is [`UdpEnd::as_str`]).
+/// How a UDP flow ended (its `flow_close` line says [`UdpEnd::end`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum UdpEnd {
     /// No datagram for the idle period.
@@ -109,12 +110,12 @@ pub(crate) enum UdpEnd {
 }
 
 impl UdpEnd {
-    /// Audit value.
-    pub(crate) fn as_str(self) -> &'static str {
+    /// The flow end it is.
+    pub(crate) fn end(self) -> FlowEnd {
         match self {
-            Self::Idle => "idle_timeout",
-            Self::Error => "upstream_error",
-            Self::Closed => "closed",
+            Self::Idle => FlowEnd::IdleTimeout,
+            Self::Error => FlowEnd::UpstreamError,
+            Self::Closed => FlowEnd::Closed,
         }
     }
 }
@@ -153,7 +154,7 @@ impl ClosedUdpFlow {
     pub(crate) fn totals(&self) -> FlowTotals {
         FlowTotals {
             flow: self.id,
-            proto: "udp",
+            transport: Transport::Udp,
             src: self.key.src,
             dst: self.key.dst,
             bytes_up: self.up,
@@ -171,8 +172,8 @@ struct UdpFlow {
     up: u64,
     down: u64,
     answered: bool,
-    /// The names that admitted the flow (rechecked on reload).
-    names: Vec<Box<str>>,
+    /// What admitted the flow (its names are rechecked on reload).
+    admission: Option<Admission>,
 }
 
 impl UdpFlow {
@@ -186,7 +187,7 @@ impl UdpFlow {
             up: 0,
             down: 0,
             answered: false,
-            names: Vec::new(),
+            admission: None,
         }
     }
 
@@ -276,11 +277,12 @@ impl UdpFlows {
         Ok(())
     }
 
-    /// Remembers the names that admitted the open flow for `key` (the DNS
-    /// table's names for its destination at open), for [`UdpFlows::revoke`].
-    pub(crate) fn set_names(&mut self, key: &FlowKey, names: &[&str]) {
+    /// Remembers what admitted the open flow for `key` (its names: the
+    /// DNS table's names for its destination at open), for
+    /// [`UdpFlows::revoke`].
+    pub(crate) fn admit(&mut self, key: &FlowKey, admission: Admission) {
         if let Some(flow) = self.flows.get_mut(key) {
-            flow.names = names.iter().map(|n| Box::from(*n)).collect();
+            flow.admission = Some(admission);
         }
     }
 
@@ -294,7 +296,11 @@ impl UdpFlows {
     ) -> Vec<(ClosedUdpFlow, R)> {
         let mut out = Vec::new();
         self.flows.retain(|key, flow| {
-            let names: Vec<&str> = flow.names.iter().map(|n| &**n).collect();
+            let names = flow
+                .admission
+                .as_ref()
+                .map(Admission::names)
+                .unwrap_or_default();
             match deny(key, &names) {
                 Some(why) => {
                     out.push((flow.closed(*key, UdpEnd::Closed, now), why));
@@ -611,8 +617,15 @@ mod tests {
         for (i, k) in keys.iter().enumerate() {
             insert_loopback_flow(&mut flows, *k, u64::try_from(i).unwrap(), now);
         }
-        flows.set_names(&keys[0], &["kept.example"]);
-        flows.set_names(&keys[1], &["gone.example", "other.example"]);
+        let admitted = |names: &[&str]| Admission {
+            names: names.iter().map(|n| Box::from(*n)).collect(),
+            ..Admission::new(
+                crate::decide::Verdict::of(sluice_policy::Reason::Allowlisted),
+                None,
+            )
+        };
+        flows.admit(&keys[0], admitted(&["kept.example"]));
+        flows.admit(&keys[1], admitted(&["gone.example", "other.example"]));
         assert_eq!(flows.send(&keys[1], b"data", now), SendOutcome::Sent);
         let revoked = flows.revoke(now, |_, names| {
             (!names.contains(&"kept.example")).then_some("not_allowlisted")

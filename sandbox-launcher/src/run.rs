@@ -41,7 +41,8 @@ use crate::qemu::{self, AGENT_FD, CONSOLE_FD, NET_FD, VmConfig};
 use crate::spawn::{GatewayJail, Isolation, QemuJail, Sidecar, gateway_spec, qemu_spec};
 use sluice_floor::egress::EgressFloor;
 use sluice_gateway::args::{AuditFormat, GatewayArgs, LogFormat};
-use sluice_gateway::config::{Proto, PublishSpec};
+use sluice_gateway::config::PublishSpec;
+use sluice_gateway::flow::Transport;
 use sluice_gateway::metrics::{MetricsAddr, MetricsListener};
 
 /// Exit status when `--timeout` expired.
@@ -1246,7 +1247,7 @@ fn spawn_gateway(
             tcp_bind: args
                 .publish
                 .iter()
-                .filter(|p| p.proto == Proto::Tcp)
+                .filter(|p| p.proto == Transport::Tcp)
                 .map(|p| p.host.port())
                 .collect(),
             fds: vec![

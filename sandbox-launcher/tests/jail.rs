@@ -20,6 +20,9 @@ use sluice_launcher::jail::{
     self, CgroupLimits, FdMap, JailExit, JailSpec, Layer, NetNamespace, SeccompProfile,
 };
 
+mod rootless_user;
+use rootless_user::TEST_USER;
+
 const BUSYBOX: &str = "/bin/busybox";
 const SIGSYS: i32 = 31;
 const SIGKILL: i32 = 9;
@@ -897,33 +900,6 @@ fn qemu_in_the_jail_opens_dev_kvm() {
     assert_no_leftovers(&spec.name, pid);
 }
 
-/// The unprivileged user the rootless runs use (created if missing).
-const TEST_USER: &str = "sluice-rootless";
-
-/// Creates [`TEST_USER`] (a system user without a home) unless it exists.
-fn ensure_test_user() {
-    let exists = Command::new("id")
-        .args(["-u", TEST_USER])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .unwrap()
-        .success();
-    if !exists {
-        let st = Command::new("useradd")
-            .args([
-                "--system",
-                "--no-create-home",
-                "--shell",
-                "/usr/sbin/nologin",
-            ])
-            .arg(TEST_USER)
-            .status()
-            .unwrap();
-        assert!(st.success(), "useradd {TEST_USER} failed");
-    }
-}
-
 /// The whole suite again as an unprivileged user: this test binary and the
 /// helper are copied to a directory the user can read (the build dir may
 /// not be), then run with `runuser`. Skipped there: what needs root or a
@@ -936,7 +912,7 @@ fn rootless_jail_suite_passes_as_an_unprivileged_user() {
         !rootless(),
         "run as root: it creates the user and runs the suite as that user"
     );
-    ensure_test_user();
+    rootless_user::ensure();
     let dir = std::env::temp_dir().join(format!("slj-rootless-{}", std::process::id()));
     let _ = fs::remove_dir_all(&dir);
     fs::create_dir(&dir).unwrap();

@@ -28,6 +28,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
+mod rootless_user;
+use rootless_user::TEST_USER;
+
 const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
 
 /// Builds the static agent once per test binary; returns its path, or None
@@ -138,7 +141,7 @@ fn marked(mark: &str, launcher: u32) -> Vec<u32> {
 /// (as root in the temp dir, rootless in the test user's private dir).
 fn launcher_paths(launcher: u32) -> Vec<PathBuf> {
     let mut bases = vec![std::env::temp_dir()];
-    if let Some(uid) = test_user_uid() {
+    if let Some(uid) = rootless_user::uid() {
         bases.push(std::env::temp_dir().join(format!("sluice-{uid}")));
     }
     let mut paths = Vec::new();
@@ -171,15 +174,6 @@ enum Mode {
     Rootless,
 }
 
-/// The unprivileged user of rootless runs (created if missing).
-const TEST_USER: &str = "sluice-rootless";
-
-/// [`TEST_USER`]'s uid, if the user exists.
-fn test_user_uid() -> Option<u32> {
-    let out = Command::new("id").args(["-u", TEST_USER]).output().ok()?;
-    text(&out.stdout).trim().parse().ok()
-}
-
 /// The binaries a rootless run uses, copied where [`TEST_USER`] can read
 /// them (the build dir may not be traversable by other users), and a cache
 /// dir of the user's (`XDG_CACHE_HOME`; root's image cache is read first).
@@ -199,20 +193,7 @@ impl Drop for UserCopy {
 
 fn user_copy(agent: &Path, gateway: &Path) -> UserCopy {
     use std::os::unix::fs::PermissionsExt;
-    if test_user_uid().is_none() {
-        let st = Command::new("useradd")
-            .args([
-                "--system",
-                "--no-create-home",
-                "--shell",
-                "/usr/sbin/nologin",
-            ])
-            .arg(TEST_USER)
-            .status()
-            .unwrap();
-        assert!(st.success(), "useradd {TEST_USER} failed");
-    }
-    let uid = test_user_uid().unwrap();
+    let uid = rootless_user::ensure();
     let dir = std::env::temp_dir().join(format!("slv-rootless-{}", std::process::id()));
     let _ = fs::remove_dir_all(&dir);
     fs::create_dir(&dir).unwrap();

@@ -25,7 +25,11 @@ use smoltcp::socket::tcp;
 
 use super::table::DnsTable;
 use super::upstream::{MAX_TCP_MESSAGE, UpstreamKey, UpstreamReply};
-use crate::decide::Decider;
+use std::borrow::Cow;
+
+use sluice_policy::Reason;
+
+use crate::decide::{Decider, DnsDecision, Verdict};
 
 /// A validated guest query (sluice-inspect's reader: one IN question, opcode
 /// QUERY, the name normalised exactly as the policy normalises names).
@@ -58,8 +62,8 @@ pub(crate) enum Outcome {
     Denied {
         /// The answer's code.
         rcode: ResponseCode,
-        /// The policy's reason code.
-        reason: &'static str,
+        /// The decider's verdict.
+        verdict: Verdict,
     },
     /// A type the gateway does not ask upstream for: empty NOERROR.
     TypeWithheld,
@@ -73,14 +77,20 @@ pub(crate) enum Outcome {
         addresses: Vec<IpAddr>,
         /// Served from the sandbox's cache.
         cached: bool,
+        /// The decider's verdict on the name (`dns_answered`, the rule
+        /// that allowed it).
+        verdict: Verdict,
     },
     /// The answer's CNAME chain passes through a name the policy denies.
     ChainDenied {
-        /// The policy's reason code.
-        reason: &'static str,
+        /// The decider's verdict on the chain.
+        verdict: Verdict,
     },
     /// Every address in the answer was refused (rebinding defense).
-    PrivateAnswer,
+    PrivateAnswer {
+        /// `private_answer`, with the rule that allowed the name.
+        verdict: Verdict,
+    },
     /// No usable upstream answer: SERVFAIL.
     Failed,
 }
@@ -93,8 +103,26 @@ impl Outcome {
             Outcome::Unreadable(_)
                 | Outcome::Denied { .. }
                 | Outcome::ChainDenied { .. }
-                | Outcome::PrivateAnswer
+                | Outcome::PrivateAnswer { .. }
         )
+    }
+
+    /// The verdict the query's `dns` line carries: the decider's, or for
+    /// the outcomes no decider is asked about, the gateway's own.
+    pub(crate) fn verdict(&self) -> Cow<'_, Verdict> {
+        match self {
+            Outcome::Denied { verdict, .. }
+            | Outcome::Answered { verdict, .. }
+            | Outcome::ChainDenied { verdict }
+            | Outcome::PrivateAnswer { verdict } => Cow::Borrowed(verdict),
+            Outcome::Unreadable(_) => Cow::Owned(Verdict::of(Reason::DnsFormerr)),
+            Outcome::TypeWithheld => Cow::Owned(Verdict::of(Reason::DnsTypeWithheld)),
+            Outcome::Busy => Cow::Owned(Verdict::explained(
+                Reason::UpstreamError,
+                "no upstream resolver or too many queries in flight",
+            )),
+            Outcome::Failed => Cow::Owned(Verdict::of(Reason::UpstreamError)),
+        }
     }
 
     /// The response code the guest was given.
@@ -105,7 +133,7 @@ impl Outcome {
             | Outcome::Answered { rcode, .. } => *rcode,
             Outcome::TypeWithheld => ResponseCode::NoError,
             Outcome::Busy | Outcome::Failed => ResponseCode::ServFail,
-            Outcome::ChainDenied { .. } | Outcome::PrivateAnswer => ResponseCode::Refused,
+            Outcome::ChainDenied { .. } | Outcome::PrivateAnswer { .. } => ResponseCode::Refused,
         }
     }
 }
@@ -126,6 +154,10 @@ pub(crate) struct Delivery {
 
 /// What [`DnsServer::query`] did with a query.
 #[derive(Debug)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "`Now` is the common case and a `Served` is returned and matched once, never stored: boxing it would allocate per answer"
+)]
 pub(crate) enum Served {
     /// Answered now.
     Now(Delivery),
@@ -216,13 +248,13 @@ impl DnsServer {
                 });
             }
         };
-        if let Some((rcode, reason)) = decider.dns_query(&question.name) {
+        if let DnsDecision::Answer { rcode, verdict } = decider.dns_query(&question.name) {
             let bytes = sluice_inspect::dns::error_response(&question, rcode);
             return Served::Now(deliver(
                 to,
                 question,
                 bytes,
-                Outcome::Denied { rcode, reason },
+                Outcome::Denied { rcode, verdict },
             ));
         }
         if !forwarded_type(question.qtype) {
@@ -390,10 +422,13 @@ impl DnsServer {
         cached: bool,
     ) -> Delivery {
         // A reload may have denied the name while the question was in flight.
-        if let Some((rcode, reason)) = decider.dns_query(&question.name) {
-            let bytes = sluice_inspect::dns::error_response(&question, rcode);
-            return deliver(to, question, bytes, Outcome::Denied { rcode, reason });
-        }
+        let allowed = match decider.dns_query(&question.name) {
+            DnsDecision::Forward(verdict) => verdict,
+            DnsDecision::Answer { rcode, verdict } => {
+                let bytes = sluice_inspect::dns::error_response(&question, rcode);
+                return deliver(to, question, bytes, Outcome::Denied { rcode, verdict });
+            }
+        };
         let mut message = message.to_vec();
         if let Some(id) = message.get_mut(..2) {
             id.copy_from_slice(&question.id.to_be_bytes());
@@ -407,17 +442,21 @@ impl DnsServer {
             }
         };
         // A chain through a denied name is refused before anything is recorded.
-        if let Some(reason) = clean
+        if let Some(verdict) = clean
             .cname_chain
             .iter()
             .find_map(|target| decider.dns_cname_target(target))
         {
             let bytes = sluice_inspect::dns::refused_response(&question);
-            return deliver(to, question, bytes, Outcome::ChainDenied { reason });
+            return deliver(to, question, bytes, Outcome::ChainDenied { verdict });
         }
         if clean.private_answer() {
             let bytes = sluice_inspect::dns::refused_response(&question);
-            return deliver(to, question, bytes, Outcome::PrivateAnswer);
+            let verdict = Verdict {
+                reason: Reason::PrivateAnswer,
+                ..allowed
+            };
+            return deliver(to, question, bytes, Outcome::PrivateAnswer { verdict });
         }
         record(&question, &clean, &mut self.table, now);
         let addresses = clean.answers.iter().map(|(_, ip, _)| *ip).collect();
@@ -425,6 +464,7 @@ impl DnsServer {
             rcode: clean.rcode,
             addresses,
             cached,
+            verdict: allowed,
         };
         // Too big for the guest's UDP payload: TC, retry over TCP.
         let bytes = match to {

@@ -119,7 +119,7 @@ impl Datapath {
     }
 
     /// The `dns` audit line and the counters for one answered query: the
-    /// typed outcome mapped to the audit record's fields here, once.
+    /// outcome's verdict, as the decider (or the server) made it.
     pub(crate) fn audit_dns(&mut self, d: &Delivery) {
         if d.outcome.is_denial() {
             self.counters.dns_denied += 1;
@@ -127,18 +127,10 @@ impl Datapath {
         if matches!(d.outcome, Outcome::Answered { cached: true, .. }) {
             self.counters.dns_cached += 1;
         }
-        let (outcome, reason, answers): (&'static str, Option<&'static str>, &[IpAddr]) =
-            match &d.outcome {
-                Outcome::Unreadable(_) => ("denied", Some("dns_formerr"), &[]),
-                Outcome::Denied { reason, .. } | Outcome::ChainDenied { reason } => {
-                    ("denied", Some(*reason), &[])
-                }
-                Outcome::TypeWithheld => ("denied", Some("dns_type_withheld"), &[]),
-                Outcome::PrivateAnswer => ("denied", Some("private_answer"), &[]),
-                Outcome::Busy => ("local", None, &[]),
-                Outcome::Answered { addresses, .. } => ("forwarded", None, addresses.as_slice()),
-                Outcome::Failed => ("failed", None, &[]),
-            };
+        let answers: &[IpAddr] = match &d.outcome {
+            Outcome::Answered { addresses, .. } => addresses,
+            _ => &[],
+        };
         let qtype = d
             .question
             .as_ref()
@@ -147,10 +139,9 @@ impl Datapath {
         self.audit.record(&AuditEvent::Dns {
             qname: d.question.as_ref().map_or("", |q| q.name.as_str()),
             qtype: &qtype,
-            rcode: crate::audit::rcode_mnemonic(d.outcome.rcode()),
+            rcode: d.outcome.rcode(),
             answers,
-            outcome,
-            reason,
+            verdict: &d.outcome.verdict(),
         });
     }
 }

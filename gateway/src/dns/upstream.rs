@@ -32,6 +32,7 @@ pub(crate) const MAX_TCP_MESSAGE: usize = 65535;
 /// One distinct question asked upstream: guest queries with equal keys
 /// while one is in flight share its answer.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[cfg_attr(not(feature = "test-util"), expect(unreachable_pub))]
 pub struct UpstreamKey {
     /// The normalised name (what the policy checked).
     pub name: String,
@@ -43,6 +44,7 @@ pub struct UpstreamKey {
 
 /// The outcome of one [`resolve`].
 #[derive(Debug)]
+#[cfg_attr(not(feature = "test-util"), expect(unreachable_pub))]
 pub struct UpstreamReply {
     /// The question asked.
     pub key: UpstreamKey,

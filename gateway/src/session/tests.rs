@@ -3,8 +3,9 @@
 
 use super::*;
 use crate::config::DEFAULT_SUBNET;
-use crate::decide::{DecideContext, Decision, InspectVerdict};
+use crate::decide::{DecideContext, Decision, DenyReason, InspectVerdict};
 use crate::packet::tests::{GUEST_MAC, tcp_frame, udp_frame};
+use sluice_policy::Reason;
 use smoltcp::wire::{
     ArpOperation, ArpPacket, ArpRepr, EthernetAddress, EthernetFrame, EthernetProtocol, IpProtocol,
     Ipv4Packet, TcpControl, TcpPacket,
@@ -19,13 +20,13 @@ struct TestDecider;
 impl Decider for TestDecider {
     fn decide_tcp(&self, flow: &FlowKey, _ctx: &DecideContext<'_>) -> Decision {
         if flow.dst.port() == 9 {
-            Decision::Deny(DenyReason::Policy("not_allowlisted"))
+            Decision::Deny(Verdict::of(Reason::NotAllowlisted))
         } else {
-            Decision::Allow
+            Decision::Allow(Verdict::of(Reason::Allowlisted))
         }
     }
     fn decide_udp(&self, _flow: &FlowKey, _ctx: &DecideContext<'_>) -> Decision {
-        Decision::Deny(DenyReason::UdpNotAllowed)
+        Decision::Deny(DenyReason::UdpNotAllowed.into())
     }
 }
 
@@ -539,10 +540,10 @@ async fn upstream_gets_a_rebuilt_query_not_the_guests_bytes() {
 struct UpstreamDecider(Mutex<Option<Vec<SocketAddr>>>);
 impl Decider for UpstreamDecider {
     fn decide_tcp(&self, _flow: &FlowKey, _ctx: &DecideContext<'_>) -> Decision {
-        Decision::Allow
+        Decision::Allow(Verdict::of(Reason::Allowlisted))
     }
     fn decide_udp(&self, _flow: &FlowKey, _ctx: &DecideContext<'_>) -> Decision {
-        Decision::Deny(DenyReason::UdpNotAllowed)
+        Decision::Deny(DenyReason::UdpNotAllowed.into())
     }
     fn policy_dns_upstreams(&self) -> Option<Vec<SocketAddr>> {
         self.0.lock().unwrap().clone()
@@ -638,7 +639,7 @@ async fn an_answer_whose_cname_chain_reaches_a_denied_name_is_refused() {
     use hickory_proto::rr::{Name, RecordType};
     const POLICY: &str = "version: 1\nid: cname-test\nallow:\n  - domain: \"*.example.org\"\n    ports: [443]\ndeny:\n  - \"bad.example.org\"\n";
     let policy = sluice_policy::from_yaml_str(POLICY, "p.yaml", &Default::default()).unwrap();
-    let decider = crate::enforce::PolicyDecider::new(
+    let decider = crate::decide::PolicyDecider::new(
         Arc::new(policy),
         crate::decide::PlatformDenySet::default(),
     );
@@ -701,7 +702,7 @@ impl Decider for CountingInspector {
         }
     }
     fn decide_udp(&self, _flow: &FlowKey, _ctx: &DecideContext<'_>) -> Decision {
-        Decision::Deny(DenyReason::UdpNotAllowed)
+        Decision::Deny(DenyReason::UdpNotAllowed.into())
     }
     fn inspect(
         &self,
@@ -714,8 +715,8 @@ impl Decider for CountingInspector {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         match ClientHelloReader::new(16 * 1024).push(first_bytes) {
             Progress::NeedMore => InspectVerdict::NeedMore,
-            Progress::Done(_) => InspectVerdict::Allow,
-            Progress::Reject(_) => InspectVerdict::Deny(DenyReason::Policy("sni_unreadable")),
+            Progress::Done(_) => InspectVerdict::Allow(Verdict::of(Reason::Allowlisted)),
+            Progress::Reject(_) => InspectVerdict::Deny(Verdict::of(Reason::SniUnreadable)),
         }
     }
 }

@@ -27,19 +27,10 @@ use smoltcp::socket::tcp;
 use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::mpsc;
 
-use super::Flow;
-use crate::decide::FlowKey;
-use crate::enforce::WireName;
+use crate::decide::{DenyReason, FlowKey};
+use crate::flow::{Admission, FlowEnd, WireName};
 use crate::metrics::Proxy;
 use crate::session::{Datapath, Event};
-
-/// Datapath reason code: the policy inspects the SNI, but it is outside the
-/// running sandbox CA's name constraints (audited `inspect_failed`, see
-/// `crate::audit::reason_of`).
-pub(crate) const OUTSIDE_SANDBOX_CA: &str = "outside_sandbox_ca";
-/// Datapath reason code: the policy inspects the SNI, but there is no
-/// sandbox CA (the policy at start inspected nothing).
-pub(crate) const NO_SANDBOX_CA: &str = "no_sandbox_ca";
 
 /// The host side of an open flow.
 #[derive(Debug)]
@@ -113,8 +104,8 @@ impl Datapath {
     /// proxy, or reset because the hand-over failed); false when it is to be
     /// spliced as usual.
     pub(crate) fn try_intercept(&mut self, id: u64, handle: SocketHandle, key: &FlowKey) -> bool {
-        let wire = match self.flows.get(&id) {
-            Some(Flow { wire: Some(w), .. }) => w.clone(),
+        let wire = match self.flows.get(&id).and_then(|f| f.admission.as_ref()) {
+            Some(Admission { wire: Some(w), .. }) => w.clone(),
             _ => return false,
         };
         match wire {
@@ -142,9 +133,9 @@ impl Datapath {
             Some(i) if i.ca().permits(&sni) => i,
             other => {
                 let code = if other.is_some() {
-                    OUTSIDE_SANDBOX_CA
+                    DenyReason::OutsideSandboxCa
                 } else {
-                    NO_SANDBOX_CA
+                    DenyReason::NoSandboxCa
                 };
                 self.refuse_uninterceptable(id, handle, key, code);
                 return true;
@@ -168,25 +159,28 @@ impl Datapath {
     }
 
     /// Resets flow `id`, whose SNI the policy inspects but the running CA
-    /// cannot sign for, and audits it (`code`: [`OUTSIDE_SANDBOX_CA`] or
-    /// [`NO_SANDBOX_CA`], both `inspect_failed`).
+    /// cannot sign for, and audits it (`why`: [`DenyReason::OutsideSandboxCa`]
+    /// or [`DenyReason::NoSandboxCa`], both `inspect_failed`).
     fn refuse_uninterceptable(
         &mut self,
         id: u64,
         handle: SocketHandle,
         key: &FlowKey,
-        code: &'static str,
+        why: DenyReason,
     ) {
         self.sockets.get_mut::<tcp::Socket<'_>>(handle).abort();
         // Send the RST now, before the socket is removed with the flow.
         self.egress();
         self.counters.flows_denied += 1;
-        let wire = self.flows.get(&id).and_then(|f| f.wire.clone());
+        let wire = self
+            .flows
+            .get(&id)
+            .and_then(|f| f.admission.as_ref()?.wire.clone());
         self.audit.record(&crate::audit::AuditEvent::InspectedDeny {
             flow: id,
             src: key.src,
             dst: key.dst,
-            reason: code,
+            verdict: &why.verdict(),
             wire: wire.as_ref(),
         });
         self.remove_flow(id);
@@ -238,7 +232,7 @@ impl Datapath {
             Err(e) => {
                 tracing::warn!(error = %e, "proxy hand-over: no socket pair; flow reset");
                 self.sockets.get_mut::<tcp::Socket<'_>>(handle).abort();
-                self.finish_flow(id, "inspect_failed");
+                self.finish_flow(id, FlowEnd::InspectFailed);
                 None
             }
         }

@@ -9,8 +9,9 @@ use smoltcp::socket::tcp;
 
 use super::{Flow, FlowState};
 use crate::audit::AuditEvent;
+use crate::decide::policy::sniff_wire_name;
 use crate::decide::{DecideContext, DenyReason, InspectVerdict};
-use crate::enforce::sniff_wire_name;
+use crate::flow::Admission;
 use crate::session::Datapath;
 
 impl Datapath {
@@ -52,7 +53,7 @@ impl Datapath {
         let full = sock.recv_queue() >= max_bytes || (!handshaking && !sock.may_recv());
         let verdict = match verdict {
             InspectVerdict::NeedMore if full || Instant::now() >= deadline => {
-                InspectVerdict::Deny(DenyReason::InspectTimeout)
+                InspectVerdict::Deny(DenyReason::InspectTimeout.into())
             }
             v => v,
         };
@@ -69,23 +70,23 @@ impl Datapath {
         let wire = sock.peek(max_bytes).ok().and_then(sniff_wire_name);
         match verdict {
             InspectVerdict::NeedMore => {}
-            InspectVerdict::Allow => {
+            InspectVerdict::Allow(verdict) => {
                 if let Some(f) = self.flows.get_mut(&id) {
                     f.state = FlowState::InspectConnecting { handle };
-                    f.wire = wire;
+                    f.admission = Some(Admission::new(verdict, wire));
                 }
                 if !self.try_intercept(id, handle, &key) {
                     self.spawn_connect(id, key.dst);
                 }
             }
-            InspectVerdict::Deny(reason) => {
+            InspectVerdict::Deny(verdict) => {
                 sock.abort();
                 self.counters.flows_denied += 1;
                 self.audit.record(&AuditEvent::InspectedDeny {
                     flow: id,
                     src: key.src,
                     dst: key.dst,
-                    reason: reason.as_str(),
+                    verdict: &verdict,
                     wire: wire.as_ref(),
                 });
                 self.remove_flow(id);

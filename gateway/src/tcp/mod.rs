@@ -20,7 +20,7 @@ use tokio::net::TcpStream;
 
 use crate::audit::FlowTotals;
 use crate::decide::FlowKey;
-use crate::enforce::WireName;
+use crate::flow::{Admission, Transport};
 
 pub(crate) mod handoff;
 mod inspect;
@@ -67,11 +67,9 @@ pub(crate) struct Flow {
     pub(crate) down: u64,
     /// Whether the flow's `connection` (allow) line was written (a close line follows only then).
     pub(crate) audited_open: bool,
-    /// The SNI or Host that admitted an inspected flow.
-    pub(crate) wire: Option<WireName>,
-    /// The names that admitted the flow (rechecked on reload): the wire
-    /// name, or the table's names for the destination at open.
-    pub(crate) names: Vec<Box<str>>,
+    /// What admitted it: `None` until the decider allowed it, and for
+    /// DNS over TCP and published flows (no decider is asked).
+    pub(crate) admission: Option<Admission>,
 }
 
 impl Flow {
@@ -79,7 +77,7 @@ impl Flow {
     pub(crate) fn totals(&self, id: u64) -> FlowTotals {
         FlowTotals {
             flow: id,
-            proto: "tcp",
+            transport: Transport::Tcp,
             src: self.key.src,
             dst: self.key.dst,
             bytes_up: self.up,

@@ -8,6 +8,7 @@ use std::time::Duration;
 use smoltcp::socket::tcp;
 
 use super::{Flow, FlowState, guest_finished};
+use crate::flow::FlowEnd;
 use crate::session::{Datapath, would_block};
 
 impl Datapath {
@@ -39,7 +40,7 @@ impl Datapath {
 /// Moves what both sides can take now for the open flow `flow` whose guest
 /// socket is `sock`. Returns how it ended (`closed`, or `reset` when either
 /// side reset) once the guest socket is closed; `None` while it lives.
-pub(super) fn pump(sock: &mut tcp::Socket<'_>, flow: &mut Flow) -> Option<&'static str> {
+pub(super) fn pump(sock: &mut tcp::Socket<'_>, flow: &mut Flow) -> Option<FlowEnd> {
     let FlowState::Open {
         host,
         host_eof,
@@ -95,7 +96,11 @@ pub(super) fn pump(sock: &mut tcp::Socket<'_>, flow: &mut Flow) -> Option<&'stat
             // Propagate the guest's RST (or our abort) to the host side.
             let _ = socket2::SockRef::from(&*host).set_linger(Some(Duration::ZERO));
         }
-        return Some(if clean { "closed" } else { "reset" });
+        return Some(if clean {
+            FlowEnd::Closed
+        } else {
+            FlowEnd::Reset
+        });
     }
     None
 }

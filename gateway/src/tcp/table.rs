@@ -14,11 +14,20 @@ use tokio::net::TcpStream;
 
 use super::{Flow, FlowState, HostStream, is_local_route, syn_seq};
 use crate::audit::AuditEvent;
-use crate::decide::{DecideContext, Decision, DenyReason, FlowKey, Transport};
+use crate::decide::{DecideContext, Decision, DenyReason, FlowKey, Transport, Verdict};
 use crate::dns::session::DNS_TCP_BUF;
+use crate::flow::{Admission, FlowEnd};
 use crate::packet;
 use crate::session::{Datapath, Event};
 use crate::stack::ip4;
+
+/// What a flow's host connect was started for.
+enum Waiting {
+    /// A held guest SYN, to be fed to a new listening socket.
+    Syn(Vec<u8>),
+    /// The socket of an inspected flow, already accepted.
+    Accepted(SocketHandle),
+}
 
 impl Datapath {
     pub(crate) fn rst_syn(&mut self, frame: &[u8], src: SocketAddrV4, dst: SocketAddrV4, seq: u32) {
@@ -75,17 +84,20 @@ impl Datapath {
             self.decider.decide_tcp(&key, &ctx)
         };
         match decision {
-            Decision::Deny(reason) => {
+            Decision::Deny(verdict) => {
                 self.rst_syn(frame, src, dst, seq);
-                self.deny_audit(&key, reason);
+                self.deny_audit(&key, verdict);
             }
-            Decision::Allow => {
+            Decision::Allow(verdict) => {
                 let id = self.insert_flow(
                     key,
                     FlowState::Connecting {
                         syn: frame.to_vec(),
                     },
                 );
+                if let Some(f) = self.flows.get_mut(&id) {
+                    f.admission = Some(Admission::new(verdict, None));
+                }
                 self.spawn_connect(id, key.dst);
             }
             Decision::Inspect {
@@ -120,8 +132,7 @@ impl Datapath {
                 up: 0,
                 down: 0,
                 audited_open: false,
-                wire: None,
-                names: Vec::new(),
+                admission: None,
             },
         );
         self.by_key.insert(key, id);
@@ -187,8 +198,15 @@ impl Datapath {
             return;
         };
         let key = flow.key;
-        let state = std::mem::replace(&mut flow.state, FlowState::Connecting { syn: Vec::new() });
-        // A host address the refresher has not seen yet (crate::hostaddrs):
+        // What the connect was waiting for: a held SYN (taken: the flow is
+        // opened or removed below) or an accepted, inspected socket.
+        let waiting = match &mut flow.state {
+            FlowState::Connecting { syn } => Waiting::Syn(std::mem::take(syn)),
+            FlowState::InspectConnecting { handle } => Waiting::Accepted(*handle),
+            // No connect is pending in any other state.
+            _ => return,
+        };
+        // A host address the refresher has not seen yet (crate::decide::HostAddresses):
         // refused before any guest byte is written to it.
         let mut failure = DenyReason::ConnectFailed;
         let result = match result {
@@ -200,8 +218,8 @@ impl Datapath {
             }
             other => other,
         };
-        match (state, result) {
-            (FlowState::Connecting { syn }, Ok(host)) => {
+        match (waiting, result) {
+            (Waiting::Syn(syn), Ok(host)) => {
                 let (SocketAddr::V4(src), SocketAddr::V4(dst)) = (key.src, key.dst) else {
                     return;
                 };
@@ -214,7 +232,7 @@ impl Datapath {
                     None => self.remove_flow(id),
                 }
             }
-            (FlowState::Connecting { syn }, Err(e)) => {
+            (Waiting::Syn(syn), Err(e)) => {
                 tracing::debug!(dst = %key.dst, error = %e, "host connect failed");
                 if let (SocketAddr::V4(src), SocketAddr::V4(dst)) = (key.src, key.dst) {
                     let seq = syn_seq(&syn);
@@ -223,22 +241,14 @@ impl Datapath {
                 self.deny_audit(&key, failure);
                 self.remove_flow(id);
             }
-            (FlowState::InspectConnecting { handle }, Ok(host)) => {
+            (Waiting::Accepted(handle), Ok(host)) => {
                 let _ = host.set_nodelay(true);
                 self.open_flow(id, handle, host);
             }
-            (FlowState::InspectConnecting { handle }, Err(_)) => {
+            (Waiting::Accepted(handle), Err(_)) => {
                 self.sockets.get_mut::<tcp::Socket<'_>>(handle).abort();
                 self.deny_audit(&key, failure);
-                if let Some(f) = self.flows.get_mut(&id) {
-                    f.state = FlowState::InspectConnecting { handle };
-                }
-                self.finish_flow(id, "connect_failed");
-            }
-            (other, _) => {
-                if let Some(f) = self.flows.get_mut(&id) {
-                    f.state = other;
-                }
+                self.finish_flow(id, FlowEnd::ConnectFailed);
             }
         }
     }
@@ -259,14 +269,24 @@ impl Datapath {
         if key.src.ip() == IpAddr::V4(self.cfg.gateway_ip) {
             self.audit.record(&AuditEvent::PublishedOpen {
                 flow: id,
-                proto: "tcp",
+                transport: Transport::Tcp,
                 src: key.src,
                 dst: key.dst,
             });
             return;
         }
-        if let Some(wire) = &flow.wire {
-            flow.names = vec![wire.as_str().into()];
+        // Every flow that reaches here but a published one was admitted
+        // by the decider; fail closed on one that was not.
+        let Some(admission) = flow.admission.as_mut() else {
+            tracing::error!(flow = id, "flow opened without an admission; reset");
+            let denied = Verdict::of(sluice_policy::Reason::NotAllowlisted);
+            self.sockets.get_mut::<tcp::Socket<'_>>(handle).abort();
+            self.deny_audit(&key, denied);
+            self.remove_flow(id);
+            return;
+        };
+        if let Some(wire) = &admission.wire {
+            admission.names = vec![wire.as_str().into()];
             // The name the flow was admitted with stays in the table while it lives.
             self.dns.table_mut().pin(id, key.dst.ip(), [wire.as_str()]);
             self.audit.record(&AuditEvent::InspectedOpen {
@@ -274,6 +294,7 @@ impl Datapath {
                 src: key.src,
                 dst: key.dst,
                 wire,
+                verdict: &admission.verdict,
             });
             return;
         }
@@ -282,19 +303,19 @@ impl Datapath {
             .dns
             .table()
             .names_for(key.dst.ip(), now)
-            .take(crate::enforce::MAX_NAMES_PER_IP)
+            .take(crate::decide::policy::MAX_NAMES_PER_IP)
             .collect();
-        flow.names = names.iter().map(|n| Box::from(*n)).collect();
+        admission.names = names.iter().map(|n| Box::from(*n)).collect();
         self.audit.record(&AuditEvent::FlowOpen {
             flow: id,
-            proto: "tcp",
+            transport: Transport::Tcp,
             src: key.src,
             dst: key.dst,
-            names: &names,
+            verdict: &admission.verdict,
         });
         self.dns
             .table_mut()
-            .pin(id, key.dst.ip(), flow.names.iter().map(|n| &**n));
+            .pin(id, key.dst.ip(), admission.names.iter().map(|n| &**n));
     }
 
     /// Copies between host sockets and smoltcp buffers ([`super::splice`]);
@@ -330,7 +351,7 @@ impl Datapath {
     }
 
     /// Audits a close (when an open was audited) and removes the flow.
-    pub(crate) fn finish_flow(&mut self, id: u64, end: &'static str) {
+    pub(crate) fn finish_flow(&mut self, id: u64, end: FlowEnd) {
         if let Some(f) = self.flows.get(&id)
             && f.audited_open
         {
@@ -362,7 +383,7 @@ impl Datapath {
     }
 
     /// Resets every flow (guest side RST; host side closed) and audits the closes.
-    pub(crate) fn close_all(&mut self, end: &'static str) {
+    pub(crate) fn close_all(&mut self, end: FlowEnd) {
         let ids: Vec<u64> = self.flows.keys().copied().collect();
         for id in ids {
             if let Some(f) = self.flows.get_mut(&id) {

@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use super::{ClosedUdpFlow, SendOutcome, UdpOpenError};
 use crate::audit::AuditEvent;
-use crate::decide::{DecideContext, Decision, DenyReason, FlowKey, Transport};
+use crate::decide::{DecideContext, Decision, DenyReason, FlowKey, Transport, Verdict};
+use crate::flow::{Admission, FlowEnd};
 use crate::packet;
 use crate::session::Datapath;
 use crate::stack::TX_HIGH_WATER;
@@ -48,24 +49,30 @@ impl Datapath {
             };
             self.decider.decide_udp(&key, &ctx)
         };
-        let reason = match decision {
-            Decision::Deny(r) => r,
-            Decision::Allow => match self.open_udp(key, now) {
+        let verdict = match decision {
+            Decision::Deny(verdict) => verdict,
+            Decision::Allow(verdict) => match self.open_udp(key, now, verdict) {
                 Ok(()) => {
                     self.udp.send(&key, payload, now);
                     return;
                 }
-                Err(r) => r,
+                Err(r) => r.verdict(),
             },
             // UDP has no first bytes to inspect: fail closed.
-            Decision::Inspect { .. } => DenyReason::UdpNotAllowed,
+            Decision::Inspect { .. } => DenyReason::UdpNotAllowed.verdict(),
         };
         self.counters.udp_denied += 1;
-        self.deny_audit(&key, reason);
+        self.deny_audit(&key, verdict);
     }
 
-    /// Opens an allowed UDP flow (its host socket) and audits the open.
-    pub(crate) fn open_udp(&mut self, key: FlowKey, now: Instant) -> Result<(), DenyReason> {
+    /// Opens a UDP flow the decider allowed with `verdict` (its host
+    /// socket) and audits the open.
+    pub(crate) fn open_udp(
+        &mut self,
+        key: FlowKey,
+        now: Instant,
+        verdict: Verdict,
+    ) -> Result<(), DenyReason> {
         let id = self.next_id;
         match self.udp.open(id, key, now) {
             Ok(()) => {}
@@ -81,26 +88,26 @@ impl Datapath {
         }
         self.next_id += 1;
         self.counters.udp_flows_opened += 1;
-        let owned: Vec<String> = self
+        let mut admission = Admission::new(verdict, None);
+        admission.names = self
             .dns
             .table()
             .names_for(key.dst.ip(), now)
             .take(8)
-            .map(str::to_owned)
+            .map(Box::from)
             .collect();
-        let names: Vec<&str> = owned.iter().map(String::as_str).collect();
-        self.udp.set_names(&key, &names);
         // The names the flow was admitted with stay in the table while it lives.
         self.dns
             .table_mut()
-            .pin(id, key.dst.ip(), names.iter().copied());
+            .pin(id, key.dst.ip(), admission.names.iter().map(|n| &**n));
         self.audit.record(&AuditEvent::FlowOpen {
             flow: id,
-            proto: "udp",
+            transport: Transport::Udp,
             src: key.src,
             dst: key.dst,
-            names: &names,
+            verdict: &admission.verdict,
         });
+        self.udp.admit(&key, admission);
         Ok(())
     }
 
@@ -127,19 +134,19 @@ impl Datapath {
             tx.queued() < TX_HIGH_WATER
         });
         for c in &failed {
-            self.audit_udp_close(c, c.end.as_str());
+            self.audit_udp_close(c, c.end.end());
         }
         if now.saturating_duration_since(self.udp_swept) >= Duration::from_secs(1) {
             self.udp_swept = now;
             for c in self.udp.expire(now) {
-                self.audit_udp_close(&c, c.end.as_str());
+                self.audit_udp_close(&c, c.end.end());
             }
         }
     }
 
-    /// Audits the close of a UDP flow; `end` is [`crate::udp::UdpEnd::as_str`]
+    /// Audits the close of a UDP flow; `end` is [`crate::udp::UdpEnd::end`]
     /// or, at session end, why the session ended.
-    pub(crate) fn audit_udp_close(&mut self, c: &ClosedUdpFlow, end: &'static str) {
+    pub(crate) fn audit_udp_close(&mut self, c: &ClosedUdpFlow, end: FlowEnd) {
         self.dns.table_mut().unpin(c.id);
         self.counters.flows_closed += 1;
         self.audit.record(&AuditEvent::FlowClose {

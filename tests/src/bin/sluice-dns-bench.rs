@@ -34,8 +34,9 @@ use sluice_e2e::{ORIGIN_ADDR, ORIGIN_NAME};
 use sluice_gateway::audit::AuditSink;
 use sluice_gateway::config::{Config, DEFAULT_MTU, DEFAULT_SUBNET};
 use sluice_gateway::datapath::Datapath;
-use sluice_gateway::decide::{Decider, PlatformDecider, PlatformDenySet, host_addresses};
-use sluice_gateway::enforce::PolicyDecider;
+use sluice_gateway::decide::{
+    Decider, PlatformDecider, PlatformDenySet, PolicyDecider, host_addresses,
+};
 use sluice_gateway::frames::TxBatch;
 use sluice_gateway::packet;
 use sluice_policy::CompileOptions;

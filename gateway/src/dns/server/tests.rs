@@ -46,17 +46,20 @@ struct Policy {
 
 impl Decider for Policy {
     fn decide_tcp(&self, _flow: &FlowKey, _ctx: &DecideContext<'_>) -> Decision {
-        Decision::Allow
+        Decision::Allow(Verdict::of(Reason::Allowlisted))
     }
     fn decide_udp(&self, _flow: &FlowKey, _ctx: &DecideContext<'_>) -> Decision {
-        Decision::Allow
+        Decision::Allow(Verdict::of(Reason::Allowlisted))
     }
-    fn dns_query(&self, qname: &str) -> Option<(ResponseCode, &'static str)> {
-        self.deny
-            .lock()
-            .unwrap()
-            .contains(&qname)
-            .then_some((ResponseCode::Refused, "not_allowlisted"))
+    fn dns_query(&self, qname: &str) -> DnsDecision {
+        if self.deny.lock().unwrap().contains(&qname) {
+            DnsDecision::Answer {
+                rcode: ResponseCode::Refused,
+                verdict: Verdict::of(Reason::NotAllowlisted),
+            }
+        } else {
+            DnsDecision::Forward(Verdict::of(Reason::DnsAnswered))
+        }
     }
     fn dns_ttl_bounds(&self) -> Option<(Duration, Duration)> {
         self.bounds
@@ -362,7 +365,7 @@ fn local_answers_are_typed() {
         outcome(s.query(&query("bad.example.", RecordType::A), GUEST, &d, true, now)),
         Outcome::Denied {
             rcode: ResponseCode::Refused,
-            reason: "not_allowlisted"
+            verdict: Verdict::of(Reason::NotAllowlisted)
         }
     );
     assert_eq!(

@@ -89,12 +89,14 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 use hickory_proto::op::ResponseCode;
 use sluice_inspect::{http, tls};
-use sluice_policy::{CompiledPolicy, PortProtocol, Reason, Transport as PolicyTransport, Verdict};
+use sluice_policy::{CompiledPolicy, PortProtocol, Reason, Transport};
 
-use crate::decide::{
-    DecideContext, Decider, Decision, DenyReason, FlowKey, InspectVerdict, PlatformDenySet,
+use super::{
+    DecideContext, Decider, Decision, DenyReason, DnsDecision, FlowKey, InspectVerdict,
+    PlatformDenySet, Verdict,
 };
 use crate::dns::DnsTable;
+pub use crate::flow::WireName;
 
 /// Bound on the first bytes buffered for TLS / HTTP inspection (16 KiB:
 /// post-quantum ClientHellos of several KB fit).
@@ -144,7 +146,7 @@ impl PolicyDecider {
     }
 
     /// Re-decides an open TCP flow under the policy in force now (after a
-    /// [`PolicyDecider::swap`]): `Err` with the reason when the flow must be
+    /// [`PolicyDecider::swap`]): `Err` with the verdict when the flow must be
     /// reset (`reload_revoked` in the audit, with this reason as detail).
     ///
     /// `names` are the names that admitted the flow, remembered by the caller:
@@ -153,17 +155,17 @@ impl PolicyDecider {
     /// table is deliberately not consulted: an open flow keeps its admission
     /// after its entry's TTL ends; only the policy is re-checked (platform,
     /// DNS ports, non-public ranges, CIDR rules, names on the port).
-    pub fn recheck_tcp(&self, flow: &FlowKey, names: &[&str]) -> Result<(), DenyReason> {
+    pub fn recheck_tcp(&self, flow: &FlowKey, names: &[&str]) -> Result<(), Verdict> {
         let policy = self.policy.load();
         let ip = flow.dst.ip();
         let port = flow.dst.port();
         if self.platform_denied(&policy, ip) {
-            return Err(DenyReason::PlatformDenied);
+            return Err(DenyReason::PlatformDenied.into());
         }
         if DNS_PORTS.contains(&port) {
-            return Err(deny(Reason::DnsResolverDenied));
+            return Err(Verdict::of(Reason::DnsResolverDenied));
         }
-        verdict_decision(&policy.check_destination(ip, port, names))
+        destination_verdict(&policy.check_destination(ip, port, names)).map(drop)
     }
 
     /// [`PolicyDecider::recheck_tcp`] for a flow whose SNI / Host was never
@@ -173,33 +175,29 @@ impl PolicyDecider {
     /// nothing ties the connection to any of them. The deny reason is the one
     /// a name-less flow to that address gets (`ip_not_resolved_for_name`
     /// unless the address gate says otherwise).
-    pub fn recheck_tcp_uninspected(
-        &self,
-        flow: &FlowKey,
-        names: &[&str],
-    ) -> Result<(), DenyReason> {
+    pub fn recheck_tcp_uninspected(&self, flow: &FlowKey, names: &[&str]) -> Result<(), Verdict> {
         self.recheck_tcp(flow, names)?;
         let policy = self.policy.load();
         let port = flow.dst.port();
         if policy.port_protocol(port) == PortProtocol::Tcp {
             return Ok(());
         }
-        verdict_decision(&policy.check_destination(flow.dst.ip(), port, &[]))
+        destination_verdict(&policy.check_destination(flow.dst.ip(), port, &[])).map(drop)
     }
 
     /// [`PolicyDecider::recheck_tcp`] for an open UDP flow: platform, DNS
     /// ports, then [`CompiledPolicy::check_udp`] with the names that admitted
     /// it (the table's names for its destination at open).
-    pub fn recheck_udp(&self, flow: &FlowKey, names: &[&str]) -> Result<(), DenyReason> {
+    pub fn recheck_udp(&self, flow: &FlowKey, names: &[&str]) -> Result<(), Verdict> {
         let policy = self.policy.load();
         let ip = flow.dst.ip();
         if self.platform_denied(&policy, ip) {
-            return Err(DenyReason::PlatformDenied);
+            return Err(DenyReason::PlatformDenied.into());
         }
         if DNS_PORTS.contains(&flow.dst.port()) {
-            return Err(deny(Reason::DnsResolverDenied));
+            return Err(Verdict::of(Reason::DnsResolverDenied));
         }
-        verdict_decision(&policy.check_udp(ip, flow.dst.port(), names))
+        destination_verdict(&policy.check_udp(ip, flow.dst.port(), names)).map(drop)
     }
 
     /// [`dns_filter`] under the policy in force now.
@@ -218,53 +216,48 @@ impl PolicyDecider {
     }
 }
 
-/// The audit reason of a deny verdict as the datapath's [`DenyReason`].
-fn deny(reason: Reason) -> DenyReason {
-    match reason {
-        Reason::PlatformDenied => DenyReason::PlatformDenied,
-        other => DenyReason::Policy(other.as_str()),
-    }
-}
-
 /// The unexpired names the table holds for `ip` (at most [`MAX_NAMES_PER_IP`]).
 fn table_names(table: &DnsTable, ip: IpAddr, now: Instant) -> Vec<&str> {
     table.names_for(ip, now).take(MAX_NAMES_PER_IP).collect()
 }
 
-/// Whether a verdict is an allow, as a [`Decision`] for a raw TCP port.
-fn verdict_decision(v: &Verdict<'_>) -> Result<(), DenyReason> {
+/// A destination check's verdict: `Ok` with the allowing rule, or `Err`
+/// with the reason alone (a destination denial names no rule: schema-1
+/// `connection` deny lines never have).
+fn destination_verdict(v: &sluice_policy::Verdict<'_>) -> Result<Verdict, Verdict> {
     if v.is_allowed() {
-        Ok(())
+        Ok(Verdict::of_policy(v))
     } else {
-        Err(deny(v.reason))
+        Err(Verdict::of(v.reason))
     }
 }
 
 impl PolicyDecider {
-    /// Steps 1-3 of the TCP order: `Ok(true)` when the flow is allowed without
-    /// inspection (CIDR rule), `Ok(false)` when a name allows it on this port.
+    /// Steps 1-3 of the TCP order: `Ok` with the allowing verdict (reason
+    /// `cidr_allowed` when the flow is allowed without inspection, a name
+    /// allowed on this port otherwise).
     fn tcp_destination(
         &self,
         policy: &CompiledPolicy,
         flow: &FlowKey,
         ctx: &DecideContext<'_>,
-    ) -> Result<bool, DenyReason> {
+    ) -> Result<Verdict, Verdict> {
         let ip = flow.dst.ip();
         let port = flow.dst.port();
         if self.platform_denied(policy, ip) {
-            return Err(DenyReason::PlatformDenied);
+            return Err(DenyReason::PlatformDenied.into());
         }
         if DNS_PORTS.contains(&port) {
-            return Err(deny(Reason::DnsResolverDenied));
+            return Err(Verdict::of(Reason::DnsResolverDenied));
         }
         let names = table_names(ctx.dns, ip, ctx.now);
-        let v = policy.check_destination(ip, port, &names);
-        verdict_decision(&v)?;
-        Ok(v.reason == Reason::CidrAllowed)
+        destination_verdict(&policy.check_destination(ip, port, &names))
     }
 
     /// The name seen on the wire (SNI or Host) must be allowed on the port
     /// and resolved to the destination; `mismatch` is the reason otherwise.
+    /// The verdict names the rule that decided on the name (a deny rule, or
+    /// an allow rule without the port), but none on a mismatch.
     fn check_wire_name(
         policy: &CompiledPolicy,
         flow: &FlowKey,
@@ -272,14 +265,14 @@ impl PolicyDecider {
         ctx: &DecideContext<'_>,
         mismatch: Reason,
     ) -> InspectVerdict {
-        let v = policy.check_name_port(name, PolicyTransport::Tcp, flow.dst.port());
+        let v = policy.check_name_port(name, Transport::Tcp, flow.dst.port());
         if !v.is_allowed() {
-            return InspectVerdict::Deny(deny(v.reason));
+            return InspectVerdict::Deny(Verdict::of_policy(&v));
         }
         if ctx.dns.resolved_for(flow.dst.ip(), name, ctx.now) {
-            InspectVerdict::Allow
+            InspectVerdict::Allow(Verdict::of_policy(&v))
         } else {
-            InspectVerdict::Deny(deny(mismatch))
+            InspectVerdict::Deny(Verdict::of(mismatch))
         }
     }
 }
@@ -347,11 +340,8 @@ impl Decider for PolicyDecider {
         self.policy.load().port_protocol(flow.dst.port()) == PortProtocol::Http
     }
 
-    fn dns_query(&self, qname: &str) -> Option<(ResponseCode, &'static str)> {
-        match self.dns_action(qname) {
-            DnsAction::Forward => None,
-            DnsAction::Answer { rcode, reason } => Some((rcode, reason.as_str())),
-        }
+    fn dns_query(&self, qname: &str) -> DnsDecision {
+        dns_decision(&self.policy.load(), qname)
     }
 
     fn keep_dns_answer(&self, ip: IpAddr) -> bool {
@@ -362,10 +352,12 @@ impl Decider for PolicyDecider {
     /// otherwise an allowed alias (`alias.example.org CNAME
     /// bad.example.org`) would hand the guest the denied host's addresses
     /// under the alias's name. Targets no rule mentions pass (CDN names are
-    /// rarely in an allow list; the question's name was allowed).
-    fn dns_cname_target(&self, target: &str) -> Option<&'static str> {
+    /// rarely in an allow list; the question's name was allowed). The
+    /// verdict names no rule: the rule that matched the question's name did
+    /// not decide, and the line is about the question.
+    fn dns_cname_target(&self, target: &str) -> Option<Verdict> {
         let denied = self.policy.load().check_name(target).reason == Reason::Denylisted;
-        denied.then_some(Reason::Denylisted.as_str())
+        denied.then_some(Verdict::of(Reason::Denylisted))
     }
 
     fn dns_ttl_bounds(&self) -> Option<(Duration, Duration)> {
@@ -376,10 +368,10 @@ impl Decider for PolicyDecider {
     fn decide_tcp(&self, flow: &FlowKey, ctx: &DecideContext<'_>) -> Decision {
         let policy = self.policy.load();
         match self.tcp_destination(&policy, flow, ctx) {
-            Err(reason) => Decision::Deny(reason),
-            Ok(true) => Decision::Allow,
-            Ok(false) => match policy.port_protocol(flow.dst.port()) {
-                PortProtocol::Tcp => Decision::Allow,
+            Err(verdict) => Decision::Deny(verdict),
+            Ok(verdict) if verdict.reason == Reason::CidrAllowed => Decision::Allow(verdict),
+            Ok(verdict) => match policy.port_protocol(flow.dst.port()) {
+                PortProtocol::Tcp => Decision::Allow(verdict),
                 PortProtocol::Tls | PortProtocol::Http => Decision::Inspect {
                     max_bytes: INSPECT_MAX_BYTES,
                     deadline: INSPECT_DEADLINE,
@@ -393,15 +385,15 @@ impl Decider for PolicyDecider {
         let ip = flow.dst.ip();
         let port = flow.dst.port();
         if self.platform_denied(&policy, ip) {
-            return Decision::Deny(DenyReason::PlatformDenied);
+            return Decision::Deny(DenyReason::PlatformDenied.into());
         }
         if DNS_PORTS.contains(&port) {
-            return Decision::Deny(deny(Reason::DnsResolverDenied));
+            return Decision::Deny(Verdict::of(Reason::DnsResolverDenied));
         }
         let names = table_names(ctx.dns, ip, ctx.now);
-        match verdict_decision(&policy.check_udp(ip, port, &names)) {
-            Ok(()) => Decision::Allow,
-            Err(reason) => Decision::Deny(reason),
+        match destination_verdict(&policy.check_udp(ip, port, &names)) {
+            Ok(verdict) => Decision::Allow(verdict),
+            Err(verdict) => Decision::Deny(verdict),
         }
     }
 
@@ -416,17 +408,19 @@ impl Decider for PolicyDecider {
         ctx: &DecideContext<'_>,
     ) -> InspectVerdict {
         let policy = self.policy.load();
-        match self.tcp_destination(&policy, flow, ctx) {
-            Err(reason) => return InspectVerdict::Deny(reason),
-            Ok(true) => return InspectVerdict::Allow,
-            Ok(false) => {}
-        }
+        let destination = match self.tcp_destination(&policy, flow, ctx) {
+            Err(verdict) => return InspectVerdict::Deny(verdict),
+            Ok(verdict) if verdict.reason == Reason::CidrAllowed => {
+                return InspectVerdict::Allow(verdict);
+            }
+            Ok(verdict) => verdict,
+        };
         match policy.port_protocol(flow.dst.port()) {
-            PortProtocol::Tcp => InspectVerdict::Allow,
+            PortProtocol::Tcp => InspectVerdict::Allow(destination),
             PortProtocol::Tls => {
                 match tls::ClientHelloReader::new(INSPECT_MAX_BYTES).push(first_bytes) {
                     tls::Progress::NeedMore => InspectVerdict::NeedMore,
-                    tls::Progress::Reject(r) => InspectVerdict::Deny(deny(tls_reason(r))),
+                    tls::Progress::Reject(r) => InspectVerdict::Deny(Verdict::of(tls_reason(r))),
                     tls::Progress::Done(hello) => Self::check_wire_name(
                         &policy,
                         flow,
@@ -438,11 +432,11 @@ impl Decider for PolicyDecider {
             }
             PortProtocol::Http => {
                 if !method_plausible(first_bytes) {
-                    return InspectVerdict::Deny(deny(Reason::HttpUnreadable));
+                    return InspectVerdict::Deny(Verdict::of(Reason::HttpUnreadable));
                 }
                 match http::RequestHeadReader::new(INSPECT_MAX_BYTES).push(first_bytes) {
                     http::Progress::NeedMore => InspectVerdict::NeedMore,
-                    http::Progress::Reject(r) => InspectVerdict::Deny(deny(http_reason(r))),
+                    http::Progress::Reject(r) => InspectVerdict::Deny(Verdict::of(http_reason(r))),
                     http::Progress::Done(head) => match &head.host {
                         http::Host::Name(name) => Self::check_wire_name(
                             &policy,
@@ -452,31 +446,11 @@ impl Decider for PolicyDecider {
                             Reason::HttpHostMismatch,
                         ),
                         http::Host::V4(_) | http::Host::V6(_) => {
-                            InspectVerdict::Deny(deny(Reason::NotAllowlisted))
+                            InspectVerdict::Deny(Verdict::of(Reason::NotAllowlisted))
                         }
                     },
                 }
             }
-        }
-    }
-}
-
-/// The name a flow's first bytes present, for the audit line and for
-/// [`PolicyDecider::recheck_tcp`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum WireName {
-    /// The single SNI of a ClientHello (lowercase, no trailing dot).
-    Sni(String),
-    /// The Host of an HTTP/1 request head (a name, or an IP literal as
-    /// written, IPv6 in brackets), without its port.
-    Host(String),
-}
-
-impl WireName {
-    /// The name itself.
-    pub fn as_str(&self) -> &str {
-        match self {
-            Self::Sni(n) | Self::Host(n) => n,
         }
     }
 }
@@ -565,6 +539,24 @@ pub fn dns_filter(policy: &CompiledPolicy, qname: &str) -> DnsAction {
     }
 }
 
+/// [`dns_filter`] with the verdict the query's `dns` line carries: a
+/// forwarded name's allow rule (`dns_answered`), a refused name's deny rule
+/// (`denylisted`) or none (`not_allowlisted`).
+pub fn dns_decision(policy: &CompiledPolicy, qname: &str) -> DnsDecision {
+    let v = policy.check_name(qname);
+    if v.is_allowed() {
+        DnsDecision::Forward(Verdict {
+            reason: Reason::DnsAnswered,
+            ..Verdict::of_policy(&v)
+        })
+    } else {
+        DnsDecision::Answer {
+            rcode: ResponseCode::Refused,
+            verdict: Verdict::of_policy(&v),
+        }
+    }
+}
+
 /// The `keep_addr` predicate for `sluice_inspect::dns::sanitize_response`:
 /// whether an answer address may reach the guest (and the table).
 ///
@@ -589,7 +581,7 @@ mod tests {
     use sluice_policy::{CompileOptions, from_yaml_str};
 
     use super::*;
-    use crate::decide::Transport;
+    use crate::flow::Transport;
 
     const POLICY: &str = r#"
 version: 1
@@ -705,10 +697,42 @@ internal:
         }
     }
 
+    /// The verdict every allow compares equal to after [`bare`].
+    const ALLOWED: Verdict = Verdict::of(Reason::Allowlisted);
+
+    /// A decision's or an inspection's outcome with its reason alone (the
+    /// rules are checked by the audit tests): every allow is [`ALLOWED`].
+    fn bare<T: Bare>(v: T) -> T {
+        v.bare()
+    }
+
+    trait Bare {
+        fn bare(self) -> Self;
+    }
+
+    impl Bare for Decision {
+        fn bare(self) -> Self {
+            match self {
+                Decision::Allow(_) => Decision::Allow(ALLOWED),
+                Decision::Deny(v) => Decision::Deny(Verdict::of(v.reason)),
+                inspect => inspect,
+            }
+        }
+    }
+
+    impl Bare for InspectVerdict {
+        fn bare(self) -> Self {
+            match self {
+                InspectVerdict::Allow(_) => InspectVerdict::Allow(ALLOWED),
+                InspectVerdict::Deny(v) => InspectVerdict::Deny(Verdict::of(v.reason)),
+                more => more,
+            }
+        }
+    }
+
     fn denied(reason: &str) -> Decision {
         match Reason::from_name(reason) {
-            Some(Reason::PlatformDenied) => Decision::Deny(DenyReason::PlatformDenied),
-            Some(r) => Decision::Deny(DenyReason::Policy(r.as_str())),
+            Some(r) => Decision::Deny(Verdict::of(r)),
             None => panic!("unknown reason {reason}"),
         }
     }
@@ -781,10 +805,10 @@ internal:
         let t = table(now);
         let ctx = DecideContext { dns: &t, now };
         let f = tcp(dst);
-        match d.decide_tcp(&f, &ctx) {
-            Decision::Allow => InspectVerdict::Allow,
-            Decision::Deny(r) => InspectVerdict::Deny(r),
-            Decision::Inspect { .. } => d.inspect(&f, first, &ctx),
+        match bare(d.decide_tcp(&f, &ctx)) {
+            Decision::Allow(v) => InspectVerdict::Allow(v),
+            Decision::Deny(v) => InspectVerdict::Deny(v),
+            Decision::Inspect { .. } => bare(d.inspect(&f, first, &ctx)),
         }
     }
 
@@ -794,34 +818,34 @@ internal:
         // curl, SNI www.example.com, to the address www.example.com resolved to.
         let hello = testdata("tls/curl-https.bin");
         assert_eq!(
-            run_tcp(&d, &format!("{WWW}:443"), &hello),
-            InspectVerdict::Allow
+            bare(run_tcp(&d, &format!("{WWW}:443"), &hello)),
+            InspectVerdict::Allow(ALLOWED)
         );
         // curl --http1.1, SNI api.github.com (allowed by **.github.com).
         let hello = testdata("tls/curl-http11.bin");
         assert_eq!(
-            run_tcp(&d, &format!("{GITHUB}:443"), &hello),
-            InspectVerdict::Allow
+            bare(run_tcp(&d, &format!("{GITHUB}:443"), &hello)),
+            InspectVerdict::Allow(ALLOWED)
         );
         // python ssl, on an address shared with another allowed name.
         let hello = testdata("tls/python-ssl.bin");
         assert_eq!(
-            run_tcp(&d, &format!("{OTHER}:443"), &hello),
-            InspectVerdict::Allow
+            bare(run_tcp(&d, &format!("{OTHER}:443"), &hello)),
+            InspectVerdict::Allow(ALLOWED)
         );
         // A 7 KB ClientHello (112 ALPN names) passes within the bound.
         let hello = testdata("tls/openssl-big-alpn.bin");
         assert!(hello.len() > 4096);
         assert_eq!(
-            run_tcp(&d, &format!("{OTHER}:443"), &hello),
-            InspectVerdict::Allow
+            bare(run_tcp(&d, &format!("{OTHER}:443"), &hello)),
+            InspectVerdict::Allow(ALLOWED)
         );
         // Upper-case SNI (Example.ORG), many groups, TLS 1.2 only.
         for f in ["openssl-sni", "openssl-pq", "openssl-tls12"] {
             let hello = testdata(&format!("tls/{f}.bin"));
             assert_eq!(
-                run_tcp(&d, &format!("{OTHER}:443"), &hello),
-                InspectVerdict::Allow,
+                bare(run_tcp(&d, &format!("{OTHER}:443"), &hello)),
+                InspectVerdict::Allow(ALLOWED),
                 "{f}"
             );
         }
@@ -832,17 +856,20 @@ internal:
         let f = Fixture::new();
         let (d, ctx) = (&f.d, f.ctx());
         let f = tcp(&format!("{WWW}:443"));
-        assert_eq!(d.decide_tcp(&f, &ctx), INSPECT);
+        assert_eq!(bare(d.decide_tcp(&f, &ctx)), INSPECT);
         let hello = testdata("tls/curl-https.bin");
         // Every proper prefix (one-byte segments accumulated) needs more.
         for cut in [0, 1, 5, 6, hello.len() / 2, hello.len() - 1] {
             assert_eq!(
-                d.inspect(&f, &hello[..cut], &ctx),
+                bare(d.inspect(&f, &hello[..cut], &ctx)),
                 InspectVerdict::NeedMore,
                 "prefix {cut}"
             );
         }
-        assert_eq!(d.inspect(&f, &hello, &ctx), InspectVerdict::Allow);
+        assert_eq!(
+            bare(d.inspect(&f, &hello, &ctx)),
+            InspectVerdict::Allow(ALLOWED)
+        );
     }
 
     #[test]
@@ -858,11 +885,11 @@ internal:
             split.extend(part);
         }
         assert_eq!(
-            run_tcp(&d, &format!("{WWW}:443"), &split),
-            InspectVerdict::Allow
+            bare(run_tcp(&d, &format!("{WWW}:443"), &split)),
+            InspectVerdict::Allow(ALLOWED)
         );
         assert_eq!(
-            run_tcp(&d, &format!("{GITHUB}:443"), &split),
+            bare(run_tcp(&d, &format!("{GITHUB}:443"), &split)),
             inspect_denied("sni_dns_mismatch")
         );
     }
@@ -886,8 +913,8 @@ internal:
                 bytes[..3].copy_from_slice(&[0x16, 0x03, 0x01]);
             }
             for dst in [format!("{WWW}:443"), format!("{WWW}:80")] {
-                let v = d.inspect(&tcp(&dst), &bytes, &ctx);
-                assert_ne!(v, InspectVerdict::Allow, "{dst} {bytes:?}");
+                let v = bare(d.inspect(&tcp(&dst), &bytes, &ctx));
+                assert_ne!(v, InspectVerdict::Allow(ALLOWED), "{dst} {bytes:?}");
             }
         }
     }
@@ -902,7 +929,7 @@ internal:
             "[2606:4700::1]:443",
         ] {
             assert_eq!(
-                run_tcp(&d, dst, &testdata("tls/curl-https.bin")),
+                bare(run_tcp(&d, dst, &testdata("tls/curl-https.bin"))),
                 inspect_denied("ip_not_resolved_for_name"),
                 "{dst}"
             );
@@ -916,7 +943,7 @@ internal:
         // but the SNI names www.example.com, which did not resolve there.
         let hello = testdata("tls/curl-https.bin");
         assert_eq!(
-            run_tcp(&d, &format!("{GITHUB}:443"), &hello),
+            bare(run_tcp(&d, &format!("{GITHUB}:443"), &hello)),
             inspect_denied("sni_dns_mismatch")
         );
     }
@@ -926,17 +953,17 @@ internal:
         let d = decider();
         let hello = client_hello(&["evil.example.net"], false);
         assert_eq!(
-            run_tcp(&d, &format!("{WWW}:443"), &hello),
+            bare(run_tcp(&d, &format!("{WWW}:443"), &hello)),
             inspect_denied("not_allowlisted")
         );
         let hello = client_hello(&["bad.example.org"], false);
         assert_eq!(
-            run_tcp(&d, &format!("{OTHER}:443"), &hello),
+            bare(run_tcp(&d, &format!("{OTHER}:443"), &hello)),
             inspect_denied("denylisted")
         );
         // A denylisted name alone in the table does not open its address.
         assert_eq!(
-            run_tcp(&d, "151.101.4.4:443", &hello),
+            bare(run_tcp(&d, "151.101.4.4:443", &hello)),
             inspect_denied("denylisted")
         );
     }
@@ -946,28 +973,32 @@ internal:
         let d = decider();
         let dst = format!("{WWW}:443");
         assert_eq!(
-            run_tcp(&d, &dst, &testdata("tls/openssl-nosni.bin")),
+            bare(run_tcp(&d, &dst, &testdata("tls/openssl-nosni.bin"))),
             inspect_denied("sni_absent")
         );
         assert_eq!(
-            run_tcp(&d, &dst, &client_hello(&[], false)),
+            bare(run_tcp(&d, &dst, &client_hello(&[], false))),
             inspect_denied("sni_absent")
         );
         assert_eq!(
-            run_tcp(&d, &dst, &client_hello(&["www.example.com"], false)),
-            InspectVerdict::Allow,
+            bare(run_tcp(
+                &d,
+                &dst,
+                &client_hello(&["www.example.com"], false)
+            )),
+            InspectVerdict::Allow(ALLOWED),
             "the crafted hello is well-formed"
         );
         assert_eq!(
-            run_tcp(
+            bare(run_tcp(
                 &d,
                 &dst,
                 &client_hello(&["www.example.com", "evil.example.net"], false)
-            ),
+            )),
             inspect_denied("sni_multiple")
         );
         assert_eq!(
-            run_tcp(&d, &dst, &client_hello(&["www.example.com"], true)),
+            bare(run_tcp(&d, &dst, &client_hello(&["www.example.com"], true))),
             inspect_denied("ech_present")
         );
     }
@@ -977,24 +1008,31 @@ internal:
         let d = decider();
         let dst = format!("{WWW}:443");
         assert_eq!(
-            run_tcp(&d, &dst, b"GET / HTTP/1.1\r\nHost: www.example.com\r\n\r\n"),
+            bare(run_tcp(
+                &d,
+                &dst,
+                b"GET / HTTP/1.1\r\nHost: www.example.com\r\n\r\n"
+            )),
             inspect_denied("not_tls")
         );
         assert_eq!(
-            run_tcp(&d, &dst, b"SSH-2.0-OpenSSH_9.2\r\n"),
+            bare(run_tcp(&d, &dst, b"SSH-2.0-OpenSSH_9.2\r\n")),
             inspect_denied("not_tls")
         );
         // A handshake record claiming more than the bound.
         let mut big = client_hello(&["www.example.com"], false);
         big.resize(INSPECT_MAX_BYTES + 1, 0);
-        let v = run_tcp(&d, &dst, &big);
+        let v = bare(run_tcp(&d, &dst, &big));
         assert_eq!(v, inspect_denied("sni_unreadable"));
         // Garbage extensions after a valid header.
         let mut bad = client_hello(&["www.example.com"], false);
         let n = bad.len();
         bad[n - 9] = 0xff; // corrupt the server_name/extension lengths
         bad[n - 10] = 0xff;
-        assert_eq!(run_tcp(&d, &dst, &bad), inspect_denied("sni_unreadable"));
+        assert_eq!(
+            bare(run_tcp(&d, &dst, &bad)),
+            inspect_denied("sni_unreadable")
+        );
     }
 
     #[test]
@@ -1002,45 +1040,51 @@ internal:
         let d = decider();
         let dst = format!("{WWW}:80");
         let ok = b"GET /path HTTP/1.1\r\nHost: www.example.com\r\nUser-Agent: t\r\n\r\n";
-        assert_eq!(run_tcp(&d, &dst, ok), InspectVerdict::Allow);
+        assert_eq!(bare(run_tcp(&d, &dst, ok)), InspectVerdict::Allow(ALLOWED));
         // Real curl head (Host: www.example.com:18443): the port in Host does not matter.
         assert_eq!(
-            run_tcp(&d, &dst, &testdata("http/curl-http-plain.bin")),
-            InspectVerdict::Allow
+            bare(run_tcp(&d, &dst, &testdata("http/curl-http-plain.bin"))),
+            InspectVerdict::Allow(ALLOWED)
         );
         // Host spoofing: a name allowed on port 80, but this IP was not resolved for it.
         let spoof = b"GET / HTTP/1.1\r\nHost: example.org\r\n\r\n";
         assert_eq!(
-            run_tcp(&d, &dst, spoof),
+            bare(run_tcp(&d, &dst, spoof)),
             inspect_denied("http_host_mismatch")
         );
         // Host naming a name the policy does not allow at all.
         let other = b"GET / HTTP/1.1\r\nHost: evil.example.net\r\n\r\n";
-        assert_eq!(run_tcp(&d, &dst, other), inspect_denied("not_allowlisted"));
+        assert_eq!(
+            bare(run_tcp(&d, &dst, other)),
+            inspect_denied("not_allowlisted")
+        );
         // An IP literal in Host.
         let lit = b"GET / HTTP/1.1\r\nHost: 93.184.216.34\r\n\r\n";
-        assert_eq!(run_tcp(&d, &dst, lit), inspect_denied("not_allowlisted"));
+        assert_eq!(
+            bare(run_tcp(&d, &dst, lit)),
+            inspect_denied("not_allowlisted")
+        );
         let connect = b"CONNECT www.example.com:443 HTTP/1.1\r\nHost: www.example.com:443\r\n\r\n";
         assert_eq!(
-            run_tcp(&d, &dst, connect),
+            bare(run_tcp(&d, &dst, connect)),
             inspect_denied("http_connect_denied")
         );
         let no_host = b"GET / HTTP/1.0\r\n\r\n";
         assert_eq!(
-            run_tcp(&d, &dst, no_host),
+            bare(run_tcp(&d, &dst, no_host)),
             inspect_denied("http_host_absent")
         );
         assert_eq!(
-            run_tcp(&d, &dst, &testdata("tls/curl-https.bin")),
+            bare(run_tcp(&d, &dst, &testdata("tls/curl-https.bin"))),
             inspect_denied("http_unreadable")
         );
         assert_eq!(
-            run_tcp(&d, &dst, b"SSH-2.0-OpenSSH_9.2\r\n"),
+            bare(run_tcp(&d, &dst, b"SSH-2.0-OpenSSH_9.2\r\n")),
             inspect_denied("http_unreadable")
         );
         for partial in [&b""[..], b"G", b"GET", b"GET / HTTP/1.1\r\nHost: www.exa"] {
             assert_eq!(
-                run_tcp(&d, &dst, partial),
+                bare(run_tcp(&d, &dst, partial)),
                 InspectVerdict::NeedMore,
                 "{partial:?}"
             );
@@ -1048,7 +1092,7 @@ internal:
         // api.github.com is allowed on 443 only (the default): port 80 is not.
         let github = b"GET / HTTP/1.1\r\nHost: api.github.com\r\n\r\n";
         assert_eq!(
-            run_tcp(&d, &format!("{GITHUB}:80"), github),
+            bare(run_tcp(&d, &format!("{GITHUB}:80"), github)),
             inspect_denied("port_not_allowed")
         );
     }
@@ -1056,28 +1100,34 @@ internal:
     #[test]
     fn raw_tcp_ports_need_a_rule_for_the_port() {
         let d = decider();
-        assert_eq!(run_tcp(&d, "151.101.2.2:5432", b""), InspectVerdict::Allow);
         assert_eq!(
-            run_tcp(&d, "151.101.2.2:22", b""),
+            bare(run_tcp(&d, "151.101.2.2:5432", b"")),
+            InspectVerdict::Allow(ALLOWED)
+        );
+        assert_eq!(
+            bare(run_tcp(&d, "151.101.2.2:22", b"")),
             inspect_denied("port_not_allowed")
         );
         assert_eq!(
-            run_tcp(&d, &format!("{WWW}:8080"), b""),
+            bare(run_tcp(&d, &format!("{WWW}:8080"), b"")),
             inspect_denied("port_not_allowed")
         );
         // db.example.net resolved elsewhere; 5432 to WWW is not opened by it.
         assert_eq!(
-            run_tcp(&d, &format!("{WWW}:5432"), b""),
+            bare(run_tcp(&d, &format!("{WWW}:5432"), b"")),
             inspect_denied("port_not_allowed")
         );
         // CIDR rule: no name needed, on its ports only, even on TLS ports.
-        assert_eq!(run_tcp(&d, "203.0.113.9:22", b""), InspectVerdict::Allow);
         assert_eq!(
-            run_tcp(&d, "203.0.113.9:443", b"not tls"),
-            InspectVerdict::Allow
+            bare(run_tcp(&d, "203.0.113.9:22", b"")),
+            InspectVerdict::Allow(ALLOWED)
         );
         assert_eq!(
-            run_tcp(&d, "203.0.113.9:23", b""),
+            bare(run_tcp(&d, "203.0.113.9:443", b"not tls")),
+            InspectVerdict::Allow(ALLOWED)
+        );
+        assert_eq!(
+            bare(run_tcp(&d, "203.0.113.9:23", b"")),
             inspect_denied("ip_not_resolved_for_name")
         );
     }
@@ -1087,8 +1137,14 @@ internal:
         let f = Fixture::new();
         let (d, ctx) = (&f.d, f.ctx());
         for dst in ["8.8.8.8:53", "1.1.1.1:853", "203.0.113.9:53"] {
-            assert_eq!(d.decide_tcp(&tcp(dst), &ctx), denied("dns_resolver_denied"));
-            assert_eq!(d.decide_udp(&udp(dst), &ctx), denied("dns_resolver_denied"));
+            assert_eq!(
+                bare(d.decide_tcp(&tcp(dst), &ctx)),
+                denied("dns_resolver_denied")
+            );
+            assert_eq!(
+                bare(d.decide_udp(&udp(dst), &ctx)),
+                denied("dns_resolver_denied")
+            );
         }
     }
 
@@ -1120,22 +1176,22 @@ internal:
             "[fe80::1]:443",
         ] {
             assert_eq!(
-                d.decide_tcp(&tcp(dst), &ctx),
+                bare(d.decide_tcp(&tcp(dst), &ctx)),
                 denied("platform_denied"),
                 "{dst}"
             );
             assert_eq!(
-                d.decide_udp(&udp(dst), &ctx),
+                bare(d.decide_udp(&udp(dst), &ctx)),
                 denied("platform_denied"),
                 "{dst}"
             );
         }
         assert_eq!(
-            d.decide_tcp(&tcp("10.9.9.9:443"), &ctx),
+            bare(d.decide_tcp(&tcp("10.9.9.9:443"), &ctx)),
             denied("private_destination")
         );
         // `internal:` opens 10.20/16 to names that resolved there.
-        assert_eq!(d.decide_tcp(&tcp("10.20.1.1:443"), &ctx), INSPECT);
+        assert_eq!(bare(d.decide_tcp(&tcp("10.20.1.1:443"), &ctx)), INSPECT);
     }
 
     #[test]
@@ -1143,21 +1199,24 @@ internal:
         let f = Fixture::new();
         let (d, ctx) = (&f.d, f.ctx());
         assert_eq!(
-            d.decide_udp(&udp(&format!("{WWW}:443")), &ctx),
+            bare(d.decide_udp(&udp(&format!("{WWW}:443")), &ctx)),
             denied("quic_blocked")
         );
         assert_eq!(
-            d.decide_udp(&udp(&format!("{WWW}:3478")), &ctx),
+            bare(d.decide_udp(&udp(&format!("{WWW}:3478")), &ctx)),
             denied("udp_blocked")
         );
         assert_eq!(
-            d.decide_udp(&udp("8.8.4.4:443"), &ctx),
+            bare(d.decide_udp(&udp("8.8.4.4:443"), &ctx)),
             denied("quic_blocked")
         );
         // A rule with udp_ports opens exactly that.
-        assert_eq!(d.decide_udp(&udp("151.101.3.3:443"), &ctx), Decision::Allow);
         assert_eq!(
-            d.decide_udp(&udp("151.101.3.3:444"), &ctx),
+            bare(d.decide_udp(&udp("151.101.3.3:443"), &ctx)),
+            Decision::Allow(ALLOWED)
+        );
+        assert_eq!(
+            bare(d.decide_udp(&udp("151.101.3.3:444"), &ctx)),
             denied("udp_blocked")
         );
     }
@@ -1173,12 +1232,12 @@ internal:
             now: later,
         };
         assert_eq!(
-            d.decide_tcp(&tcp(&format!("{WWW}:443")), &ctx),
+            bare(d.decide_tcp(&tcp(&format!("{WWW}:443")), &ctx)),
             denied("ip_not_resolved_for_name")
         );
         let f = tcp(&format!("{WWW}:443"));
         assert_eq!(
-            d.inspect(&f, &testdata("tls/curl-https.bin"), &ctx),
+            bare(d.inspect(&f, &testdata("tls/curl-https.bin"), &ctx)),
             inspect_denied("ip_not_resolved_for_name")
         );
     }
@@ -1188,7 +1247,7 @@ internal:
         let f = Fixture::new();
         let (d, ctx) = (&f.d, f.ctx());
         let f = tcp(&format!("{WWW}:443"));
-        assert_eq!(d.decide_tcp(&f, &ctx), INSPECT);
+        assert_eq!(bare(d.decide_tcp(&f, &ctx)), INSPECT);
         let hello = testdata("tls/curl-https.bin");
         let narrow = compile("version: 1\nid: narrow\nallow:\n  - domain: \"**.github.com\"\n");
         let old = d.swap(narrow);
@@ -1196,12 +1255,15 @@ internal:
         assert_eq!(d.policy().id(), "narrow");
         // A flow admitted before the swap is re-checked when its bytes arrive.
         assert_eq!(
-            d.inspect(&f, &hello, &ctx),
+            bare(d.inspect(&f, &hello, &ctx)),
             inspect_denied("not_allowlisted")
         );
-        assert_eq!(d.decide_tcp(&f, &ctx), denied("not_allowlisted"));
+        assert_eq!(bare(d.decide_tcp(&f, &ctx)), denied("not_allowlisted"));
         d.swap(old);
-        assert_eq!(d.inspect(&f, &hello, &ctx), InspectVerdict::Allow);
+        assert_eq!(
+            bare(d.inspect(&f, &hello, &ctx)),
+            InspectVerdict::Allow(ALLOWED)
+        );
     }
 
     #[test]
@@ -1220,15 +1282,15 @@ internal:
         assert_eq!(d.recheck_tcp(&www, &["www.example.com"]), Ok(()));
         assert_eq!(
             d.recheck_tcp(&db, &["db.example.net"]),
-            Err(DenyReason::Policy("not_allowlisted"))
+            Err(Verdict::of(Reason::NotAllowlisted))
         );
         assert_eq!(
             d.recheck_tcp(&ssh, &[]),
-            Err(DenyReason::Policy("ip_not_resolved_for_name"))
+            Err(Verdict::of(Reason::IpNotResolvedForName))
         );
         assert_eq!(
             d.recheck_tcp(&tcp("127.0.0.1:443"), &["www.example.com"]),
-            Err(DenyReason::PlatformDenied)
+            Err(DenyReason::PlatformDenied.verdict())
         );
     }
 
@@ -1250,11 +1312,11 @@ internal:
         // An allowed table name for the address no longer keeps it ...
         assert_eq!(
             d.recheck_tcp_uninspected(&flow, &names),
-            Err(DenyReason::Policy("ip_not_resolved_for_name"))
+            Err(Verdict::of(Reason::IpNotResolvedForName))
         );
         assert_eq!(
             d.recheck_tcp_uninspected(&plain, &names),
-            Err(DenyReason::Policy("ip_not_resolved_for_name"))
+            Err(Verdict::of(Reason::IpNotResolvedForName))
         );
         // ... while a flow whose SNI was that name stays.
         assert_eq!(d.recheck_tcp(&flow, &names), Ok(()));
@@ -1277,17 +1339,17 @@ internal:
         assert_eq!(d.recheck_udp(&quic, &["quic.example.net"]), Ok(()));
         assert_eq!(
             d.recheck_udp(&udp("151.101.3.3:53"), &["quic.example.net"]),
-            Err(DenyReason::Policy("dns_resolver_denied"))
+            Err(Verdict::of(Reason::DnsResolverDenied))
         );
         let narrow = compile("version: 1\nid: narrow\nallow:\n  - domain: quic.example.net\n");
         d.swap(narrow);
         assert_eq!(
             d.recheck_udp(&quic, &["quic.example.net"]),
-            Err(DenyReason::Policy("quic_blocked"))
+            Err(Verdict::of(Reason::QuicBlocked))
         );
         assert_eq!(
             d.recheck_udp(&udp("127.0.0.1:443"), &["quic.example.net"]),
-            Err(DenyReason::PlatformDenied)
+            Err(DenyReason::PlatformDenied.verdict())
         );
     }
 
@@ -1419,10 +1481,20 @@ internal:
     fn decider_trait_dns_hooks_apply_the_policy() {
         let d = decider();
         let dyn_d: &dyn Decider = &d;
-        assert_eq!(dyn_d.dns_query("api.github.com"), None);
+        assert!(matches!(
+            dyn_d.dns_query("api.github.com"),
+            DnsDecision::Forward(Verdict {
+                reason: Reason::DnsAnswered,
+                rule: Some(_),
+                ..
+            })
+        ));
         assert_eq!(
             dyn_d.dns_query("evil.example.net"),
-            Some((ResponseCode::Refused, "not_allowlisted"))
+            DnsDecision::Answer {
+                rcode: ResponseCode::Refused,
+                verdict: Verdict::of(Reason::NotAllowlisted)
+            }
         );
         assert!(dyn_d.keep_dns_answer("10.20.0.9".parse().unwrap()));
         assert!(!dyn_d.keep_dns_answer("10.0.2.2".parse().unwrap()));
@@ -1430,9 +1502,12 @@ internal:
         let b = d.policy().ttl_bounds();
         assert_eq!(dyn_d.dns_ttl_bounds(), Some((b.min, b.max)));
         // The platform-only decider keeps the defaults: forward everything.
-        let p = crate::decide::PlatformDecider::new(platform());
+        let p = super::super::PlatformDecider::new(platform());
         let dyn_p: &dyn Decider = &p;
-        assert_eq!(dyn_p.dns_query("evil.example.net"), None);
+        assert_eq!(
+            dyn_p.dns_query("evil.example.net"),
+            DnsDecision::Forward(Verdict::of(Reason::DnsAnswered))
+        );
         assert_eq!(dyn_p.dns_ttl_bounds(), None);
     }
 
