@@ -1280,6 +1280,10 @@ fn spawn_gateway(
     )
     .context("the gateway's jail")?;
     if let (Some(floor), Some(gid)) = (&floor, floor_gid) {
+        // Its own gid for the floor's match; the jail's group (65534) as a
+        // supplementary one, so files shared with it stay readable
+        // (`chgrp 65534 FILE && chmod g+r FILE`, docs/launcher.md).
+        spec.groups = vec![spec.gid];
         spec.gid = gid;
         spec.egress_floor = Some(floor.table().to_owned());
     }

@@ -313,6 +313,10 @@ pub(crate) fn gateway_spec(g: &GatewayJail<'_>, iso: &Isolation) -> Result<JailS
     // bind resolves /proc/net -> /proc/self/net in the jail's child, which
     // becomes the gateway (same process after exec).
     spec.ro_paths.push(PathBuf::from("/proc/net"));
+    // Its resident memory and open descriptors, for `--metrics`: bound the
+    // same way (the child's own `/proc/self/...`, the gateway after exec).
+    spec.ro_paths
+        .extend(["/proc/self/status", "/proc/self/fd"].map(PathBuf::from));
     spec.ro_paths.extend(g.read.iter().cloned());
     spec.rw_paths = vec![g.run_dir.to_path_buf()];
     spec.remove_after = vec![g.run_dir.to_path_buf()];
@@ -455,6 +459,7 @@ mod tests {
         assert_eq!(ll.tcp_connect, None);
         assert_eq!(ll.tcp_bind, vec![8080]);
         assert!(spec.ro_paths.contains(&PathBuf::from("/proc/net")));
+        assert!(spec.ro_paths.contains(&PathBuf::from("/proc/self/status")));
         assert!(spec.ro_paths.contains(&PathBuf::from("/etc/hostname")));
         assert!(
             spec.env

@@ -1079,6 +1079,8 @@ fn the_gateways_egress_floor_stops_a_rogue_process_under_its_identity() {
     let gw = jailed_pid(launcher, "sluice-gateway").expect("the gateway runs");
     let gid = gateway_gid(gw);
     assert_eq!(gid, FLOOR_GID_BASE + launcher);
+    // The jail's group stays a supplementary one (files shared with it).
+    assert_eq!(status_field(gw, "Groups"), "65534");
     let table = floor_table(launcher);
     assert!(
         nft_tables(Some(world.host.name())).contains(&table),
@@ -1102,6 +1104,21 @@ fn the_gateways_egress_floor_stops_a_rogue_process_under_its_identity() {
                 && !l.ends_with(" 0")),
         "no allowed flow counted: {scraped}"
     );
+    // The gateway's own process figures reach the scrape from inside its
+    // jail (its /proc/self/status and /proc/self/fd are bound there).
+    for series in [
+        "sluice_process_resident_memory_bytes ",
+        "sluice_process_open_fds ",
+    ] {
+        let value = scraped
+            .lines()
+            .find_map(|l| l.strip_prefix(series))
+            .and_then(|v| v.trim().parse::<f64>().ok());
+        assert!(
+            value.is_some_and(|v| v > 0.0),
+            "{series}missing or zero: {scraped}"
+        );
+    }
 
     // What a process of uid 65534 and gid `gid` gets connecting to `ip`.
     let connect = |gid: u32, ip: &str, port: u16| -> String {

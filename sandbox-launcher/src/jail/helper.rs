@@ -349,7 +349,11 @@ fn jail_child(ctx: &ChildContext<'_>) -> Result<std::convert::Infallible, String
     )?;
     step(
         "dropping uid/gid",
-        sys::drop_ids(spec.uid, spec.gid, !ctx.rootless),
+        sys::drop_ids(
+            spec.uid,
+            spec.gid,
+            (!ctx.rootless).then_some(&spec.groups[..]),
+        ),
     )?;
     // Rootless the uid does not change, so setresuid kept the capabilities
     // this process holds inside its user namespace: clear them.

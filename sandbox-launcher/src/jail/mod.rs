@@ -262,6 +262,12 @@ pub struct JailSpec {
     /// The gid to drop to: 65534 (nogroup) by default as root; rootless
     /// the caller's own.
     pub gid: u32,
+    /// Supplementary groups as root (default none; rootless the caller's
+    /// stay, `setgroups` being denied in the user namespace). `sluice run`
+    /// gives its gateway a gid of its own and keeps 65534 here, so files
+    /// shared with the jail's group stay readable.
+    #[serde(default)]
+    pub groups: Vec<u32>,
     /// Namespaces to create.
     pub namespaces: Namespaces,
     /// cgroup limits.
@@ -298,6 +304,7 @@ impl std::fmt::Debug for JailSpec {
             .field("egress_floor", &self.egress_floor)
             .field("uid", &self.uid)
             .field("gid", &self.gid)
+            .field("groups", &self.groups)
             .field("namespaces", &self.namespaces)
             .field("cgroup", &self.cgroup)
             .field("rlimits", &self.rlimits)
@@ -334,6 +341,7 @@ impl JailSpec {
             egress_floor: None,
             uid,
             gid,
+            groups: Vec::new(),
             namespaces: Namespaces::default(),
             cgroup: CgroupLimits::default(),
             rlimits: Rlimits::default(),
@@ -411,8 +419,8 @@ impl JailSpec {
                 ));
             }
         }
-        if self.uid == 0 || self.gid == 0 {
-            return bad("uid and gid must not be 0".to_owned());
+        if self.uid == 0 || self.gid == 0 || self.groups.contains(&0) {
+            return bad("uid, gid and groups must not be 0".to_owned());
         }
         if is_rootless() && (self.uid, self.gid) != default_ids() {
             let (uid, gid) = default_ids();

@@ -288,10 +288,12 @@ pub(crate) fn drop_bounding_and_ambient_caps(last_cap: u32) -> io::Result<()> {
 /// `clear_groups` to no supplementary groups (a rootless jail cannot:
 /// `setgroups` is denied in its user namespace). From root to a non-zero
 /// uid this also clears the permitted and effective capability sets.
-pub(crate) fn drop_ids(uid: u32, gid: u32, clear_groups: bool) -> io::Result<()> {
-    if clear_groups {
-        // SAFETY: a zero-length group list with a null pointer is valid.
-        check(unsafe { libc::setgroups(0, std::ptr::null()) }.into())?;
+pub(crate) fn drop_ids(uid: u32, gid: u32, groups: Option<&[u32]>) -> io::Result<()> {
+    if let Some(groups) = groups {
+        let gids: Vec<libc::gid_t> = groups.to_vec();
+        // SAFETY: the pointer and length describe `gids`, alive for the call
+        // (a zero length is valid with any pointer).
+        check(unsafe { libc::setgroups(gids.len(), gids.as_ptr()) }.into())?;
     }
     // SAFETY: integer arguments only (glibc applies it to all threads; there is one).
     check(unsafe { libc::setresgid(gid, gid, gid) }.into())?;
