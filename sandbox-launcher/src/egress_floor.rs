@@ -31,6 +31,8 @@ use sluice_floor::egress::{EgressFloor, EgressSpec, Owner, non_public};
 use sluice_policy::platform::{CLOUD_HOST_SERVICES_V4, CLOUD_HOST_SERVICES_V6};
 use sluice_policy::{CompiledPolicy, Upstream};
 
+use crate::jail::Layer;
+
 /// The first gid `sluice run` gives a gateway (as root); the launcher's
 /// pid is added. The range (0x7100_0000 up to 0x7100_0000 + the kernel's
 /// largest pid) lies between systemd's container and foreign ranges.
@@ -117,6 +119,43 @@ pub(crate) fn refresh(path: &Path, gid: u32) -> anyhow::Result<()> {
     let floor = install(&policy, gid)?;
     let _table = floor.hand_off();
     Ok(())
+}
+
+/// The egress floor for this run's gateway, and how the run reports it:
+/// as root, installed (or refused in one line unless
+/// `--allow-missing-isolation nftables`); rootless, off.
+pub(crate) fn install_for_run(
+    policy: &CompiledPolicy,
+    allow_missing: &std::collections::BTreeSet<Layer>,
+) -> anyhow::Result<(Option<EgressFloor>, String)> {
+    if crate::jail::is_rootless() {
+        return Ok((
+            None,
+            "off: rootless (nftables in the host's network namespace needs root)".to_owned(),
+        ));
+    }
+    let gid = gateway_gid();
+    match install(policy, gid) {
+        Ok(floor) => {
+            let status = format!(
+                "on: nftables table inet {} drops the gateway's (gid {gid}) packets to \
+                 loopback, link-local, host and non-public addresses the policy does not name",
+                floor.table()
+            );
+            Ok((Some(floor), status))
+        }
+        Err(e) if allow_missing.contains(&Layer::Nftables) => {
+            eprintln!("sluice: {e:#}; running without it (--allow-missing-isolation nftables)");
+            Ok((
+                None,
+                format!("off: {e:#} (--allow-missing-isolation nftables)"),
+            ))
+        }
+        Err(e) => Err(e.context(
+            "refusing to run the gateway without its egress floor \
+             (--allow-missing-isolation nftables runs without it)",
+        )),
+    }
 }
 
 /// What `sluice doctor` says of the floor: whether a run here gets it,

@@ -1230,7 +1230,7 @@ fn spawn_gateway(
     // The kernel floor under the gateway's own egress: installed before the
     // gateway exists, its removal handed to the gateway's jail supervisor
     // once the gateway runs (egress_floor.rs).
-    let (floor, egress_floor) = install_egress_floor(&compiled, iso)?;
+    let (floor, egress_floor) = egress_floor::install_for_run(&compiled, &iso.allow_missing)?;
     let floor_gid = floor.as_ref().map(|_| egress_floor::gateway_gid());
 
     let (audit_read, audit_write) = io::pipe().context("pipe")?;
@@ -1361,41 +1361,4 @@ fn spawn_gateway(
             egress_floor,
         },
     ))
-}
-
-/// The egress floor for this run's gateway, and how the run reports it:
-/// as root, installed (or refused in one line unless
-/// `--allow-missing-isolation nftables`); rootless, off.
-fn install_egress_floor(
-    policy: &sluice_policy::CompiledPolicy,
-    iso: &Isolation,
-) -> anyhow::Result<(Option<EgressFloor>, String)> {
-    if jail::is_rootless() {
-        return Ok((
-            None,
-            "off: rootless (nftables in the host's network namespace needs root)".to_owned(),
-        ));
-    }
-    let gid = egress_floor::gateway_gid();
-    match egress_floor::install(policy, gid) {
-        Ok(floor) => {
-            let status = format!(
-                "on: nftables table inet {} drops the gateway's (gid {gid}) packets to \
-                 loopback, link-local, host and non-public addresses the policy does not name",
-                floor.table()
-            );
-            Ok((Some(floor), status))
-        }
-        Err(e) if iso.allow_missing.contains(&Layer::Nftables) => {
-            eprintln!("sluice: {e:#}; running without it (--allow-missing-isolation nftables)");
-            Ok((
-                None,
-                format!("off: {e:#} (--allow-missing-isolation nftables)"),
-            ))
-        }
-        Err(e) => Err(e.context(
-            "refusing to run the gateway without its egress floor \
-             (--allow-missing-isolation nftables runs without it)",
-        )),
-    }
 }
