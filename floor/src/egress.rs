@@ -4,11 +4,20 @@
 //! policy names and its DNS resolvers on port 53.
 //!
 //! Rules, in order, all matching the owner first:
-//! 1. replies on connections others opened to the gateway: accept;
+//! 1. replies from the ports the gateway listens on (published ports, a
+//!    TCP metrics listener) on connections others opened to it: accept;
 //! 2. each resolver, UDP and TCP to its port (53): accept;
-//! 3. each `deny_first` network (the host's own addresses): drop;
+//! 3. any address the kernel routes as local, broadcast or multicast
+//!    (`fib daddr type`, judged per packet, so an address added after
+//!    start is covered too), each `deny_first` network (the classes no
+//!    policy opens: [`always_denied`], the host's addresses, cloud host
+//!    services): drop;
 //! 4. each `allow` network (what the policy names): accept;
-//! 5. each `deny` network ([`non_public`], cloud host services): drop.
+//! 5. each `deny` network ([`non_public`]): drop.
+//!
+//! The chain hooks output at [`PRIORITY`], after conntrack (so a reply is
+//! known as one) and after output DNAT (so the floor judges the address a
+//! packet will really go to).
 
 use std::borrow::Cow;
 use std::net::SocketAddr;
@@ -16,7 +25,8 @@ use std::path::{Path, PathBuf};
 
 use ipnet::IpNet;
 use nftables::expr::{
-    CT, Expression, Meta, MetaKey, NamedExpression, Payload, PayloadField, Prefix,
+    CT, Expression, Fib, FibFlag, FibResult, Meta, MetaKey, NamedExpression, Payload, PayloadField,
+    Prefix,
 };
 use nftables::schema::{Chain, NfCmd, NfListObject, NfObject, Rule, Table};
 use nftables::stmt::{self, Accept, Counter, Match, Operator, Statement};
@@ -27,20 +37,45 @@ use crate::nft::{self, FloorError};
 
 const WHAT: &str = "egress floor";
 
-/// Destinations the gateway's own sockets never reach unless allowed:
-/// loopback, unspecified, link-local (metadata services), the RFC 1918,
-/// CGNAT, benchmarking, documentation and ULA ranges, multicast, Teredo and
-/// the reserved blocks: every network `sluice_policy::platform::classify`
-/// calls non-public (IPv6 forms embedding an IPv4 address are left to the
-/// gateway's own check).
-/// The caller adds the host's own addresses and the cloud host services
-/// (`sluice_policy::platform` knows them).
+/// The output hook priority of the floor's chain: after conntrack (-200),
+/// so `ct direction` is known, and after output DNAT (-100), so a rule
+/// sees the destination the packet will be routed to.
+pub const PRIORITY: i32 = 0;
+
+fn nets(list: &[&str]) -> Vec<IpNet> {
+    list.iter().filter_map(|s| s.parse().ok()).collect()
+}
+
+/// Destinations no policy can open (the classes
+/// `sluice_policy::platform::AddressClass::is_always_denied` names, but
+/// cloud host services, which the caller adds): loopback, unspecified,
+/// link-local (metadata services), multicast and the limited broadcast.
+/// Dropped before the policy's networks are consulted, so a broad `cidr:`
+/// rule can never open them.
 #[must_use]
-pub fn non_public() -> Vec<IpNet> {
-    [
+pub fn always_denied() -> Vec<IpNet> {
+    nets(&[
         "0.0.0.0/8",
         "127.0.0.0/8",
         "169.254.0.0/16",
+        "224.0.0.0/4",
+        "255.255.255.255/32",
+        "::/128",
+        "::1/128",
+        "fe80::/10",
+        "ff00::/8",
+    ])
+}
+
+/// Non-public destinations a policy may open by naming them (`internal:`,
+/// `cidr:`): the RFC 1918, CGNAT, benchmarking, documentation, site-local
+/// and ULA ranges, Teredo and the reserved blocks, and the IPv6 forms that
+/// carry an IPv4 address the host may translate (NAT64 `64:ff9b::/96` and
+/// `64:ff9b:1::/48`, 6to4 `2002::/16`). Together with [`always_denied`],
+/// every network `sluice_policy::platform::classify` calls non-public.
+#[must_use]
+pub fn non_public() -> Vec<IpNet> {
+    nets(&[
         "10.0.0.0/8",
         "172.16.0.0/12",
         "192.168.0.0/16",
@@ -51,24 +86,23 @@ pub fn non_public() -> Vec<IpNet> {
         "198.51.100.0/24",
         "203.0.113.0/24",
         "192.88.99.0/24",
-        "224.0.0.0/4",
         "240.0.0.0/4",
-        "::/128",
-        "::1/128",
-        "fe80::/10",
         "fec0::/10",
         "fc00::/7",
-        "ff00::/8",
         "2001::/32",
         "2001:db8::/32",
         "2001:2::/48",
         "3fff::/20",
         "100::/64",
-    ]
-    .iter()
-    .filter_map(|s| s.parse().ok())
-    .collect()
+        "64:ff9b::/96",
+        "64:ff9b:1::/48",
+        "2002::/16",
+    ])
 }
+
+/// The address types the kernel's routing table gives a destination that
+/// the floor drops whatever the policy names (`fib daddr type`).
+const LOCAL_TYPES: [&str; 3] = ["local", "broadcast", "multicast"];
 
 /// Whose packets the floor matches (the socket's owner, `meta skuid` /
 /// `meta skgid`).
@@ -95,22 +129,34 @@ impl Owner {
 pub struct EgressSpec {
     /// Whose packets are matched.
     pub owner: Owner,
+    /// The local ports the gateway listens on (published ports, a TCP
+    /// metrics listener): its replies from them, on connections others
+    /// opened, are accepted whatever their destination. Nothing else the
+    /// gateway sends counts as a reply.
+    pub reply_ports: Vec<u16>,
     /// The resolvers the gateway forwards DNS to: each accepted on its own
     /// port (UDP and TCP) only, before anything is dropped (a resolver is
     /// often on a private address).
     pub resolvers: Vec<SocketAddr>,
-    /// Dropped before `allow` is consulted: the host's own addresses,
-    /// which no policy network opens.
+    /// Dropped before `allow` is consulted: [`always_denied`], the host's
+    /// own addresses and cloud host services, which no policy network
+    /// opens. Addresses the kernel routes as local are dropped here too,
+    /// without being listed.
     pub deny_first: Vec<IpNet>,
     /// Destinations inside `deny` the policy names (`internal`, `cidr`).
     pub allow: Vec<IpNet>,
-    /// Destinations dropped ([`non_public`], cloud host services).
+    /// Destinations dropped unless `allow` named them ([`non_public`]).
     pub deny: Vec<IpNet>,
 }
 
 impl EgressSpec {
     fn rules(&self) -> usize {
-        1 + 2 * self.resolvers.len() + self.deny_first.len() + self.allow.len() + self.deny.len()
+        self.reply_ports.len()
+            + 2 * self.resolvers.len()
+            + LOCAL_TYPES.len()
+            + self.deny_first.len()
+            + self.allow.len()
+            + self.deny.len()
     }
 }
 
@@ -139,12 +185,12 @@ fn owner_is(owner: Owner) -> Statement<'static> {
     })
 }
 
-fn dport_is(protocol: &str, port: u32) -> Statement<'static> {
+fn port_is(protocol: &str, field: &str, port: u32) -> Statement<'static> {
     Statement::Match(Match {
         left: Expression::Named(NamedExpression::Payload(Payload::PayloadField(
             PayloadField {
                 protocol: cow(protocol),
-                field: cow("dport"),
+                field: cow(field),
             },
         ))),
         right: Expression::Number(port),
@@ -205,30 +251,35 @@ fn objects(spec: &EgressSpec, table: &str) -> Vec<NfObject<'static>> {
             name: cow("gateway_out"),
             _type: Some(NfChainType::Filter),
             hook: Some(NfHook::Output),
-            prio: Some(crate::ingress::PRIORITY),
+            prio: Some(PRIORITY),
             policy: Some(NfChainPolicy::Accept),
             ..Chain::default()
         }))),
     ];
     let owner = owner_is(spec.owner);
-    // Replies on connections others opened to the gateway (a published
-    // port, a metrics scrape on loopback) are not its own egress.
-    out.push(rule(
-        table,
-        vec![
-            owner.clone(),
-            Statement::Match(Match {
-                left: Expression::Named(NamedExpression::CT(CT {
-                    key: cow("direction"),
-                    family: None,
-                    dir: None,
-                })),
-                right: Expression::String(cow("reply")),
-                op: Operator::EQ,
-            }),
-            Statement::Accept(Some(Accept {})),
-        ],
-    ));
+    // Replies on connections others opened to a port the gateway listens
+    // on (a published port, a metrics scrape on loopback) are not its own
+    // egress. Limited to those ports: any other conntrack entry that began
+    // outside the gateway gives it no path.
+    for &port in &spec.reply_ports {
+        out.push(rule(
+            table,
+            vec![
+                owner.clone(),
+                Statement::Match(Match {
+                    left: Expression::Named(NamedExpression::CT(CT {
+                        key: cow("direction"),
+                        family: None,
+                        dir: None,
+                    })),
+                    right: Expression::String(cow("reply")),
+                    op: Operator::EQ,
+                }),
+                port_is("th", "sport", u32::from(port)),
+                Statement::Accept(Some(Accept {})),
+            ],
+        ));
+    }
     for resolver in &spec.resolvers {
         let net = IpNet::from(resolver.ip());
         for protocol in ["udp", "tcp"] {
@@ -237,11 +288,26 @@ fn objects(spec: &EgressSpec, table: &str) -> Vec<NfObject<'static>> {
                 vec![
                     owner.clone(),
                     daddr_in(&net),
-                    dport_is(protocol, u32::from(resolver.port())),
+                    port_is(protocol, "dport", u32::from(resolver.port())),
                     Statement::Accept(Some(Accept {})),
                 ],
             ));
         }
+    }
+    for kind in LOCAL_TYPES {
+        let mut expr = vec![
+            owner.clone(),
+            Statement::Match(Match {
+                left: Expression::Named(NamedExpression::Fib(Fib {
+                    result: FibResult::Type,
+                    flags: std::iter::once(FibFlag::Daddr).collect(),
+                })),
+                right: Expression::String(cow(kind)),
+                op: Operator::EQ,
+            }),
+        ];
+        expr.extend(drop_counted());
+        out.push(rule(table, expr));
     }
     for net in &spec.deny_first {
         let mut expr = vec![owner.clone(), daddr_in(net)];
@@ -463,6 +529,21 @@ fn check_ours(table: &str) -> Result<(), FloorError> {
             detail: format!("{table:?} is not an egress floor table"),
         })
     }
+}
+
+/// Whether a floor for `owner` is installed in the namespace at `netns`
+/// (the caller's when `None`): another gateway holds that owner, or a run
+/// whose supervisor was killed left it.
+///
+/// # Errors
+/// `nft` missing or refusing.
+pub fn is_installed(netns: Option<&Path>, owner: Owner) -> Result<bool, FloorError> {
+    let want = format!("table inet {}", owner.table());
+    run_in(netns, || {
+        Ok(nft::list_text(WHAT, &["tables", "inet"])?
+            .lines()
+            .any(|l| l.trim() == want))
+    })
 }
 
 /// Removes an egress floor's table by name, in the namespace at `netns`

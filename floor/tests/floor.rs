@@ -12,7 +12,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use sluice_floor::FloorError;
-use sluice_floor::egress::{EgressFloor, EgressSpec, Owner, Removal, non_public, remove_table};
+use sluice_floor::egress::{
+    EgressFloor, EgressSpec, Owner, Removal, always_denied, non_public, remove_table,
+};
 use sluice_floor::ingress::{IngressFloor, table_name};
 
 fn is_root() -> bool {
@@ -91,9 +93,11 @@ const PY: &str = "/usr/bin/python3";
 
 /// The gateway's namespace `g` with `g0` (10.99.0.1) and a peer namespace
 /// with `p0` (10.99.0.2) standing in for the guest.
-fn pair() -> (Netns, Netns) {
-    let g = Netns::new("g");
-    let p = Netns::new("p");
+/// Two namespaces joined by a veth (`g0` 10.99.0.1, `p0` 10.99.0.2),
+/// named after `tag` so tests running at once never share one.
+fn pair(tag: &str) -> (Netns, Netns) {
+    let g = Netns::new(&format!("{tag}g"));
+    let p = Netns::new(&format!("{tag}p"));
     ok(&[
         "ip", "link", "add", "g0", "netns", &g.0, "type", "veth", "peer", "name", "p0", "netns",
         &p.0,
@@ -126,7 +130,7 @@ fn the_ingress_floor_silences_the_kernel_while_a_packet_socket_reads_every_frame
     if !is_root() && sluice_test_skip::may_skip("root", "nft and namespaces need root") {
         return;
     }
-    let (g, p) = pair();
+    let (g, p) = pair("in");
     assert!(
         (0..5).any(|_| kernel_answers(&p, "10.99.0.1")),
         "the kernel answers before the floor"
@@ -253,11 +257,50 @@ fn listen(ns: &Netns, port: u16) -> Kill {
 fn spec(owner: Owner) -> EgressSpec {
     EgressSpec {
         owner,
+        reply_ports: vec![],
         resolvers: vec![],
-        deny_first: vec![],
+        deny_first: always_denied(),
         allow: vec![],
         deny: non_public(),
     }
+}
+
+/// Whether a server running with `gid` on 127.0.0.1:`port` in `ns` gets
+/// its greeting to a client (of another gid) that connected to it: the
+/// server's bytes are replies on a connection it did not open.
+fn replies_as(ns: &Netns, gid: u32, port: u16) -> bool {
+    let server = format!(
+        "import socket\ns=socket.socket()\ns.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\ns.bind(('127.0.0.1',{port}))\ns.listen(1)\nprint('ready',flush=True)\ns.settimeout(10)\nc,_=s.accept()\nc.sendall(b'hello')\nc.close()\n"
+    );
+    let gid = gid.to_string();
+    let mut child = ns
+        .exec(&[
+            "setpriv",
+            "--reuid",
+            "64990",
+            "--regid",
+            &gid,
+            "--clear-groups",
+            PY,
+            "-c",
+            &server,
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let _guard = Kill(child);
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line).unwrap();
+    assert_eq!(line.trim(), "ready");
+    let client = format!(
+        "import socket\ns=socket.create_connection(('127.0.0.1',{port}),timeout=3)\nassert s.recv(5)==b'hello'\n"
+    );
+    ns.exec(&[PY, "-c", &client])
+        .stderr(Stdio::null())
+        .status()
+        .unwrap()
+        .success()
 }
 
 #[test]
@@ -287,18 +330,55 @@ fn the_egress_floor_stops_a_rogue_process_under_the_gateways_uid_only() {
     );
     floor.remove().unwrap();
 
-    // What the policy names is let through.
+    // A private network the policy names is let through (one across a
+    // veth: an address in the floor's own namespace is local, and local
+    // is never opened).
+    let (g, p) = pair("lo");
+    let private = 18_086u16;
+    let _peer = p
+        .exec(&[
+            PY,
+            "-c",
+            &format!(
+                "import socket\ns=socket.socket()\ns.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\ns.bind(('10.99.0.2',{private}))\ns.listen(64)\nprint('ready',flush=True)\nwhile True:\n    c,_=s.accept(); c.close()\n"
+            ),
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .map(Kill)
+        .unwrap();
+    let reaches_peer = || {
+        let code = format!(
+            "import socket,time\nfor i in range(50):\n    try:\n        s=socket.socket(); s.settimeout(2); s.connect(('10.99.0.2',{private})); break\n    except ConnectionRefusedError: time.sleep(0.1)\n"
+        );
+        g.exec(&[
+            "setpriv",
+            "--reuid",
+            &gateway_uid.to_string(),
+            "--regid",
+            "64999",
+            "--clear-groups",
+            PY,
+            "-c",
+            &code,
+        ])
+        .stderr(Stdio::null())
+        .status()
+        .unwrap()
+        .success()
+    };
+    let floor = EgressFloor::install(Some(&g.path()), &spec).unwrap();
+    assert!(!reaches_peer(), "a private network not named was reached");
+    floor.remove().unwrap();
     let spec = EgressSpec {
-        allow: vec!["127.0.0.1/32".parse().unwrap()],
+        allow: vec!["10.99.0.0/24".parse().unwrap()],
         ..spec
     };
-    let floor = EgressFloor::install(Some(&ns.path()), &spec).unwrap();
-    assert!(
-        connects_as(&ns, gateway_uid, port),
-        "an allowed network was stopped"
-    );
+    let floor = EgressFloor::install(Some(&g.path()), &spec).unwrap();
+    assert!(reaches_peer(), "an allowed network was stopped");
     floor.remove().unwrap();
     assert!(!ns.tables().contains("sluice"), "{}", ns.tables());
+    assert!(!g.tables().contains("sluice"), "{}", g.tables());
 }
 
 /// The floor `sluice run` installs: keyed on a gid of the gateway's own
@@ -380,6 +460,147 @@ fn a_gid_floor_lets_the_resolver_through_on_53_and_holds_the_host_addresses() {
     assert!(Removal::prepare("filter", |_| {}).is_err());
     assert!(!ns.tables().contains("sluice"), "{}", ns.tables());
     assert!(connects_as_ids(&ns, uid, gateway_gid, other));
+}
+
+/// What no policy opens stays shut however broad the policy's networks are,
+/// and so does any address the kernel routes as local (here the
+/// namespace's own veth address, listed nowhere).
+#[test]
+fn a_policy_network_never_opens_loopback_or_a_local_address() {
+    if !is_root() && sluice_test_skip::may_skip("root", "nft and namespaces need root") {
+        return;
+    }
+    let (g, _p) = pair("up");
+    let port = 18_082u16;
+    let _server = g
+        .exec(&[
+            PY,
+            "-c",
+            &format!(
+                "import socket\ns=socket.socket()\ns.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\ns.bind(('0.0.0.0',{port}))\ns.listen(64)\nwhile True:\n    c,_=s.accept(); c.close()\n"
+            ),
+        ])
+        .spawn()
+        .map(Kill)
+        .unwrap();
+    let (uid, gid) = (64_995, 1_895_825_998);
+    let connects_to = |addr: &str| {
+        let code = format!(
+            "import socket,time\nfor i in range(50):\n    try:\n        s=socket.socket(); s.settimeout(2); s.connect(('{addr}',{port})); break\n    except ConnectionRefusedError: time.sleep(0.1)\n"
+        );
+        g.exec(&[
+            "setpriv",
+            "--reuid",
+            &uid.to_string(),
+            "--regid",
+            &gid.to_string(),
+            "--clear-groups",
+            PY,
+            "-c",
+            &code,
+        ])
+        .stderr(Stdio::null())
+        .status()
+        .unwrap()
+        .success()
+    };
+    assert!(
+        connects_to("10.99.0.1"),
+        "the local address before the floor"
+    );
+    let floor = EgressFloor::install(
+        Some(&g.path()),
+        &EgressSpec {
+            allow: vec!["0.0.0.0/0".parse().unwrap(), "::/0".parse().unwrap()],
+            ..spec(Owner::Gid(gid))
+        },
+    )
+    .unwrap();
+    floor.check().unwrap();
+    assert!(
+        !connects_to("127.0.0.1"),
+        "a policy network opened loopback"
+    );
+    assert!(
+        !connects_to("10.99.0.1"),
+        "a policy network opened the namespace's own address"
+    );
+    floor.remove().unwrap();
+}
+
+/// Replies leave only from the ports the gateway listens on, and the
+/// floor judges a socket by the credentials it was created with: a
+/// listener made under the gateway's gid and handed to a process of
+/// another gid, turned back into a client (`shutdown`, `connect`), is
+/// still the gateway's.
+#[test]
+fn replies_leave_only_from_listening_ports_and_an_inherited_socket_stays_the_gateways() {
+    if !is_root() && sluice_test_skip::may_skip("root", "nft and namespaces need root") {
+        return;
+    }
+    let ns = Netns::new("rep");
+    let (published, other) = (18_083u16, 18_084u16);
+    let gid = 1_895_825_997;
+    assert!(replies_as(&ns, gid, other), "replies before the floor");
+    let floor = EgressFloor::install(
+        Some(&ns.path()),
+        &EgressSpec {
+            reply_ports: vec![published],
+            ..spec(Owner::Gid(gid))
+        },
+    )
+    .unwrap();
+    assert!(
+        replies_as(&ns, gid, published),
+        "a published port's replies were dropped"
+    );
+    assert!(
+        !replies_as(&ns, gid, other),
+        "replies left from a port not listed"
+    );
+
+    let target = 18_085u16;
+    let _server = listen(&ns, target);
+    let path = ns.path();
+    let make = |as_gateway: bool| {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let f = std::fs::File::open(&path).unwrap();
+                rustix::thread::move_into_link_name_space(
+                    std::os::fd::AsFd::as_fd(&f),
+                    Some(rustix::thread::LinkNameSpaceType::Network),
+                )
+                .unwrap();
+                if as_gateway {
+                    rustix::thread::set_thread_gid(rustix::process::Gid::from_raw(gid)).unwrap();
+                }
+                std::net::TcpListener::bind("127.0.0.1:0").unwrap()
+            })
+            .join()
+            .unwrap()
+        })
+    };
+    // This thread (gid 0, another namespace) turns each listener into a
+    // client of the loopback server in the floor's namespace.
+    let reconnects = |l: std::net::TcpListener| {
+        use rustix::net::{Shutdown, SocketAddrAny, connect, shutdown};
+        shutdown(&l, Shutdown::Read).unwrap();
+        // SO_SNDTIMEO bounds a blocking connect whose SYN is dropped.
+        let s = std::net::TcpStream::from(std::os::fd::OwnedFd::from(l));
+        s.set_write_timeout(Some(std::time::Duration::from_secs(3)))
+            .unwrap();
+        let to = SocketAddrAny::from(std::net::SocketAddr::from(([127, 0, 0, 1], target)));
+        connect(&s, &to).is_ok()
+    };
+    assert!(
+        reconnects(make(false)),
+        "a socket of another gid was stopped"
+    );
+    assert!(
+        !reconnects(make(true)),
+        "a socket created under the gateway's gid escaped the floor in another process"
+    );
+    floor.remove().unwrap();
 }
 
 /// Kills the child on drop, so a failed assertion leaves no server behind.

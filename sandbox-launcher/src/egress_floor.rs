@@ -27,20 +27,73 @@ use std::path::Path;
 
 use anyhow::{Context, anyhow};
 use ipnet::IpNet;
-use sluice_floor::egress::{EgressFloor, EgressSpec, Owner, non_public};
+use sluice_floor::egress::{EgressFloor, EgressSpec, Owner, always_denied, non_public};
+use sluice_gateway::metrics::{MetricsAddr, MetricsListener};
 use sluice_policy::platform::{CLOUD_HOST_SERVICES_V4, CLOUD_HOST_SERVICES_V6};
 use sluice_policy::{CompiledPolicy, Upstream};
 
 use crate::jail::Layer;
 
 /// The first gid `sluice run` gives a gateway (as root); the launcher's
-/// pid is added. The range (0x7100_0000 up to 0x7100_0000 + the kernel's
-/// largest pid) lies between systemd's container and foreign ranges.
+/// pid is added. The range (0x7100_0000 up to 0x7100_0000 + 4 times the
+/// kernel's largest pid) lies between systemd's container and foreign
+/// ranges.
 pub(crate) const GATEWAY_GID_BASE: u32 = 0x7100_0000;
 
-/// The gid of this launcher's gateway.
+/// The kernel's largest possible pid count (`PID_MAX_LIMIT`): the stride
+/// between the candidate gids of one pid.
+const PID_SPAN: u32 = 1 << 22;
+
+/// The gid of this launcher's gateway, chosen once: [`GATEWAY_GID_BASE`] +
+/// the launcher's pid, unless a floor for that gid is already installed
+/// here (a launcher of the same pid in another PID namespace sharing this
+/// network namespace, or a run whose supervisor was killed), then the same
+/// pid in the next of four strides.
 pub(crate) fn gateway_gid() -> u32 {
-    GATEWAY_GID_BASE.saturating_add(std::process::id())
+    static GID: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *GID.get_or_init(|| {
+        let pid = std::process::id();
+        let mut candidates = (0..4u32).map(|k| {
+            GATEWAY_GID_BASE
+                .saturating_add(k.saturating_mul(PID_SPAN))
+                .saturating_add(pid)
+        });
+        let free = |gid: &u32| {
+            !matches!(
+                sluice_floor::egress::is_installed(None, Owner::Gid(*gid)),
+                Ok(true)
+            )
+        };
+        candidates
+            .find(free)
+            .unwrap_or(GATEWAY_GID_BASE.saturating_add(pid))
+    })
+}
+
+/// Binds the gateway's `--metrics` listener for it. As root the socket is
+/// created by a thread running with the gateway's gid: the floor matches a
+/// socket by the credentials it was created with, and a listener the
+/// gateway inherits could otherwise be turned back into a client socket
+/// (`shutdown`, then `connect`) that no floor rule matches. Rootless there
+/// is no floor and the socket is the caller's.
+///
+/// # Errors
+/// The bind's, or the thread's set-up.
+pub(crate) fn bind_metrics(addr: &MetricsAddr) -> std::io::Result<MetricsListener> {
+    if crate::jail::is_rootless() {
+        return MetricsListener::bind(addr);
+    }
+    let gid = gateway_gid();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // This thread's credentials only (not the process's): the
+            // socket below is created with them, then the thread ends.
+            rustix::thread::set_thread_gid(rustix::process::Gid::from_raw(gid))?;
+            MetricsListener::bind(addr)
+        })
+        .join()
+        .map_err(|_| std::io::Error::other("the metrics bind thread panicked"))?
+    })
 }
 
 /// The resolvers the gateway forwards to under `policy`: its
@@ -68,7 +121,8 @@ fn cloud_host_services() -> impl Iterator<Item = IpNet> {
 }
 
 /// What the floor holds the gateway of gid `gid` to, under `policy`, on a
-/// host whose own addresses are `host`.
+/// host whose own addresses are `host`, when the gateway listens on
+/// `reply_ports` (its published host ports and a TCP metrics port).
 ///
 /// # Errors
 /// As for [`resolvers`].
@@ -76,16 +130,19 @@ pub(crate) fn spec(
     policy: &CompiledPolicy,
     host: &[IpAddr],
     gid: u32,
+    reply_ports: &[u16],
 ) -> anyhow::Result<EgressSpec> {
     Ok(EgressSpec {
         owner: Owner::Gid(gid),
+        reply_ports: reply_ports.to_vec(),
         resolvers: resolvers(policy)?,
-        // The host's addresses and cloud host services before anything the
-        // policy names: the gateway's own check denies them whatever the
-        // policy says, and so does the floor.
-        deny_first: host
-            .iter()
-            .map(|&ip| IpNet::from(ip))
+        // What no policy opens (loopback, link-local, multicast, the host's
+        // addresses, cloud host services) before anything the policy names:
+        // the gateway's own check denies them whatever the policy says, and
+        // so does the floor, however broad a `cidr:` rule is.
+        deny_first: always_denied()
+            .into_iter()
+            .chain(host.iter().map(|&ip| IpNet::from(ip)))
             .chain(cloud_host_services())
             .collect(),
         allow: policy.named_networks().collect(),
@@ -99,9 +156,13 @@ pub(crate) fn spec(
 /// # Errors
 /// `nft` is missing or fails, or the rules read back differ: one line
 /// saying so.
-pub(crate) fn install(policy: &CompiledPolicy, gid: u32) -> anyhow::Result<EgressFloor> {
+pub(crate) fn install(
+    policy: &CompiledPolicy,
+    gid: u32,
+    reply_ports: &[u16],
+) -> anyhow::Result<EgressFloor> {
     let host = sluice_gateway::decide::host_addresses();
-    let spec = spec(policy, &host, gid)?;
+    let spec = spec(policy, &host, gid, reply_ports)?;
     EgressFloor::install(None, &spec).map_err(|e| anyhow!("the gateway's egress floor: {e}"))
 }
 
@@ -111,12 +172,12 @@ pub(crate) fn install(policy: &CompiledPolicy, gid: u32) -> anyhow::Result<Egres
 ///
 /// # Errors
 /// The file does not compile, or `nft` fails.
-pub(crate) fn refresh(path: &Path, gid: u32) -> anyhow::Result<()> {
+pub(crate) fn refresh(path: &Path, gid: u32, reply_ports: &[u16]) -> anyhow::Result<()> {
     let policy = sluice_policy::load_file(path, &sluice_policy::CompileOptions::default())
         .map_err(|e| anyhow!("{e}"))
         .with_context(|| format!("recompiling {} for the egress floor", path.display()))?;
     // Replaced in one transaction; the supervisor still owns its removal.
-    let floor = install(&policy, gid)?;
+    let floor = install(&policy, gid, reply_ports)?;
     let _table = floor.hand_off();
     Ok(())
 }
@@ -127,6 +188,7 @@ pub(crate) fn refresh(path: &Path, gid: u32) -> anyhow::Result<()> {
 pub(crate) fn install_for_run(
     policy: &CompiledPolicy,
     allow_missing: &std::collections::BTreeSet<Layer>,
+    reply_ports: &[u16],
 ) -> anyhow::Result<(Option<EgressFloor>, String)> {
     if crate::jail::is_rootless() {
         return Ok((
@@ -135,7 +197,7 @@ pub(crate) fn install_for_run(
         ));
     }
     let gid = gateway_gid();
-    match install(policy, gid) {
+    match install(policy, gid, reply_ports) {
         Ok(floor) => {
             let status = format!(
                 "on: nftables table inet {} drops the gateway's (gid {gid}) packets to \
@@ -203,7 +265,8 @@ mod tests {
              internal:\n  - 192.168.7.0/24\ndns:\n  upstream: [10.0.0.53, \"[fd00::53]:5353\"]\n",
         );
         let host: Vec<IpAddr> = vec!["10.1.2.3".parse().unwrap()];
-        let s = spec(&policy, &host, gateway_gid()).unwrap();
+        let s = spec(&policy, &host, gateway_gid(), &[8080]).unwrap();
+        assert_eq!(s.reply_ports, vec![8080]);
         assert_eq!(s.owner, Owner::Gid(GATEWAY_GID_BASE + std::process::id()));
         assert_eq!(
             s.resolvers,
@@ -219,7 +282,10 @@ mod tests {
         // holds it; so are cloud host services (Azure's WireServer).
         assert!(s.deny_first.contains(&"10.1.2.3/32".parse().unwrap()));
         assert!(s.deny_first.contains(&"168.63.129.16/32".parse().unwrap()));
-        assert!(s.deny.contains(&"169.254.0.0/16".parse().unwrap()));
+        // What no policy opens is dropped before the policy's networks.
+        assert!(s.deny_first.contains(&"169.254.0.0/16".parse().unwrap()));
+        assert!(s.deny_first.contains(&"127.0.0.0/8".parse().unwrap()));
+        assert!(s.deny.contains(&"10.0.0.0/8".parse().unwrap()));
     }
 
     /// Every network the floor drops is one the policy crate calls
@@ -230,9 +296,23 @@ mod tests {
         use sluice_policy::platform::{AddressClass, classify};
         for net in non_public() {
             for ip in [net.network(), net.broadcast()] {
+                let embedded = match ip {
+                    IpAddr::V6(v6) => sluice_policy::platform::embedded_v4(v6).is_some(),
+                    IpAddr::V4(_) => false,
+                };
                 assert!(
-                    classify(ip).is_non_public(),
+                    classify(ip).is_non_public() || embedded,
                     "{net} ({ip}) is dropped by the floor but public to the policy"
+                );
+            }
+        }
+        // Every class no policy opens is dropped before the policy's
+        // networks, and nothing a policy may open is among them.
+        for net in always_denied() {
+            for ip in [net.network(), net.broadcast()] {
+                assert!(
+                    classify(ip).is_always_denied(),
+                    "{net} ({ip}) is dropped first but a policy may open it"
                 );
             }
         }
@@ -264,11 +344,18 @@ mod tests {
             "2001:2::1",
             "3fff::1",
             "100::1",
+            "64:ff9b::a00:5",
+            "64:ff9b:1::a00:5",
+            "2002:a00:5::1",
         ];
-        let nets = non_public();
+        let nets: Vec<IpNet> = always_denied().into_iter().chain(non_public()).collect();
         for s in samples {
             let ip: IpAddr = s.parse().unwrap();
-            assert_ne!(classify(ip), AddressClass::Public, "{s}");
+            let embedded = match ip {
+                IpAddr::V6(v6) => sluice_policy::platform::embedded_v4(v6).is_some(),
+                IpAddr::V4(_) => false,
+            };
+            assert!(classify(ip) != AddressClass::Public || embedded, "{s}");
             assert!(
                 nets.iter().any(|n| n.contains(&ip)),
                 "{s} ({}) is non-public to the policy but not dropped by the floor",

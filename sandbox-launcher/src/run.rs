@@ -1210,7 +1210,7 @@ fn spawn_gateway(
     let metrics = match &args.metrics {
         Some(addr) => {
             let listener =
-                MetricsListener::bind(addr).with_context(|| format!("--metrics {addr}"))?;
+                egress_floor::bind_metrics(addr).with_context(|| format!("--metrics {addr}"))?;
             let bound = listener.local_addr().context("--metrics")?;
             eprintln!("sluice: gateway metrics at {bound} (/metrics)");
             gw_args.metrics = Some(MetricsAddr::Fd(METRICS_FD));
@@ -1230,7 +1230,19 @@ fn spawn_gateway(
     // The kernel floor under the gateway's own egress: installed before the
     // gateway exists, its removal handed to the gateway's jail supervisor
     // once the gateway runs (egress_floor.rs).
-    let (floor, egress_floor) = egress_floor::install_for_run(&compiled, &iso.allow_missing)?;
+    // The ports the gateway listens on: its replies from them are not its
+    // own egress.
+    let reply_ports: Vec<u16> = args
+        .publish
+        .iter()
+        .map(|p| p.host.port())
+        .chain(match metrics.as_ref().map(MetricsListener::local_addr) {
+            Some(Ok(MetricsAddr::Tcp(a))) => Some(a.port()),
+            _ => None,
+        })
+        .collect();
+    let (floor, egress_floor) =
+        egress_floor::install_for_run(&compiled, &iso.allow_missing, &reply_ports)?;
     let floor_gid = floor.as_ref().map(|_| egress_floor::gateway_gid());
 
     let (audit_read, audit_write) = io::pipe().context("pipe")?;
@@ -1315,7 +1327,7 @@ fn spawn_gateway(
     let refresh = floor_gid.filter(|_| args.policy.is_some()).map(|gid| {
         let path = gw_args.policy.clone().unwrap_or_default();
         move || {
-            if let Err(e) = egress_floor::refresh(&path, gid) {
+            if let Err(e) = egress_floor::refresh(&path, gid, &reply_ports) {
                 eprintln!("sluice: {e:#}; the egress floor keeps the previous policy's networks");
             }
         }

@@ -1007,7 +1007,9 @@ fn https_from_the_guest_allowed_and_denied_through_the_gateway() {
 /// guest fetches again (the real gateway's traffic flows under the floor),
 /// and the floor is gone once the run ends; a second run killed with
 /// SIGKILL mid-flow leaves no floor either. The run also serves its
-/// gateway's metrics (`--metrics unix:PATH`), scraped while it lasts.
+/// gateway's metrics on loopback TCP (`--metrics 127.0.0.1:PORT`), scraped
+/// while it lasts: the gateway's replies from its listening port pass the
+/// floor that drops everything else it sends to loopback.
 #[test]
 #[ignore = "needs root: run via scripts/test"]
 fn the_gateways_egress_floor_stops_a_rogue_process_under_its_identity() {
@@ -1054,15 +1056,16 @@ fn the_gateways_egress_floor_stops_a_rogue_process_under_its_identity() {
     let fetch =
         format!("curl -sS -o /dev/null --max-time 60 --cacert /tmp/ca.pem https://{ORIGIN_NAME}/");
     let script = format!("{fetch}; echo allowed=$?; read go; {fetch}; echo again=$?");
-    // `sluice run --metrics` too: scraped while the guest waits.
-    let metrics = dir.join("la-floor-metrics.sock");
+    // `sluice run --metrics` too: scraped while the guest waits, from
+    // loopback in the world's host namespace.
+    let metrics = "127.0.0.1:18732";
     let args = [
         "--policy".to_owned(),
         policy.display().to_string(),
         "--copy-in".to_owned(),
         format!("{}:/tmp/ca.pem", ca.display()),
         "--metrics".to_owned(),
-        format!("unix:{}", metrics.display()),
+        metrics.to_owned(),
         "--".to_owned(),
         "sh".to_owned(),
         "-c".to_owned(),
@@ -1088,10 +1091,11 @@ fn the_gateways_egress_floor_stops_a_rogue_process_under_its_identity() {
     );
     // The gateway's metrics, through the socket `sluice run` bound for it:
     // the allowed fetch is counted (an inspected TLS flow: `sni`).
-    let scrape = Command::new("curl")
-        .args(["-sS", "--max-time", "20", "--unix-socket"])
-        .arg(&metrics)
-        .arg("http://sluice/metrics")
+    let scrape = world
+        .host
+        .cmd("curl")
+        .args(["-sS", "--max-time", "20"])
+        .arg(format!("http://{metrics}/metrics"))
         .output()
         .unwrap();
     let scraped = text(&scrape.stdout);
