@@ -230,7 +230,12 @@ fn unread_bytes(pid: u32) -> u64 {
         .values()
         .filter_map(|t| Some(t.strip_prefix("socket:[")?.trim_end_matches(']').to_owned()))
         .collect();
-    let out = Command::new("ss").arg("-xn").output().unwrap();
+    // Unix sockets are listed per network namespace: the launcher's.
+    let out = Command::new("nsenter")
+        .arg(format!("--net=/proc/{pid}/ns/net"))
+        .args(["ss", "-xn"])
+        .output()
+        .unwrap();
     assert!(out.status.success(), "ss -xn: {}", text(&out.stderr));
     text(&out.stdout)
         .lines()
