@@ -399,9 +399,7 @@ impl Session {
             memory_mib: args.memory,
             cpus: args.cpus,
             verbose_console: args.debug,
-            network: held
-                .as_ref()
-                .map_or(NetworkMode::Stream, HeldNetwork::mode),
+            network: held.as_ref().map_or(NetworkMode::Stream, HeldNetwork::mode),
         };
         let agent_guest = OwnedFd::from(agent_guest);
         let console_guest = OwnedFd::from(console_guest);

@@ -68,7 +68,11 @@ fn netns_holders(inode: u64) -> Vec<(u32, String)> {
         };
         let mut links = entries(p.join("fd"));
         links.push(p.join("ns/net"));
-        links.extend(entries(p.join("task")).into_iter().map(|t| t.join("ns/net")));
+        links.extend(
+            entries(p.join("task"))
+                .into_iter()
+                .map(|t| t.join("ns/net")),
+        );
         for l in links {
             if fs::read_link(&l).is_ok_and(|t| t.to_string_lossy() == want) {
                 found.push((pid, l.display().to_string()));
@@ -85,7 +89,11 @@ fn netns_holders(inode: u64) -> Vec<(u32, String)> {
 /// tap`): its `/proc/<launcher>/fd/N` path and inode.
 fn launcher_netns(launcher: u32) -> Option<(PathBuf, u64)> {
     fd_targets(launcher).into_iter().find_map(|(fd, t)| {
-        let inode = t.strip_prefix("net:[")?.trim_end_matches(']').parse().ok()?;
+        let inode = t
+            .strip_prefix("net:[")?
+            .trim_end_matches(']')
+            .parse()
+            .ok()?;
         Some((PathBuf::from(format!("/proc/{launcher}/fd/{fd}")), inode))
     })
 }
@@ -165,9 +173,15 @@ fn allowed_and_denied(mode: &str) {
         "the allowed fetch failed over {mode}: {stdout}\nstderr: {stderr}"
     );
     assert!(stdout.contains("name="), "{stdout}");
-    assert!(!stdout.contains("name=0"), "the denied name was fetched: {stdout}");
+    assert!(
+        !stdout.contains("name=0"),
+        "the denied name was fetched: {stdout}"
+    );
     assert!(stdout.contains("ip="), "{stdout}");
-    assert!(!stdout.contains("ip=0"), "the IP literal was fetched: {stdout}");
+    assert!(
+        !stdout.contains("ip=0"),
+        "the IP literal was fetched: {stdout}"
+    );
     let lines = audit_records(&audit);
     assert!(
         lines.iter().any(|l| l["kind"] == "connection"
@@ -357,7 +371,9 @@ fn killed_mid_flow(mode: Option<&str>, victim: Victim) {
     signal("-STOP", launcher);
     signal("-KILL", gw);
     let until = Instant::now() + Duration::from_secs(60);
-    while Path::new(&format!("/proc/{gw}")).exists() && !is_zombie(Path::new(&format!("/proc/{gw}"))) {
+    while Path::new(&format!("/proc/{gw}")).exists()
+        && !is_zombie(Path::new(&format!("/proc/{gw}")))
+    {
         assert!(Instant::now() < until, "the gateway {gw} survived SIGKILL");
         std::thread::sleep(Duration::from_millis(50));
     }

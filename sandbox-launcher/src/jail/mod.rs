@@ -50,10 +50,10 @@ pub use sluice_confine::{LandlockRules, Rlimits, SeccompProfile};
 
 pub use helper::{HELPER_ARG, helper_main_if_requested};
 pub use runtime::{NOBODY, default_ids, default_runtime_dir, ensure_private_dir, is_rootless};
-pub use userns::UsernsError;
 /// The system calls behind `sluice run --network tap` (`network_mode::tap`):
 /// they live with the launcher's other `unsafe` code.
 pub(crate) use sys::{link_set_mtu_up, packet_socket, tap_create, unshare};
+pub use userns::UsernsError;
 
 /// An isolation layer, as `sluice doctor` and `--json` name it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]

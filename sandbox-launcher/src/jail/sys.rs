@@ -432,7 +432,13 @@ pub(crate) fn tap_create(iface: &str) -> io::Result<OwnedFd> {
     req.ifr_ifru.ifru_flags = 0x0002 | 0x1000;
     // SAFETY: TUNSETIFF reads the name and flags from `req`, a valid ifreq
     // that lives across the call, and may write the chosen name back.
-    let rc = unsafe { libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(&tun), TUNSETIFF, &raw mut req) };
+    let rc = unsafe {
+        libc::ioctl(
+            std::os::fd::AsRawFd::as_raw_fd(&tun),
+            TUNSETIFF,
+            &raw mut req,
+        )
+    };
     if rc != 0 {
         return Err(io::Error::last_os_error());
     }

@@ -59,11 +59,14 @@ impl NetworkMode {
     }
 }
 
-/// The modes in order of preference when `--network` is not given: the
-/// fastest first, as measured with `sluice run` itself
-/// (docs/benchmarks.md, "sluice run --network"), then the others.
+/// The modes in order of preference when `--network` is not given, from
+/// docs/benchmarks.md "Transports (issue 13)" at the gateway's MTU
+/// (65520): stream and attach (what `tap` uses) within that run's noise of
+/// each other, datagram behind both on downloads (1.90 against 4.32 and
+/// 4.00 Gbit/s with 4 streams); stream first as it needs no root, no
+/// namespace and no nftables.
 pub(crate) const PREFERENCE: [NetworkMode; 3] =
-    [NetworkMode::Stream, NetworkMode::Dgram, NetworkMode::Tap];
+    [NetworkMode::Stream, NetworkMode::Tap, NetworkMode::Dgram];
 
 /// The mode of a run: `requested` if given (refused in one line where the
 /// host cannot give it), else the first of [`PREFERENCE`] this host can

@@ -7,9 +7,10 @@
 //! 1. the namespace (an open `/proc/thread-self/ns/net`: nothing names it,
 //!    no `/run/netns` mount);
 //! 2. IPv6 off in it (the kernel there has no address of any kind, and
-//!    sends the guest nothing), then the TAP [`IFACE`], not persistent, its queue kept for QEMU (`-netdev
-//!    tap,fd=N`: QEMU stays in its own empty namespace, with no
-//!    `/dev/net/tun` and no capability), its MTU set to the gateway's, up;
+//!    sends the guest nothing), then the TAP [`IFACE`], not persistent,
+//!    its queue kept for QEMU (`-netdev tap,fd=N`: QEMU stays in its own
+//!    empty namespace, with no `/dev/net/tun` and no capability), its MTU
+//!    set to the gateway's, up;
 //! 3. a packet socket bound to it, for the gateway (`--fd N --packet`: the
 //!    gateway needs no privilege, no `setns` and no `nft`);
 //! 4. back on the caller's thread, the ingress floor
