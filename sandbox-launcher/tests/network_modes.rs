@@ -105,10 +105,27 @@ fn launcher_netns(launcher: u32) -> Option<(PathBuf, u64)> {
 /// with its TAP and floor. (Checked this way round: a freed namespace's
 /// inode number is reused at once by the next namespace anyone makes.)
 fn assert_held_only_by_the_run(inode: u64, mark: &str, launcher: u32) {
-    let ours = marked(mark, launcher);
+    let env_mark = format!("SLV_TEST_MARK={mark}\0");
+    let sandbox = format!("SLUICE_SANDBOX_ID=sluice-{launcher}\0");
+    let helper = format!("__jail-exec\0sluice-{launcher}-");
+    // Read at the time of the check: the launcher's own `nft` runs in the
+    // namespace for a moment while it installs the floor. A process gone
+    // since holds nothing any more.
+    let outside = |pid: u32| {
+        let env = fs::read(format!("/proc/{pid}/environ"));
+        let cmdline = fs::read(format!("/proc/{pid}/cmdline"));
+        match (env, cmdline) {
+            (Ok(env), Ok(cmdline)) => {
+                !(contains(&env, env_mark.as_bytes())
+                    || contains(&env, sandbox.as_bytes())
+                    || contains(&cmdline, helper.as_bytes()))
+            }
+            _ => false,
+        }
+    };
     let others: Vec<(u32, String)> = netns_holders(inode)
         .into_iter()
-        .filter(|(pid, how)| how == "a mount" || !ours.contains(pid))
+        .filter(|(pid, how)| how == "a mount" || outside(*pid))
         .collect();
     assert!(
         others.is_empty(),
