@@ -187,6 +187,15 @@ impl IngressFloor {
         run_in(self.netns.as_deref(), || verify(&self.iface, &self.table))
     }
 
+    /// Leaves the floor installed and forgets it: for a namespace nobody
+    /// names (no `/run/netns` mount), which the kernel frees, with its
+    /// rules, when the last descriptor or process holding it is gone. No
+    /// removal is attempted then, which could only open the guest to that
+    /// namespace's kernel while the VM still runs.
+    pub fn keep_with_namespace(mut self) {
+        self.removed = true;
+    }
+
     /// Removes the floor. A namespace that is already gone (the VM ended)
     /// took the rules with it: that is success.
     ///

@@ -91,6 +91,12 @@ pub struct GatewayArgs {
     /// datagram is consumed). Without one: the `--fd` socket is a datagram socket.
     #[arg(long, num_args = 0..=1, conflicts_with = "attach")]
     pub dgram: Option<Option<PathBuf>>,
+    /// With `--fd N`: N is an `AF_PACKET` socket already bound to the guest's layer-2
+    /// interface, with `PACKET_VNET_HDR` and `PACKET_IGNORE_OUTGOING` set (what `--attach`
+    /// opens). The caller made the interface and its namespace and installed the floor
+    /// (`sluice run --network tap`); the gateway needs no privilege for it.
+    #[arg(long, requires = "fd", conflicts_with_all = ["dgram", "attach", "socket"])]
+    pub packet: bool,
     /// Serve the guest behind this existing layer-2 interface (a TAP a VMM holds, or a veth
     /// end) in the network namespace `--netns`, through a packet socket opened there; the
     /// gateway's own sockets stay in its own namespace. An nftables floor on the interface
@@ -195,6 +201,7 @@ impl GatewayArgs {
             socket: None,
             fd: Some(fd),
             dgram: None,
+            packet: false,
             attach: None,
             netns: None,
             allow_missing_isolation: Vec::new(),
@@ -277,6 +284,9 @@ impl GatewayArgs {
         if self.allow_missing_landlock {
             argv.push("--allow-missing-landlock".into());
         }
+        if self.packet {
+            argv.push("--packet".into());
+        }
         // Last: without a path, `--dgram` takes no value.
         match &self.dgram {
             Some(Some(path)) => {
@@ -356,11 +366,17 @@ mod tests {
         a.netns = Some("/run/netns/vm1".into());
         a.allow_missing_isolation = vec![Isolation::Nftables];
         assert_eq!(parse(a.to_argv()), a);
-        let bad: [&[&str]; 4] = [
+        let mut p = GatewayArgs::with_fd(3);
+        p.packet = true;
+        assert_eq!(parse(p.to_argv()), p);
+        let bad: [&[&str]; 7] = [
             &["--attach", "tap0"],
             &["--netns", "/run/netns/x"],
             &["--socket", "/s", "--dgram", "/d"],
             &["--attach", "tap0", "--netns", "/n", "--fd", "3"],
+            &["--packet", "--socket", "/s"],
+            &["--packet", "--fd", "3", "--dgram"],
+            &["--packet"],
         ];
         for argv in bad {
             let mut full = vec!["sluice-gateway"];

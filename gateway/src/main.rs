@@ -237,6 +237,9 @@ fn serve_jailed(
                 (None, Some(fd), Some(None)) => {
                     GuestSource::Connected(GuestLink::dgram(adopt_dgram(fd)?))
                 }
+                (None, Some(fd), None) if args.packet => {
+                    GuestSource::Connected(GuestLink::packet(adopt_packet(fd)?)?)
+                }
                 (None, Some(fd), None) => {
                     GuestSource::Connected(GuestLink::stream(adopt_stream(fd)?))
                 }
@@ -388,6 +391,20 @@ fn adopt_fd(fd: i32, flag: &str) -> anyhow::Result<std::os::fd::OwnedFd> {
     // for this purpose, and nothing else in this process owns or closes it
     // (main adopts each flag's fd once); the OwnedFd becomes its only owner.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Adopts the inherited packet socket `fd` (`--fd N --packet`): bound by
+/// the caller to the guest's interface, with the options `--attach` sets.
+fn adopt_packet(fd: i32) -> anyhow::Result<std::os::fd::OwnedFd> {
+    let sock = adopt_fd(fd, "--fd")?;
+    match rustix::net::sockopt::socket_domain(&sock) {
+        Ok(d) if d == rustix::net::AddressFamily::PACKET => {}
+        Ok(d) => bail!("--fd {fd} --packet: not a packet socket ({d:?})"),
+        Err(e) => bail!("--fd {fd} --packet: not a socket ({e})"),
+    }
+    rustix::io::ioctl_fionbio(&sock, true)
+        .with_context(|| format!("--fd {fd}: setting it non-blocking"))?;
+    Ok(sock)
 }
 
 /// Adopts the inherited datagram socket `fd` (`--fd N --dgram`).

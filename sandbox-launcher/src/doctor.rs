@@ -75,6 +75,21 @@ pub fn main() -> i32 {
         say!("running as: root (each jail drops to uid {uid}/gid {gid})");
     }
     say!("run dirs: {}", jail::default_runtime_dir().display());
+    let modes: Vec<String> = crate::network_mode::PREFERENCE
+        .iter()
+        .map(|m| match m.unavailable() {
+            None => m.name().to_owned(),
+            Some(why) => format!("{} unavailable ({why})", m.name()),
+        })
+        .collect();
+    match crate::network_mode::choose_quietly() {
+        Some(default) => say!(
+            "network modes (--network): {}; default {}",
+            modes.join(", "),
+            default.name()
+        ),
+        None => say!("network modes (--network): {}", modes.join(", ")),
+    }
     say!("isolation: `sluice run` jails QEMU and the gateway with these layers;");
     say!("  an unavailable one makes it fail unless --allow-missing-isolation NAME is given");
     let mut all_on = true;

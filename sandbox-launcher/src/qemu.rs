@@ -105,6 +105,8 @@ pub(crate) struct VmConfig {
     pub(crate) memory_mib: u32,
     pub(crate) cpus: u32,
     pub(crate) verbose_console: bool,
+    /// How the guest's link at [`NET_FD`] reaches the gateway.
+    pub(crate) network: crate::network_mode::NetworkMode,
 }
 
 /// QEMU's arguments; the caller places [`NET_FD`], [`AGENT_FD`] and
@@ -178,7 +180,7 @@ pub(crate) fn args(cfg: &VmConfig) -> Vec<String> {
     ]);
     cmd.args([
         "-netdev",
-        &format!("stream,id=net0,server=off,addr.type=fd,addr.str={NET_FD}"),
+        &crate::network_mode::qemu_netdev(cfg.network, NET_FD),
         "-device",
         "virtio-net-device,netdev=net0",
     ]);

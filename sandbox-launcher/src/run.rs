@@ -13,7 +13,9 @@
 //! launcher's channels are socketpairs and pipes; its only files outside the
 //! image cache are in the run dir (inline policy, CA), which the gateway's
 //! jail helper removes after the gateway ends, so a SIGKILL of the launcher
-//! leaves nothing behind.
+//! leaves nothing behind. The guest's link (`network_mode`: socketpairs, or
+//! with `--network tap` a network namespace nothing names) goes with the
+//! last descriptor of it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -37,6 +39,7 @@ use crate::egress_floor;
 use crate::gateway_inputs::{FileView, jail_ids, secret_inputs, write_for_jail};
 use crate::image::{self, ImageOptions};
 use crate::jail::{self, CgroupLimits, FdMap, JailSpec, Layer};
+use crate::network_mode::{self, GuestNetwork, HeldNetwork, NetworkMode};
 use crate::qemu::{self, AGENT_FD, CONSOLE_FD, NET_FD, VmConfig};
 use crate::spawn::{GatewayJail, Isolation, QemuJail, Sidecar, gateway_spec, qemu_spec};
 use sluice_floor::egress::EgressFloor;
@@ -121,8 +124,12 @@ pub struct RunArgs {
     /// The sluice-gateway binary (default: next to this executable).
     #[arg(long, env = "SLUICE_GATEWAY", value_name = "PATH")]
     pub gateway: Option<PathBuf>,
+    /// How the guest's link reaches the gateway: stream, dgram or tap (root only).
+    /// Default: the fastest this host can give (docs/launcher.md "Network modes").
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub network: Option<NetworkMode>,
     /// Boot without a gateway: the guest's network link has nobody on it.
-    #[arg(long, conflicts_with_all = ["policy", "allow_domain", "publish", "audit", "gateway", "upstream_ca", "metrics"])]
+    #[arg(long, conflicts_with_all = ["network", "policy", "allow_domain", "publish", "audit", "gateway", "upstream_ca", "metrics"])]
     pub no_network: bool,
     /// Run without this isolation layer where this host cannot apply it
     /// (repeatable; names as `sluice doctor` prints them, e.g. `landlock`,
@@ -258,6 +265,11 @@ struct Session {
     run_dir: Option<RunDir>,
     /// The isolation layers of both jails, for `--json`.
     isolation: serde_json::Value,
+    /// The guest link's mode and (tap) its namespace, held until the run
+    /// ends (`network_mode`); `None` with `--no-network`.
+    network: Option<HeldNetwork>,
+    /// When the launcher first saw the gateway gone (`next`).
+    gateway_gone: std::sync::OnceLock<Instant>,
 }
 
 /// The launcher's side of the gateway: its audit lines, log and readiness.
@@ -284,6 +296,11 @@ impl Drop for RunDir {
     }
 }
 
+/// How long, after the gateway is gone, the guest's output is still passed
+/// on before the run fails: lines it wrote before (or as) the network went
+/// away are not lost.
+const GATEWAY_GONE_GRACE: Duration = Duration::from_secs(1);
+
 /// How long to wait for the gateway's "starting" line before giving the
 /// guest its CA (the gateway writes the CA before it starts serving).
 const GATEWAY_READY_WAIT: Duration = Duration::from_secs(30);
@@ -294,6 +311,9 @@ impl Session {
         let start = Instant::now();
         // Before any work: a run that would be refused says so at once.
         check_isolation(&args.allow_missing_isolation.iter().copied().collect())?;
+        let mode = (!args.no_network)
+            .then(|| network_mode::choose(args.network))
+            .transpose()?;
         let agent = image::find_agent(args.agent.as_deref())?;
         let opts = ImageOptions {
             agent,
@@ -319,7 +339,22 @@ impl Session {
 
         let sandbox_id = format!("sluice-{}", std::process::id());
 
-        let (net_host, net_guest) = UnixStream::pair().context("socketpair")?;
+        // Declared before `children`: on an error below, QEMU and the
+        // gateway are killed before the link's namespace is let go.
+        let (net_guest, net_gateway, held) = if let Some(mode) = mode {
+            let net = GuestNetwork::open(
+                mode,
+                sluice_gateway::config::DEFAULT_MTU,
+                &iso.allow_missing,
+            )?;
+            if args.debug {
+                eprintln!("sluice: network mode {}", mode.name());
+            }
+            (net.qemu, net.gateway, Some(net.held))
+        } else {
+            let (host, guest) = UnixStream::pair().context("socketpair")?;
+            (OwnedFd::from(guest), OwnedFd::from(host), None)
+        };
         let (agent_host, agent_guest) = UnixStream::pair().context("socketpair")?;
         let (console_host, console_guest) = UnixStream::pair().context("socketpair")?;
 
@@ -328,6 +363,7 @@ impl Session {
         let gateway = if args.no_network {
             // Hold the link open and discard what the guest sends: the
             // guest sees a cable with nobody on it.
+            let net_host = UnixStream::from(net_gateway);
             thread::spawn(move || {
                 let mut net_host = net_host;
                 let mut sink = [0u8; 65536];
@@ -347,7 +383,7 @@ impl Session {
                 args,
                 &dir.0,
                 &sandbox_id,
-                OwnedFd::from(net_host),
+                (net_gateway, held.as_ref()),
                 &iso,
             )?;
             run_dir = Some(dir);
@@ -363,8 +399,8 @@ impl Session {
             memory_mib: args.memory,
             cpus: args.cpus,
             verbose_console: args.debug,
+            network: held.as_ref().map_or(NetworkMode::Stream, HeldNetwork::mode),
         };
-        let net_guest = OwnedFd::from(net_guest);
         let agent_guest = OwnedFd::from(agent_guest);
         let console_guest = OwnedFd::from(console_guest);
         let (qemu_err_read, qemu_err_write) = io::pipe().context("pipe")?;
@@ -453,6 +489,8 @@ impl Session {
             isolation,
             children,
             run_dir,
+            network: held,
+            gateway_gone: std::sync::OnceLock::new(),
         })
     }
 
@@ -531,10 +569,19 @@ impl Session {
                 wait = wait.min(left);
             }
             // Without its gateway the guest would wait for a network that
-            // is gone: fail with the gateway's last words instead.
+            // is gone: fail with the gateway's last words instead, once
+            // what the guest said until then (read or still in flight) is
+            // passed on, for at most GATEWAY_GONE_GRACE.
             if let (Some(gw), Some(g)) = (self.children.gateway.as_ref(), &self.gateway)
                 && gw.has_exited()
             {
+                let since = *self.gateway_gone.get_or_init(Instant::now);
+                let left = GATEWAY_GONE_GRACE.saturating_sub(since.elapsed());
+                if let Ok(Event::Msg(m)) = self.events.recv_timeout(left)
+                    && !matches!(m, Message::Error { .. })
+                {
+                    return Ok(m);
+                }
                 return Err(Stop::Failed(anyhow!(
                     "the gateway exited while the VM was running{}",
                     log_tail(&g.log)
@@ -853,6 +900,7 @@ impl Session {
                 "accelerator": self.accel.name,
                 "image_built": self.image_built,
                 "network": if self.gateway.is_some() { "sluice-gateway" } else { "none" },
+                "network_mode": self.network.as_ref().map(HeldNetwork::summary),
                 "audit": {
                     "records": audit.len(),
                     "denied": denied,
@@ -1117,8 +1165,9 @@ fn parse_metrics_addr(s: &str) -> Result<MetricsAddr, String> {
     }
 }
 
-/// Spawns `sluice-gateway --fd 3` in its jail on the host end of the
-/// network socketpair. The policy is `--policy FILE` (its directory bound
+/// Spawns `sluice-gateway --fd 3` in its jail on the gateway's end of the
+/// guest's link (with `--dgram` or `--packet` as the link's mode says;
+/// `network_mode`). The policy is `--policy FILE` (its directory bound
 /// read-only into the jail, so reload sees a rename-replace:
 /// `gateway_inputs`) or an inline policy written into the run dir. The
 /// policy's secret files are bound the same way and its `env:` secrets'
@@ -1132,12 +1181,15 @@ fn spawn_gateway(
     args: &RunArgs,
     run_dir: &Path,
     sandbox_id: &str,
-    net: OwnedFd,
+    (net, link): (OwnedFd, Option<&HeldNetwork>),
     iso: &Isolation,
 ) -> anyhow::Result<(Sidecar, GatewayHandles)> {
     let gateway =
         fs::canonicalize(gateway).with_context(|| format!("resolving {}", gateway.display()))?;
     let mut gw_args = GatewayArgs::with_fd(NET_FD);
+    if let Some(link) = link {
+        link.gateway_args(&mut gw_args, NET_FD);
+    }
     gw_args.sandbox_id = sandbox_id.to_owned();
     let compile = sluice_policy::CompileOptions::default();
     // What the gateway's jail binds read-only: the policy (its directory,

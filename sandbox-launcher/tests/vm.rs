@@ -18,71 +18,16 @@
 // Test code: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::collections::BTreeMap;
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
-mod rootless_user;
-use rootless_user::TEST_USER;
-
-const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
-
-/// Builds the static agent once per test binary; returns its path, or None
-/// when QEMU is not installed and `SLUICE_TEST_MAY_SKIP` names `qemu` (the
-/// test then returns; otherwise it fails).
-fn agent() -> Option<PathBuf> {
-    static AGENT: OnceLock<PathBuf> = OnceLock::new();
-    let qemu_missing = Command::new("qemu-system-x86_64")
-        .arg("--version")
-        .output()
-        .is_err();
-    if qemu_missing {
-        sluice_test_skip::may_skip(
-            "qemu",
-            "qemu-system-x86_64 is not installed (scripts/install-deps)",
-        );
-        return None;
-    }
-    let agent = AGENT.get_or_init(|| {
-        // target/<profile>/sluice -> target/
-        let target = Path::new(SLUICE)
-            .parent()
-            .and_then(Path::parent)
-            .expect("the sluice binary is in target/<profile>/")
-            .to_owned();
-        let status = Command::new(env!("CARGO"))
-            .args([
-                "build",
-                "--release",
-                "-p",
-                "sluice-guest-agent",
-                "--target",
-                "x86_64-unknown-linux-gnu",
-            ])
-            .env("RUSTFLAGS", "-C target-feature=+crt-static")
-            .env("CARGO_TARGET_DIR", &target)
-            .status()
-            .expect("cargo runs");
-        assert!(status.success(), "building the static agent failed");
-        target.join("x86_64-unknown-linux-gnu/release/sluice-agent")
-    });
-    Some(agent.clone())
-}
-
-fn mark() -> String {
-    static N: AtomicU32 = AtomicU32::new(0);
-    format!(
-        "slv-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
-}
+mod common;
+use common::rootless_user::{self, TEST_USER};
+use common::*;
 
 fn sluice(agent: &Path, mark: &str, args: &[&str]) -> Command {
     let mut c = Command::new(SLUICE);
@@ -97,72 +42,6 @@ fn sluice(agent: &Path, mark: &str, args: &[&str]) -> Command {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     c
-}
-
-fn is_zombie(proc_dir: &Path) -> bool {
-    let stat = fs::read_to_string(proc_dir.join("stat")).unwrap_or_default();
-    stat.rsplit(')')
-        .next()
-        .is_some_and(|s| s.trim_start().starts_with('Z'))
-}
-
-fn contains(hay: &[u8], needle: &[u8]) -> bool {
-    hay.windows(needle.len()).any(|w| w == needle)
-}
-
-/// Pids of live (non-zombie) processes started for the launcher `mark`
-/// whose pid is `launcher` (0: unknown): the launcher itself, its jailed
-/// QEMU and gateway, and their jail helpers.
-fn marked(mark: &str, launcher: u32) -> Vec<u32> {
-    let env_mark = format!("SLV_TEST_MARK={mark}\0");
-    let sandbox = format!("SLUICE_SANDBOX_ID=sluice-{launcher}\0");
-    let helper = format!("__jail-exec\0sluice-{launcher}-");
-    let mut pids = Vec::new();
-    for e in fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        if is_zombie(&e.path()) {
-            continue;
-        }
-        let env = fs::read(e.path().join("environ")).unwrap_or_default();
-        let cmdline = fs::read(e.path().join("cmdline")).unwrap_or_default();
-        if contains(&env, env_mark.as_bytes())
-            || (launcher != 0
-                && (contains(&env, sandbox.as_bytes()) || contains(&cmdline, helper.as_bytes())))
-        {
-            pids.push(pid);
-        }
-    }
-    pids
-}
-
-/// The cgroups, jail dirs and run dir a launcher with this pid creates
-/// (as root in the temp dir, rootless in the test user's private dir).
-fn launcher_paths(launcher: u32) -> Vec<PathBuf> {
-    let mut bases = vec![std::env::temp_dir()];
-    if let Some(uid) = rootless_user::uid() {
-        bases.push(std::env::temp_dir().join(format!("sluice-{uid}")));
-    }
-    let mut paths = Vec::new();
-    for jail in ["qemu", "gateway"] {
-        let name = format!("sluice-{launcher}-{jail}");
-        let root = Path::new("/sys/fs/cgroup");
-        // v1: one hierarchy per controller.
-        for c in ["memory", "pids", "cpu"] {
-            paths.push(root.join(c).join(&name));
-        }
-        // v2: the unified hierarchy at the root (and a hybrid host's `unified/`).
-        paths.push(root.join(&name));
-        paths.push(root.join("unified").join(&name));
-        for base in &bases {
-            paths.push(base.join(format!("{name}.jail")));
-        }
-    }
-    for base in &bases {
-        paths.push(base.join(format!("sluice-{launcher}.run")));
-    }
-    paths
 }
 
 /// Who starts `sluice`.
@@ -305,29 +184,6 @@ fn without_user_namespaces_a_rootless_run_names_the_sysctl() {
     let _ = holder.wait();
 }
 
-/// The first gid `sluice run` gives a gateway (as root); the launcher's pid
-/// is added (sandbox-launcher/src/egress_floor.rs).
-const FLOOR_GID_BASE: u32 = 0x7100_0000;
-
-/// The nftables table of launcher `launcher`'s egress floor.
-fn floor_table(launcher: u32) -> String {
-    format!("sluice_egress_gid_{}", FLOOR_GID_BASE + launcher)
-}
-
-/// `nft list tables` in the namespace named `netns` (`ip netns`), or in
-/// the test's own.
-fn nft_tables(netns: Option<&str>) -> String {
-    let out = match netns {
-        Some(ns) => Command::new("ip")
-            .args(["netns", "exec", ns, "nft", "list", "tables"])
-            .output(),
-        None => Command::new("nft").args(["list", "tables"]).output(),
-    }
-    .unwrap();
-    assert!(out.status.success(), "nft: {}", text(&out.stderr));
-    text(&out.stdout)
-}
-
 /// A process's real gid.
 fn gateway_gid(pid: u32) -> u32 {
     status_field(pid, "Gid")
@@ -337,30 +193,6 @@ fn gateway_gid(pid: u32) -> u32 {
         .unwrap()
 }
 
-/// Waits (bounded, generously: a loaded 2-core machine tears down two VMs
-/// at once) for every marked process and every path of the launcher to be
-/// gone, and (as root, in the test's namespace) its egress floor.
-fn assert_no_leftovers(mark: &str, launcher: u32) {
-    let until = Instant::now() + Duration::from_secs(60);
-    let root = sluice_e2e::is_root();
-    loop {
-        let left = marked(mark, launcher);
-        let paths: Vec<PathBuf> = launcher_paths(launcher)
-            .into_iter()
-            .filter(|p| p.exists())
-            .collect();
-        let floor = root && nft_tables(None).contains(&floor_table(launcher));
-        if left.is_empty() && paths.is_empty() && !floor {
-            return;
-        }
-        assert!(
-            Instant::now() < until,
-            "left behind: processes {left:?}, paths {paths:?}, egress floor {floor}"
-        );
-        thread::sleep(Duration::from_millis(100));
-    }
-}
-
 fn run(agent: &Path, args: &[&str]) -> Output {
     let m = mark();
     let child = sluice(agent, &m, args).spawn().unwrap();
@@ -368,10 +200,6 @@ fn run(agent: &Path, args: &[&str]) -> Output {
     let out = child.wait_with_output().unwrap();
     assert_no_leftovers(&m, pid);
     out
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
 }
 
 #[test]
@@ -552,32 +380,6 @@ fn the_guest_network_is_a_sluice_gateway() {
     assert!(dns > 0, "no DNS audit line: {}", v["audit"]);
 }
 
-fn gateway_bin() -> Option<PathBuf> {
-    let gateway = Path::new(SLUICE).with_file_name("sluice-gateway");
-    if gateway.is_file() {
-        return Some(gateway);
-    }
-    sluice_test_skip::may_skip(
-        "gateway-bin",
-        &format!(
-            "{} not built (cargo build --release -p sluice-gateway; scripts/test builds every binary)",
-            gateway.display()
-        ),
-    );
-    None
-}
-
-/// The pid of the jailed process of launcher `launcher` whose comm is `comm`.
-fn jailed_pid(launcher: u32, comm: &str) -> Option<u32> {
-    let sandbox = format!("SLUICE_SANDBOX_ID=sluice-{launcher}\0");
-    fs::read_dir("/proc").unwrap().flatten().find_map(|e| {
-        let pid = e.file_name().to_string_lossy().parse::<u32>().ok()?;
-        let env = fs::read(e.path().join("environ")).ok()?;
-        let c = fs::read_to_string(e.path().join("comm")).ok()?;
-        (c.trim() == comm && contains(&env, sandbox.as_bytes())).then_some(pid)
-    })
-}
-
 fn status_field(pid: u32, field: &str) -> String {
     let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     status
@@ -596,19 +398,6 @@ fn mounts(pid: u32) -> Vec<(String, String)> {
         .map(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
             (f[4].to_owned(), f[5].to_owned())
-        })
-        .collect()
-}
-
-/// What each open fd of `pid` points at.
-fn fd_targets(pid: u32) -> BTreeMap<i32, String> {
-    fs::read_dir(format!("/proc/{pid}/fd"))
-        .unwrap()
-        .flatten()
-        .filter_map(|e| {
-            let fd = e.file_name().to_string_lossy().parse().ok()?;
-            let target = fs::read_link(e.path()).ok()?;
-            Some((fd, target.to_string_lossy().into_owned()))
         })
         .collect()
 }
@@ -1239,119 +1028,6 @@ fn the_gateways_egress_floor_stops_a_rogue_process_under_its_identity() {
     let _ = listener.kill();
     let _ = listener.wait();
     drop(world);
-}
-
-/// `sluice run ARGS` in the harness's host namespace (as in the HTTPS test
-/// above), with the test's marker, the agent, the gateway and `envs`;
-/// stdin, stdout and stderr piped. `nsenter` execs the launcher: the
-/// child's pid is the launcher's.
-fn sluice_in_world(
-    world: &sluice_e2e::World,
-    agent: &Path,
-    gateway: &Path,
-    mark: &str,
-    args: &[String],
-    envs: &[(&str, &str)],
-) -> Child {
-    let mut cmd = Command::new("nsenter");
-    cmd.arg(format!("--net=/run/netns/{}", world.host.name()))
-        .arg(SLUICE)
-        .arg("run")
-        .arg(format!("--gateway={}", gateway.display()))
-        .args(args)
-        .env("SLUICE_AGENT", agent)
-        .env("SLV_TEST_MARK", mark)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    for (k, v) in envs {
-        cmd.env(k, v);
-    }
-    cmd.spawn().unwrap()
-}
-
-/// Reads a child's stdout line by line on a thread; lines arrive on the
-/// returned channel, and the thread returns everything read.
-fn line_reader(
-    out: impl std::io::Read + Send + 'static,
-) -> (
-    std::sync::mpsc::Receiver<String>,
-    thread::JoinHandle<String>,
-) {
-    let (tx, rx) = std::sync::mpsc::channel();
-    let handle = thread::spawn(move || {
-        let mut all = String::new();
-        for line in std::io::BufRead::lines(std::io::BufReader::new(out)) {
-            let Ok(line) = line else { break };
-            all.push_str(&line);
-            all.push('\n');
-            let _ = tx.send(line);
-        }
-        all
-    });
-    (rx, handle)
-}
-
-/// Reads a child's stream to the end on a thread (so a full pipe never
-/// blocks the launcher); what was read so far is in the returned buffer.
-fn drain(mut out: impl std::io::Read + Send + 'static) -> Arc<Mutex<String>> {
-    let buf = Arc::new(Mutex::new(String::new()));
-    let keep = Arc::clone(&buf);
-    thread::spawn(move || {
-        let mut chunk = [0u8; 4096];
-        loop {
-            match std::io::Read::read(&mut out, &mut chunk) {
-                Ok(0) | Err(_) => return,
-                Ok(n) => keep.lock().unwrap().push_str(&text(&chunk[..n])),
-            }
-        }
-    });
-    buf
-}
-
-/// The next line from `lines` matching `pred`, waiting up to `secs`;
-/// panics (with `what` and the launcher's stderr so far) when the stream
-/// ends or the time is up.
-fn wait_line(
-    lines: &std::sync::mpsc::Receiver<String>,
-    stderr: &Mutex<String>,
-    secs: u64,
-    what: &str,
-    pred: impl Fn(&str) -> bool,
-) -> String {
-    let until = Instant::now() + Duration::from_secs(secs);
-    loop {
-        let left = until.saturating_duration_since(Instant::now());
-        match lines.recv_timeout(left) {
-            Ok(l) if pred(&l) => return l,
-            Ok(_) => {}
-            Err(e) => panic!(
-                "waiting for {what}: {e}; sluice's stderr so far:\n{}",
-                stderr.lock().unwrap()
-            ),
-        }
-    }
-}
-
-/// The schema-1 records of an `--audit` file written so far (none before
-/// the gateway creates it). Strict (`sluice_e2e::parse_audit`): a line that
-/// does not parse fails the test.
-fn audit_records(path: &Path) -> Vec<serde_json::Value> {
-    let text = match fs::read_to_string(path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
-        Err(e) => panic!("{}: {e}", path.display()),
-    };
-    sluice_e2e::parse_audit(&text).unwrap_or_else(|e| panic!("{}: {e:#}", path.display()))
-}
-
-/// The fake internet's resolver and address ranges, for a policy's tail.
-fn world_policy_tail() -> String {
-    use sluice_e2e::DNS_ADDR;
-    format!(
-        "internal:\n  - \"198.51.100.0/24\"\n  - \"203.0.113.0/24\"\n\
-         dns:\n  upstream: [{DNS_ADDR}]\n  ttl_min: 600\n  ttl_max: 3600\n"
-    )
 }
 
 /// A directory in the world's dir the jail user can search (the policy's

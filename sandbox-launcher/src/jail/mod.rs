@@ -50,6 +50,9 @@ pub use sluice_confine::{LandlockRules, Rlimits, SeccompProfile};
 
 pub use helper::{HELPER_ARG, helper_main_if_requested};
 pub use runtime::{NOBODY, default_ids, default_runtime_dir, ensure_private_dir, is_rootless};
+/// The system calls behind `sluice run --network tap` (`network_mode::tap`):
+/// they live with the launcher's other `unsafe` code.
+pub(crate) use sys::{link_set_mtu_up, packet_socket, tap_create, unshare};
 pub use userns::UsernsError;
 
 /// An isolation layer, as `sluice doctor` and `--json` name it.

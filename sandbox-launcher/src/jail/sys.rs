@@ -3,7 +3,9 @@
 //!
 //! All of these run either in the launcher before `exec` of the helper
 //! ([`keep_fds_across_exec`], only async-signal-safe calls), or in the
-//! single-threaded jail helper and its forked child, where allocation is safe.
+//! single-threaded jail helper and its forked child, where allocation is safe,
+//! or (the TAP, its link settings and the packet socket of `sluice run
+//! --network tap`) on a launcher thread inside the run's network namespace.
 
 #![allow(unsafe_code)]
 
@@ -393,4 +395,137 @@ pub(crate) fn landlock_abi() -> i64 {
             LANDLOCK_CREATE_RULESET_VERSION,
         )
     }
+}
+
+// ---- `sluice run --network tap` (`crate::network_mode::tap`): called by the
+// launcher on a thread of its own that has moved into the run's fresh
+// network namespace (`unshare(CLONE_NEWNET)` affects only that thread).
+
+/// An `ifreq` carrying the interface name `iface`.
+fn ifreq_for(iface: &str) -> io::Result<libc::ifreq> {
+    // SAFETY: ifreq is plain data (a name and a union of plain data); all-zero is valid.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    let name = iface.as_bytes();
+    if name.is_empty() || name.len() >= req.ifr_name.len() {
+        return Err(io::Error::other("interface name empty or too long"));
+    }
+    for (dst, src) in req.ifr_name.iter_mut().zip(name) {
+        *dst = libc::c_char::from_ne_bytes([*src]);
+    }
+    Ok(req)
+}
+
+/// `TUNSETIFF` (`_IOW('T', 202, int)`).
+const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
+
+/// Creates the TAP `iface` in the calling thread's network namespace and
+/// returns its queue (`/dev/net/tun` attached to it, no packet info
+/// header, no virtio-net header): not persistent, so the device goes away
+/// when the last copy of the descriptor closes.
+pub(crate) fn tap_create(iface: &str) -> io::Result<OwnedFd> {
+    let tun = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/net/tun")?;
+    let mut req = ifreq_for(iface)?;
+    // IFF_TAP | IFF_NO_PI fit a c_short (0x0002 | 0x1000).
+    req.ifr_ifru.ifru_flags = 0x0002 | 0x1000;
+    // SAFETY: TUNSETIFF reads the name and flags from `req`, a valid ifreq
+    // that lives across the call, and may write the chosen name back.
+    let rc = unsafe {
+        libc::ioctl(
+            std::os::fd::AsRawFd::as_raw_fd(&tun),
+            TUNSETIFF,
+            &raw mut req,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(OwnedFd::from(tun))
+}
+
+/// Sets the MTU of `iface` and brings it up, through `probe` (any socket
+/// of the interface's namespace).
+pub(crate) fn link_set_mtu_up(probe: &OwnedFd, iface: &str, mtu: u32) -> io::Result<()> {
+    use std::os::fd::AsRawFd as _;
+    let mut req = ifreq_for(iface)?;
+    req.ifr_ifru.ifru_mtu = libc::c_int::try_from(mtu).map_err(io::Error::other)?;
+    // SAFETY: SIOCSIFMTU reads the name and `ifru_mtu` from `req`, a valid ifreq.
+    if unsafe { libc::ioctl(probe.as_raw_fd(), libc::SIOCSIFMTU, &raw mut req) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut req = ifreq_for(iface)?;
+    // SAFETY: SIOCGIFFLAGS reads the name and writes `ifru_flags` of `req`.
+    if unsafe { libc::ioctl(probe.as_raw_fd(), libc::SIOCGIFFLAGS, &raw mut req) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: SIOCGIFFLAGS succeeded, so `ifru_flags` is the member it wrote.
+    let flags = unsafe { req.ifr_ifru.ifru_flags };
+    // IFF_UP (1) fits a c_short.
+    req.ifr_ifru.ifru_flags = flags | 1;
+    // SAFETY: SIOCSIFFLAGS reads the name and `ifru_flags` from `req`.
+    if unsafe { libc::ioctl(probe.as_raw_fd(), libc::SIOCSIFFLAGS, &raw mut req) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `<linux/if_packet.h>`: deliver a virtio-net header before each frame.
+const PACKET_VNET_HDR: libc::c_int = 15;
+/// `<linux/if_packet.h>`: do not deliver the frames this host sends.
+const PACKET_IGNORE_OUTGOING: libc::c_int = 23;
+
+/// A non-blocking `AF_PACKET` socket bound to interface `index` for every
+/// protocol, with `PACKET_VNET_HDR` and `PACKET_IGNORE_OUTGOING`: what the
+/// gateway's `--fd N --packet` expects (the same options its own
+/// `--attach` sets).
+pub(crate) fn packet_socket(index: u32) -> io::Result<OwnedFd> {
+    use std::os::fd::AsRawFd as _;
+    // SAFETY: plain socket call; protocol 0 until bound, so nothing from
+    // another interface is queued in between.
+    let raw = unsafe {
+        libc::socket(
+            libc::AF_PACKET,
+            libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+        )
+    };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `raw` was just returned by socket(); nothing else owns it.
+    let sock = unsafe { OwnedFd::from_raw_fd(raw) };
+    let one: libc::c_int = 1;
+    let int_len = libc::socklen_t::try_from(size_of::<libc::c_int>()).map_err(io::Error::other)?;
+    for option in [PACKET_VNET_HDR, PACKET_IGNORE_OUTGOING] {
+        // SAFETY: an open socket; the pointer and length describe `one`.
+        let rc = unsafe {
+            libc::setsockopt(
+                sock.as_raw_fd(),
+                libc::SOL_PACKET,
+                option,
+                (&raw const one).cast(),
+                int_len,
+            )
+        };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    // SAFETY: sockaddr_ll is plain data; all-zero is a valid value.
+    let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+    addr.sll_family = u16::try_from(libc::AF_PACKET).map_err(io::Error::other)?;
+    addr.sll_protocol = u16::try_from(libc::ETH_P_ALL)
+        .map_err(io::Error::other)?
+        .to_be();
+    addr.sll_ifindex = i32::try_from(index).map_err(io::Error::other)?;
+    let len =
+        libc::socklen_t::try_from(size_of::<libc::sockaddr_ll>()).map_err(io::Error::other)?;
+    // SAFETY: the pointer and length describe `addr`, a sockaddr_ll alive
+    // across the call.
+    if unsafe { libc::bind(sock.as_raw_fd(), (&raw const addr).cast(), len) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(sock)
 }

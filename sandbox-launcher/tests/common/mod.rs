@@ -1,0 +1,341 @@
+//! Helpers shared by the end-to-end tests of `sluice run` (`vm.rs`,
+//! `network_modes.rs`): the static agent, the gateway binary, running
+//! `sluice run` in the harness's host namespace, reading its output, and
+//! checking that nothing a launcher made is left behind.
+
+// Each test binary uses a part of these.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread;
+use std::time::{Duration, Instant};
+
+#[path = "../rootless_user/mod.rs"]
+pub(crate) mod rootless_user;
+
+pub(crate) const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
+
+/// Builds the static agent once per test binary; returns its path, or None
+/// when QEMU is not installed and `SLUICE_TEST_MAY_SKIP` names `qemu` (the
+/// test then returns; otherwise it fails).
+pub(crate) fn agent() -> Option<PathBuf> {
+    static AGENT: OnceLock<PathBuf> = OnceLock::new();
+    let qemu_missing = Command::new("qemu-system-x86_64")
+        .arg("--version")
+        .output()
+        .is_err();
+    if qemu_missing {
+        sluice_test_skip::may_skip(
+            "qemu",
+            "qemu-system-x86_64 is not installed (scripts/install-deps)",
+        );
+        return None;
+    }
+    let agent = AGENT.get_or_init(|| {
+        // target/<profile>/sluice -> target/
+        let target = Path::new(SLUICE)
+            .parent()
+            .and_then(Path::parent)
+            .expect("the sluice binary is in target/<profile>/")
+            .to_owned();
+        let status = Command::new(env!("CARGO"))
+            .args([
+                "build",
+                "--release",
+                "-p",
+                "sluice-guest-agent",
+                "--target",
+                "x86_64-unknown-linux-gnu",
+            ])
+            .env("RUSTFLAGS", "-C target-feature=+crt-static")
+            .env("CARGO_TARGET_DIR", &target)
+            .status()
+            .expect("cargo runs");
+        assert!(status.success(), "building the static agent failed");
+        target.join("x86_64-unknown-linux-gnu/release/sluice-agent")
+    });
+    Some(agent.clone())
+}
+
+pub(crate) fn mark() -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "slv-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+pub(crate) fn is_zombie(proc_dir: &Path) -> bool {
+    let stat = fs::read_to_string(proc_dir.join("stat")).unwrap_or_default();
+    stat.rsplit(')')
+        .next()
+        .is_some_and(|s| s.trim_start().starts_with('Z'))
+}
+
+pub(crate) fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+/// Pids of live (non-zombie) processes started for the launcher `mark`
+/// whose pid is `launcher` (0: unknown): the launcher itself, its jailed
+/// QEMU and gateway, and their jail helpers.
+pub(crate) fn marked(mark: &str, launcher: u32) -> Vec<u32> {
+    let env_mark = format!("SLV_TEST_MARK={mark}\0");
+    let sandbox = format!("SLUICE_SANDBOX_ID=sluice-{launcher}\0");
+    let helper = format!("__jail-exec\0sluice-{launcher}-");
+    let mut pids = Vec::new();
+    for e in fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        if is_zombie(&e.path()) {
+            continue;
+        }
+        let env = fs::read(e.path().join("environ")).unwrap_or_default();
+        let cmdline = fs::read(e.path().join("cmdline")).unwrap_or_default();
+        if contains(&env, env_mark.as_bytes())
+            || (launcher != 0
+                && (contains(&env, sandbox.as_bytes()) || contains(&cmdline, helper.as_bytes())))
+        {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+/// The cgroups, jail dirs and run dir a launcher with this pid creates
+/// (as root in the temp dir, rootless in the test user's private dir).
+pub(crate) fn launcher_paths(launcher: u32) -> Vec<PathBuf> {
+    let mut bases = vec![std::env::temp_dir()];
+    if let Some(uid) = rootless_user::uid() {
+        bases.push(std::env::temp_dir().join(format!("sluice-{uid}")));
+    }
+    let mut paths = Vec::new();
+    for jail in ["qemu", "gateway"] {
+        let name = format!("sluice-{launcher}-{jail}");
+        let root = Path::new("/sys/fs/cgroup");
+        // v1: one hierarchy per controller.
+        for c in ["memory", "pids", "cpu"] {
+            paths.push(root.join(c).join(&name));
+        }
+        // v2: the unified hierarchy at the root (and a hybrid host's `unified/`).
+        paths.push(root.join(&name));
+        paths.push(root.join("unified").join(&name));
+        for base in &bases {
+            paths.push(base.join(format!("{name}.jail")));
+        }
+    }
+    for base in &bases {
+        paths.push(base.join(format!("sluice-{launcher}.run")));
+    }
+    paths
+}
+
+/// The first gid `sluice run` gives a gateway (as root); the launcher's pid
+/// is added (sandbox-launcher/src/egress_floor.rs).
+pub(crate) const FLOOR_GID_BASE: u32 = 0x7100_0000;
+
+/// The nftables table of launcher `launcher`'s egress floor.
+pub(crate) fn floor_table(launcher: u32) -> String {
+    format!("sluice_egress_gid_{}", FLOOR_GID_BASE + launcher)
+}
+
+/// `nft list tables` in the namespace named `netns` (`ip netns`), or in
+/// the test's own.
+pub(crate) fn nft_tables(netns: Option<&str>) -> String {
+    let out = match netns {
+        Some(ns) => Command::new("ip")
+            .args(["netns", "exec", ns, "nft", "list", "tables"])
+            .output(),
+        None => Command::new("nft").args(["list", "tables"]).output(),
+    }
+    .unwrap();
+    assert!(out.status.success(), "nft: {}", text(&out.stderr));
+    text(&out.stdout)
+}
+
+/// Waits (bounded, generously: a loaded 2-core machine tears down two VMs
+/// at once) for every marked process and every path of the launcher to be
+/// gone, and (as root, in the test's namespace) its egress floor.
+pub(crate) fn assert_no_leftovers(mark: &str, launcher: u32) {
+    let until = Instant::now() + Duration::from_secs(60);
+    let root = sluice_e2e::is_root();
+    loop {
+        let left = marked(mark, launcher);
+        let paths: Vec<PathBuf> = launcher_paths(launcher)
+            .into_iter()
+            .filter(|p| p.exists())
+            .collect();
+        let floor = root && nft_tables(None).contains(&floor_table(launcher));
+        if left.is_empty() && paths.is_empty() && !floor {
+            return;
+        }
+        assert!(
+            Instant::now() < until,
+            "left behind: processes {left:?}, paths {paths:?}, egress floor {floor}"
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+}
+
+pub(crate) fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+pub(crate) fn gateway_bin() -> Option<PathBuf> {
+    let gateway = Path::new(SLUICE).with_file_name("sluice-gateway");
+    if gateway.is_file() {
+        return Some(gateway);
+    }
+    sluice_test_skip::may_skip(
+        "gateway-bin",
+        &format!(
+            "{} not built (cargo build --release -p sluice-gateway; scripts/test builds every binary)",
+            gateway.display()
+        ),
+    );
+    None
+}
+
+/// The pid of the jailed process of launcher `launcher` whose comm is `comm`.
+pub(crate) fn jailed_pid(launcher: u32, comm: &str) -> Option<u32> {
+    let sandbox = format!("SLUICE_SANDBOX_ID=sluice-{launcher}\0");
+    fs::read_dir("/proc").unwrap().flatten().find_map(|e| {
+        let pid = e.file_name().to_string_lossy().parse::<u32>().ok()?;
+        let env = fs::read(e.path().join("environ")).ok()?;
+        let c = fs::read_to_string(e.path().join("comm")).ok()?;
+        (c.trim() == comm && contains(&env, sandbox.as_bytes())).then_some(pid)
+    })
+}
+
+/// What each open fd of `pid` points at.
+pub(crate) fn fd_targets(pid: u32) -> BTreeMap<i32, String> {
+    fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let fd = e.file_name().to_string_lossy().parse().ok()?;
+            let target = fs::read_link(e.path()).ok()?;
+            Some((fd, target.to_string_lossy().into_owned()))
+        })
+        .collect()
+}
+
+/// `sluice run ARGS` in the harness's host namespace (`nsenter --net`, so
+/// /sys keeps its cgroup mounts), with the test's marker, the agent, the gateway and `envs`;
+/// stdin, stdout and stderr piped. `nsenter` execs the launcher: the
+/// child's pid is the launcher's.
+pub(crate) fn sluice_in_world(
+    world: &sluice_e2e::World,
+    agent: &Path,
+    gateway: &Path,
+    mark: &str,
+    args: &[String],
+    envs: &[(&str, &str)],
+) -> Child {
+    let mut cmd = Command::new("nsenter");
+    cmd.arg(format!("--net=/run/netns/{}", world.host.name()))
+        .arg(SLUICE)
+        .arg("run")
+        .arg(format!("--gateway={}", gateway.display()))
+        .args(args)
+        .env("SLUICE_AGENT", agent)
+        .env("SLV_TEST_MARK", mark)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    cmd.spawn().unwrap()
+}
+
+/// Reads a child's stdout line by line on a thread; lines arrive on the
+/// returned channel, and the thread returns everything read.
+pub(crate) fn line_reader(
+    out: impl std::io::Read + Send + 'static,
+) -> (
+    std::sync::mpsc::Receiver<String>,
+    thread::JoinHandle<String>,
+) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let handle = thread::spawn(move || {
+        let mut all = String::new();
+        for line in std::io::BufRead::lines(std::io::BufReader::new(out)) {
+            let Ok(line) = line else { break };
+            all.push_str(&line);
+            all.push('\n');
+            let _ = tx.send(line);
+        }
+        all
+    });
+    (rx, handle)
+}
+
+/// Reads a child's stream to the end on a thread (so a full pipe never
+/// blocks the launcher); what was read so far is in the returned buffer.
+pub(crate) fn drain(mut out: impl std::io::Read + Send + 'static) -> Arc<Mutex<String>> {
+    let buf = Arc::new(Mutex::new(String::new()));
+    let keep = Arc::clone(&buf);
+    thread::spawn(move || {
+        let mut chunk = [0u8; 4096];
+        loop {
+            match std::io::Read::read(&mut out, &mut chunk) {
+                Ok(0) | Err(_) => return,
+                Ok(n) => keep.lock().unwrap().push_str(&text(&chunk[..n])),
+            }
+        }
+    });
+    buf
+}
+
+/// The next line from `lines` matching `pred`, waiting up to `secs`;
+/// panics (with `what` and the launcher's stderr so far) when the stream
+/// ends or the time is up.
+pub(crate) fn wait_line(
+    lines: &std::sync::mpsc::Receiver<String>,
+    stderr: &Mutex<String>,
+    secs: u64,
+    what: &str,
+    pred: impl Fn(&str) -> bool,
+) -> String {
+    let until = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        match lines.recv_timeout(left) {
+            Ok(l) if pred(&l) => return l,
+            Ok(_) => {}
+            Err(e) => panic!(
+                "waiting for {what}: {e}; sluice's stderr so far:\n{}",
+                stderr.lock().unwrap()
+            ),
+        }
+    }
+}
+
+/// The schema-1 records of an `--audit` file written so far (none before
+/// the gateway creates it). Strict (`sluice_e2e::parse_audit`): a line that
+/// does not parse fails the test.
+pub(crate) fn audit_records(path: &Path) -> Vec<serde_json::Value> {
+    let text = match fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => panic!("{}: {e}", path.display()),
+    };
+    sluice_e2e::parse_audit(&text).unwrap_or_else(|e| panic!("{}: {e:#}", path.display()))
+}
+
+/// The fake internet's resolver and address ranges, for a policy's tail.
+pub(crate) fn world_policy_tail() -> String {
+    use sluice_e2e::DNS_ADDR;
+    format!(
+        "internal:\n  - \"198.51.100.0/24\"\n  - \"203.0.113.0/24\"\n\
+         dns:\n  upstream: [{DNS_ADDR}]\n  ttl_min: 600\n  ttl_max: 3600\n"
+    )
+}
