@@ -91,6 +91,8 @@ impl FlowHolder {
             let _ = e.read_to_string(&mut err);
         }
         let _ = child.wait();
+        // The holder's own error, without a backtrace.
+        let err = err.split("Stack backtrace").next().unwrap_or_default();
         bail!(
             "holding {count} flows to {addr}: {}{}",
             line.trim(),

@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use sluice_e2e::hold::{FlowHolder, HARNESS_NOFILE, raise_nofile, widen_guest_ports};
+use sluice_e2e::hold::{FlowHolder, HARNESS_NOFILE, raise_nofile};
 use sluice_e2e::{ECHO_PORT, ORIGIN_ADDR, World, wait_until};
 
 /// The flows the guest holds.
@@ -37,7 +37,6 @@ fn ten_thousand_flows_fit_in_64_mb_and_the_flow_past_max_flows_is_refused() -> R
     let mut w = World::builder()
         .sidecar_arg(&format!("--max-flows={}", FLOWS + 1))
         .start()?;
-    widen_guest_ports(&w)?;
     let echo = SocketAddr::from((ORIGIN_ADDR, ECHO_PORT));
 
     let held = FlowHolder::start(&w, echo, FLOWS).with_context(|| w.sidecar_log())?;

@@ -574,7 +574,12 @@ fn rss_curve(sidecar: &str, counts: &[u32], mtu: u32, sidecar_args: &[String]) -
         b = b.sidecar_arg(a);
     }
     let mut w = b.start()?;
-    widen_guest_ports(&w)?;
+    // The default range (32768-60999) holds ~28,000 flows to one
+    // destination; wider only when needed (with 1024-65535, passt reset
+    // the 626th flow in one run; cause not investigated).
+    if most > 25_000 {
+        widen_guest_ports(&w)?;
+    }
     let echo = SocketAddr::from((ORIGIN_ADDR, ECHO_PORT));
     std::thread::sleep(RSS_SETTLE);
     let idle_kb = w.sidecar().and_then(|p| p.rss_kb());
