@@ -180,6 +180,13 @@ pub struct Config {
     /// Size of each of a TCP flow's two smoltcp buffers (receive window
     /// towards the guest, unacknowledged data to the guest).
     pub flow_buffer: usize,
+    /// Gives the whole pages inside a buffer nothing needs back to the
+    /// kernel (they read as zeros after). The binary passes
+    /// `madvise(MADV_DONTNEED)`, which this library (no unsafe code) cannot
+    /// call itself; the default does nothing. Applied to the drained send
+    /// ring of an idle open flow (`crate::tcp`): an idle flow holds no
+    /// touched send pages.
+    pub release_pages: fn(&mut [u8]),
     /// Bounds for forwarded guest UDP flows (count, idle expiry).
     pub udp: crate::udp::UdpLimits,
 }
@@ -212,6 +219,7 @@ impl Config {
             sandbox_id: String::from("sandbox"),
             intercept: None,
             flow_buffer: DEFAULT_FLOW_BUFFER,
+            release_pages: |_| {},
             udp: crate::udp::UdpLimits::default(),
         })
     }

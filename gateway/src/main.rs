@@ -2,6 +2,8 @@
 
 #[allow(unsafe_code)]
 mod attach;
+#[allow(unsafe_code)]
+mod pages;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -23,6 +25,11 @@ use sluice_gateway::{GuestSource, ReadySignal, serve_with_reload};
 use sluice_intercept::{Interceptor, InterceptorConfig};
 use sluice_policy::{CompileOptions, CompiledPolicy};
 use sluice_secrets::SecretStore;
+
+/// Large blocks are page-aligned mappings of their own: an idle flow's
+/// buffers cost no resident memory (`pages`).
+#[global_allocator]
+static ALLOC: pages::PageAlloc = pages::PageAlloc;
 
 fn main() -> anyhow::Result<()> {
     pin_mmap_threshold();
@@ -71,6 +78,8 @@ fn main() -> anyhow::Result<()> {
         );
     }
     cfg.flow_buffer = args.flow_buffer_kib * 1024;
+    cfg.release_pages = pages::release;
+    raise_nofile(cfg.max_flows);
     cfg.udp.idle = std::time::Duration::from_secs(args.udp_idle_secs.max(1));
     cfg.udp.idle_unanswered = cfg.udp.idle / 2;
     cfg.sandbox_id = args.sandbox_id.clone();
@@ -373,6 +382,35 @@ fn pin_mmap_threshold() {
 
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 fn pin_mmap_threshold() {}
+
+/// Raises the soft open-file limit to the hard one: every TCP flow holds a
+/// host socket, so `--max-flows` needs as many descriptors (and a few dozen
+/// more). Warns when even the hard limit is lower: flows past it fail their
+/// host connect (audited `connect_failed`) instead of getting a descriptor.
+fn raise_nofile(max_flows: usize) {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let lim = getrlimit(Resource::Nofile);
+    if lim.current != lim.maximum {
+        let raised = rustix::process::Rlimit {
+            current: lim.maximum,
+            maximum: lim.maximum,
+        };
+        if let Err(e) = setrlimit(Resource::Nofile, raised) {
+            tracing::warn!(error = %e, "could not raise the open-file limit");
+        }
+    }
+    let have = getrlimit(Resource::Nofile).current;
+    let need = u64::try_from(max_flows)
+        .unwrap_or(u64::MAX)
+        .saturating_add(64);
+    if have.is_some_and(|n| n < need) {
+        tracing::warn!(
+            limit = have,
+            max_flows,
+            "open-file limit below --max-flows + 64: flows past it fail to connect"
+        );
+    }
+}
 
 /// Takes ownership of the inherited descriptor `fd`, given by `flag`.
 #[allow(unsafe_code)]

@@ -49,6 +49,9 @@ const EGRESS_ROUNDS: usize = 4;
 const TX_TRIM_IDLE: Duration = Duration::from_secs(1);
 /// DNS table capacity (address, name pairs).
 const DNS_TABLE_CAPACITY: usize = 65536;
+/// Idle flows' send rings are given back this often
+/// ([`Datapath::release_idle_buffers`]).
+const BUFFER_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 /// Counters are logged this often.
 const COUNTER_LOG_INTERVAL: Duration = Duration::from_secs(60);
 
@@ -276,6 +279,7 @@ impl Datapath {
         let mut rx = guest.rx(usize::from(self.cfg.mtu) + 14);
         let mut pending_events: Vec<Event> = Vec::new();
         let mut last_counters = Instant::now();
+        let mut last_sweep = Instant::now();
         let mut timer = Box::pin(tokio::time::sleep(Duration::from_secs(3600)));
         let mut last_output = Instant::now();
         loop {
@@ -344,6 +348,10 @@ impl Datapath {
             if let Some(m) = self.audit.metrics() {
                 m.set_active_flows(self.flows.len(), self.udp.len());
             }
+            if last_sweep.elapsed() >= BUFFER_SWEEP_INTERVAL {
+                last_sweep = Instant::now();
+                self.release_idle_buffers();
+            }
             if last_counters.elapsed() >= COUNTER_LOG_INTERVAL {
                 last_counters = Instant::now();
                 self.counters.log(self.flows.len());
@@ -355,9 +363,14 @@ impl Datapath {
                 .iface
                 .poll_delay(now, &self.sockets)
                 .map(|d| Duration::from_micros(d.total_micros()));
-            let delay = delay
+            let mut delay = delay
                 .unwrap_or(Duration::from_secs(1))
                 .min(self.next_inspect_deadline());
+            if !self.flows.is_empty() {
+                // The next sweep is due within a second (an idle flow with
+                // keep-alives alone would sleep for a minute).
+                delay = delay.min(BUFFER_SWEEP_INTERVAL.saturating_sub(last_sweep.elapsed()));
+            }
             // With output waiting for the guest socket, smoltcp's "poll now"
             // cannot make progress (it emits only into a drained batch): wait
             // for writability instead of spinning.

@@ -33,6 +33,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, anyhow, bail};
 
 pub mod bench;
+pub mod hold;
 
 /// Address of the host namespace's end of the veth to the fake internet.
 pub const HOST_VETH_ADDR: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 1);

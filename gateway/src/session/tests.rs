@@ -474,12 +474,17 @@ async fn dns_over_tcp_connections_count_against_the_flow_limit() {
     );
     let text = String::from_utf8(audit.0.lock().unwrap().clone()).unwrap();
     let lines = crate::audit::tests::parse_all(&text);
-    assert!(
-        lines
-            .iter()
-            .any(|l| l["reason"] == "flow_limit" && l["src"]["port"] == 3002),
-        "{text}"
+    let limited: Vec<_> = lines
+        .iter()
+        .filter(|l| l["reason"] == "flow_limit")
+        .collect();
+    assert_eq!(
+        limited.len(),
+        1,
+        "exactly one line for the refused flow: {text}"
     );
+    assert_eq!(limited[0]["src"]["port"], 3002, "{text}");
+    assert_eq!(limited[0]["decision"], "deny", "{text}");
     drop(guest);
     assert!(matches!(task.await.unwrap(), SessionEnd::GuestClosed));
 }
@@ -772,4 +777,63 @@ async fn a_split_client_hello_is_parsed_once_per_arrival_and_allowed() {
     // Once per arrival of new bytes at most, not once per loop turn.
     let calls = decider.calls.load(std::sync::atomic::Ordering::Relaxed);
     assert!((1..=3).contains(&calls), "inspected {calls} times");
+}
+
+/// What the page-release hook of [`idle_send_rings_are_given_back_once_drained`] was given.
+static RELEASED: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+
+fn record_release(buf: &mut [u8]) {
+    RELEASED.lock().unwrap().push(buf.len());
+}
+
+#[tokio::test]
+async fn idle_send_rings_are_given_back_once_drained() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let dst = SocketAddrV4::new(Ipv4Addr::LOCALHOST, listener.local_addr().unwrap().port());
+    let mut cfg = Config::new(DEFAULT_SUBNET, 1500).unwrap();
+    cfg.flow_buffer = 128 * 1024;
+    cfg.release_pages = record_release;
+    let (mut guest, _audit, _task) = start_cfg(cfg, Arc::new(TestDecider));
+    let a = SocketAddrV4::new(Ipv4Addr::new(10, 0, 2, 15), 1000);
+    guest
+        .send(&[tcp_frame(a, dst, TcpControl::Syn, 100, None)])
+        .await;
+    let (_, _, control, isn, _) = guest.recv_tcp().await;
+    assert_eq!(control, TcpControl::Syn);
+    guest
+        .send(&[tcp_frame(
+            a,
+            dst,
+            TcpControl::None,
+            101,
+            Some(isn.wrapping_add(1)),
+        )])
+        .await;
+    let (mut host, _) = listener.accept().await.unwrap();
+    host.write_all(b"hi").await.unwrap();
+    let (_, _, _, seq, _) = guest.recv_tcp().await;
+    assert_eq!(seq, isn.wrapping_add(1), "the host's bytes");
+    // Unacknowledged: the ring holds them, nothing is given back (two sweeps).
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert!(RELEASED.lock().unwrap().is_empty());
+    guest
+        .send(&[tcp_frame(
+            a,
+            dst,
+            TcpControl::None,
+            101,
+            Some(seq.wrapping_add(2)),
+        )])
+        .await;
+    // Drained and idle: the whole ring is given back within two sweeps.
+    for _ in 0..100 {
+        if !RELEASED.lock().unwrap().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(*RELEASED.lock().unwrap(), vec![128 * 1024]);
+    // Once only while nothing more arrives.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(RELEASED.lock().unwrap().len(), 1);
 }

@@ -70,6 +70,11 @@ pub(crate) struct Flow {
     /// What admitted it: `None` until the decider allowed it, and for
     /// DNS over TCP and published flows (no decider is asked).
     pub(crate) admission: Option<Admission>,
+    /// `down` when the send ring's pages were last given back
+    /// ([`Datapath::release_idle_buffers`](crate::session::Datapath)).
+    pub(crate) down_at_release: u64,
+    /// `down` at the last sweep: unchanged since means idle.
+    pub(crate) down_at_sweep: u64,
 }
 
 impl Flow {

@@ -1,7 +1,8 @@
 //! The byte pump of an open TCP flow: one copy each way between the
 //! smoltcp socket's buffers and the host stream (`recv` into `try_write`,
 //! `send` from `try_read`), half-closes passed on both ways, a reset on
-//! either side passed to the other.
+//! either side passed to the other; the send rings of idle flows given
+//! back to the kernel.
 
 use std::time::Duration;
 
@@ -34,6 +35,43 @@ impl Datapath {
             }
         }
         ready
+    }
+
+    /// Gives back the send ring of every open flow that is idle: nothing
+    /// unacknowledged in it and nothing read from its host since the last
+    /// sweep (called about once a second, so after one to two idle
+    /// seconds). An idle ring holds no data: its pages are handed to
+    /// [`Config::release_pages`](crate::config::Config) and cost no
+    /// resident memory until the host sends again. The receive ring is kept:
+    /// out-of-order guest data may wait in its free space, which smoltcp
+    /// does not expose.
+    pub(crate) fn release_idle_buffers(&mut self) {
+        let release = self.cfg.release_pages;
+        for flow in self.flows.values_mut() {
+            let FlowState::Open { handle, .. } = &flow.state else {
+                continue;
+            };
+            let idle = flow.down == flow.down_at_sweep;
+            flow.down_at_sweep = flow.down;
+            if !idle || flow.down == flow.down_at_release {
+                continue;
+            }
+            let sock = self.sockets.get_mut::<tcp::Socket<'_>>(*handle);
+            if sock.send_queue() > 0 {
+                continue;
+            }
+            // `send` on an empty ring offers all of it (smoltcp rewinds an
+            // empty ring to its start); nothing is enqueued.
+            if sock
+                .send(|free| {
+                    release(free);
+                    (0, ())
+                })
+                .is_ok()
+            {
+                flow.down_at_release = flow.down;
+            }
+        }
     }
 }
 

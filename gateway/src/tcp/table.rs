@@ -133,6 +133,8 @@ impl Datapath {
                 down: 0,
                 audited_open: false,
                 admission: None,
+                down_at_release: 0,
+                down_at_sweep: 0,
             },
         );
         self.by_key.insert(key, id);

@@ -23,6 +23,11 @@
 //!   second world whose resolver is a relay to dnsmasq that holds each
 //!   query `--delay-ms` (a slow upstream), the same at the smallest count;
 //!   one JSON line per cell.
+//! - `rss --sidecar gateway|passt --flows 1000,10000,50000`: the sidecar's
+//!   RSS idle and while the guest holds each count of established echo
+//!   flows (opened in steps, each proven by one echo round trip, then idle
+//!   for a few seconds), and whether one more connection still echoes; one
+//!   JSON line per count.
 //! - `connrate`, `dnsqps`, `dnsnames`, `hold`: the clients `run` and `dns`
 //!   start inside the guest namespace.
 //!
@@ -41,6 +46,7 @@ use serde_json::{Value, json};
 use sluice_e2e::bench::{
     dns_a_query, guest_bench, iperf, load_average_1min, percentile, table_cell,
 };
+use sluice_e2e::hold::{FlowHolder, HARNESS_NOFILE, raise_nofile, widen_guest_ports};
 use sluice_e2e::{BANNER_PORT, ECHO_PORT, ORIGIN_ADDR, ORIGIN_NAME, Sidecar, World, bin_path};
 
 /// Command line.
@@ -74,6 +80,21 @@ enum Cmd {
         #[arg(long, default_value_t = 1000)]
         flows: u32,
         /// Extra argument for the sidecar (repeatable), e.g. `--flow-buffer-kib=256`.
+        #[arg(long, allow_hyphen_values = true)]
+        sidecar_arg: Vec<String>,
+    },
+    /// RSS idle and with each count of held flows; one JSON line per count.
+    Rss {
+        /// `gateway` or `passt`.
+        #[arg(long, default_value = "gateway")]
+        sidecar: String,
+        /// Flow counts, ascending (comma-separated).
+        #[arg(long, default_value = "1000,10000,50000", value_delimiter = ',')]
+        flows: Vec<u32>,
+        /// MTU the sidecar advertises.
+        #[arg(long, default_value_t = 65520)]
+        mtu: u32,
+        /// Extra argument for the sidecar (repeatable).
         #[arg(long, allow_hyphen_values = true)]
         sidecar_arg: Vec<String>,
     },
@@ -224,6 +245,12 @@ fn main() -> Result<()> {
             println!("{v}");
             Ok(())
         }
+        Cmd::Rss {
+            sidecar,
+            flows,
+            mtu,
+            sidecar_arg,
+        } => rss_curve(&sidecar, &flows, mtu, &sidecar_arg),
         Cmd::Xfer(a) => xfer(&a),
         Cmd::Table { file } => table(&file),
         Cmd::Connrate { addr, count } => connrate(addr, count),
@@ -520,6 +547,87 @@ fn hold(addr: SocketAddr, count: u32) -> Result<()> {
     std::io::stdout().flush()?;
     let mut sink = Vec::new();
     let _ = std::io::stdin().read_to_end(&mut sink);
+    Ok(())
+}
+
+/// How long held flows sit idle before the RSS is read: the gateway gives
+/// an idle flow's send ring back after one to two seconds.
+const RSS_SETTLE: Duration = Duration::from_secs(4);
+
+fn rss_curve(sidecar: &str, counts: &[u32], mtu: u32, sidecar_args: &[String]) -> Result<()> {
+    let s = match sidecar {
+        "gateway" => Sidecar::Gateway,
+        "passt" => Sidecar::Passt,
+        other => bail!("unknown sidecar {other}"),
+    };
+    let nofile = raise_nofile(HARNESS_NOFILE)?;
+    eprintln!(
+        "rss: open-file limit {nofile} (each held flow needs one descriptor in the holder, the sidecar and the origin)"
+    );
+    let most = counts.iter().copied().max().unwrap_or(0);
+    let mut b = World::builder().sidecar(s).mtu(mtu);
+    if s == Sidecar::Gateway {
+        // Room for every held flow and the probe.
+        b = b.sidecar_arg(&format!("--max-flows={}", most + 16));
+    }
+    for a in sidecar_args {
+        b = b.sidecar_arg(a);
+    }
+    let mut w = b.start()?;
+    // The default range (32768-60999) holds ~28,000 flows to one
+    // destination; the guest namespace is widened only when a step needs
+    // more, so smaller runs see it as every other benchmark does.
+    if most > 25_000 {
+        widen_guest_ports(&w)?;
+    }
+    let echo = SocketAddr::from((ORIGIN_ADDR, ECHO_PORT));
+    std::thread::sleep(RSS_SETTLE);
+    let idle_kb = w.sidecar().and_then(|p| p.rss_kb());
+    println!(
+        "{}",
+        json!({"sidecar": s.name(), "mtu": mtu, "flows": 0,
+               "rss_mb": idle_kb.map(|k| k as f64 / 1024.0),
+               "load": load_average_1min()})
+    );
+    let mut holders = Vec::new();
+    let mut held = 0u32;
+    for &target in counts {
+        let step = target.saturating_sub(held);
+        let start = Instant::now();
+        match FlowHolder::start(&w, echo, step) {
+            Ok(h) => {
+                held += step;
+                holders.push(h);
+            }
+            Err(e) => {
+                println!(
+                    "{}",
+                    json!({"sidecar": s.name(), "mtu": mtu, "flows": target,
+                           "held": held, "error": format!("{e:#}"),
+                           "load": load_average_1min()})
+                );
+                break;
+            }
+        }
+        let open_secs = start.elapsed().as_secs_f64();
+        std::thread::sleep(RSS_SETTLE);
+        let kb = w.sidecar().and_then(|p| p.rss_kb());
+        // One more connection while the flows are held: does it still echo?
+        let probe = FlowHolder::start(&w, echo, 1).map(drop);
+        println!(
+            "{}",
+            json!({"sidecar": s.name(), "mtu": mtu, "flows": held,
+                   "rss_mb": kb.map(|k| k as f64 / 1024.0),
+                   "kb_per_flow": kb.zip(idle_kb).map(|(k, i)| (k.saturating_sub(i)) as f64 / f64::from(held.max(1))),
+                   "open_secs": open_secs,
+                   "new_connection": match &probe {
+                       Ok(()) => "echoed".to_string(),
+                       Err(e) => format!("{e:#}"),
+                   },
+                   "load": load_average_1min()})
+        );
+        std::io::stdout().flush()?;
+    }
     Ok(())
 }
 
