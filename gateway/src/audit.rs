@@ -49,7 +49,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hickory_proto::op::ResponseCode;
-use sluice_policy::audit::{AuditRecord, Kind, PolicyRef, RuleRef, Timestamp};
+use sluice_policy::audit::{ApprovalInfo, AuditRecord, Kind, PolicyRef, RuleRef, Timestamp};
 use sluice_policy::{CompiledPolicy, Reason, Transport, Verdict};
 
 use crate::enforce::WireName;
@@ -214,6 +214,26 @@ pub enum AuditEvent<'a> {
         reason: Reason,
         /// The drop counter's name.
         detail: &'a str,
+    },
+    /// A runtime approval decision (kind `approval`; docs/approval.md):
+    /// `approval_allowed` or `approval_denied`.
+    Approval {
+        /// The exact name asked about.
+        name: &'a str,
+        /// The decision as it stands (`allow_once`, ..., `deny_sandbox`).
+        choice: &'a str,
+        /// Whether it opens the name.
+        allowed: bool,
+        /// Who decided (`unix: alice`, `timeout`, `webhook: backend_error`).
+        by: &'a str,
+        /// How long it lasts (`dns_ttl`, `retry_window`, `sandbox`, `always`).
+        lasts: &'a str,
+        /// TCP ports an allow opens.
+        tcp_ports: &'a [u16],
+        /// UDP ports an allow opens.
+        udp_ports: &'a [u16],
+        /// Why a backend gave no answer, or why the overlay was not written.
+        detail: Option<&'a str>,
     },
     /// A gateway lifecycle event or guest-side protocol error (kind
     /// `gateway`).
@@ -604,9 +624,12 @@ fn build<'a>(
             });
             // The decider allowed it: name the rule when the snapshot
             // agrees (it always does for a policy decider).
+            // With a policy, the decider allows what the policy denies only
+            // through a runtime approval.
             let (reason, rule) = match verdict {
                 Some(v) if v.is_allowed() => (v.reason, rule_of(&v)),
-                _ => (Reason::Allowlisted, None),
+                Some(_) => (Reason::ApprovalAllowed, None),
+                None => (Reason::Allowlisted, None),
             };
             let mut r =
                 new(Kind::Connection, reason)
@@ -625,7 +648,8 @@ fn build<'a>(
                 policy.map(|p| p.check_name_port(wire.as_str(), Transport::Tcp, dst.port()));
             let (reason, rule) = match verdict {
                 Some(v) if v.is_allowed() => (v.reason, rule_of(&v)),
-                _ => (Reason::Allowlisted, None),
+                Some(_) => (Reason::ApprovalAllowed, None),
+                None => (Reason::Allowlisted, None),
             };
             let mut r =
                 new(Kind::Connection, reason)
@@ -758,6 +782,41 @@ fn build<'a>(
             new(Kind::PolicyReload, reason).detail(text)
         }
         AuditEvent::FrameDrop { reason, detail } => new(Kind::Connection, reason).detail(detail),
+        AuditEvent::Approval {
+            name,
+            choice,
+            allowed,
+            by,
+            lasts,
+            tcp_ports,
+            udp_ports,
+            detail,
+        } => {
+            let reason = if allowed {
+                Reason::ApprovalAllowed
+            } else {
+                Reason::ApprovalDenied
+            };
+            let mut r = new(Kind::Approval, reason);
+            r.approval = Some(ApprovalInfo {
+                name: Cow::Borrowed(name),
+                decision: Cow::Borrowed(choice),
+                by: Cow::Borrowed(by),
+                lasts: Cow::Borrowed(lasts),
+                tcp_ports: if allowed {
+                    tcp_ports.to_vec()
+                } else {
+                    Vec::new()
+                },
+                udp_ports: if allowed {
+                    udp_ports.to_vec()
+                } else {
+                    Vec::new()
+                },
+            });
+            r.detail = detail.map(Cow::Borrowed);
+            r
+        }
         AuditEvent::Gateway { reason, detail } => {
             let r = new(Kind::Gateway, reason);
             if detail.is_empty() {
@@ -819,6 +878,47 @@ pub(crate) mod tests {
             )
             .unwrap(),
         )
+    }
+
+    #[test]
+    fn an_approval_decision_is_an_approval_record_saying_who_and_how_long() {
+        let buf = Shared::default();
+        let mut sink = AuditSink::new(Box::new(buf.clone()), "sb1");
+        sink.set_policy(Some(policy()));
+        for (allowed, choice, by, lasts) in [
+            (true, "allow_once", "unix: alice", "dns_ttl"),
+            (false, "deny_once", "timeout", "retry_window"),
+        ] {
+            sink.record(&AuditEvent::Approval {
+                name: "files.example.org",
+                choice,
+                allowed,
+                by,
+                lasts,
+                tcp_ports: &[443],
+                udp_ports: &[],
+                detail: None,
+            });
+        }
+        sink.flush();
+        let lines = parse_all(&buf.text());
+        assert_eq!(lines.len(), 2);
+        let (a, d) = (&lines[0], &lines[1]);
+        assert_eq!(
+            (a["kind"].as_str(), a["reason"].as_str()),
+            (Some("approval"), Some("approval_allowed"))
+        );
+        assert_eq!(a["approval"]["name"], "files.example.org");
+        assert_eq!(a["approval"]["by"], "unix: alice");
+        assert_eq!(a["approval"]["lasts"], "dns_ttl");
+        assert_eq!(a["approval"]["tcp_ports"], serde_json::json!([443]));
+        assert!(a["approval"].get("udp_ports").is_none());
+        assert_eq!(
+            (d["decision"].as_str(), d["reason"].as_str()),
+            (Some("deny"), Some("approval_denied"))
+        );
+        // A deny opens nothing: no ports.
+        assert!(d["approval"].get("tcp_ports").is_none());
     }
 
     #[test]

@@ -189,6 +189,9 @@ pub struct Config {
     pub flow_buffer: usize,
     /// Bounds for forwarded guest UDP flows (count, idle expiry).
     pub udp: crate::udp::UdpLimits,
+    /// Where runtime approval questions go besides the policy's backend,
+    /// and the policy file the `always` overlay is written beside.
+    pub approval: crate::approval::ApprovalSetup,
 }
 
 impl Config {
@@ -220,6 +223,7 @@ impl Config {
             intercept: None,
             flow_buffer: DEFAULT_FLOW_BUFFER,
             udp: crate::udp::UdpLimits::default(),
+            approval: crate::approval::ApprovalSetup::default(),
         })
     }
 }

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use sluice_policy::platform::classify;
 
+use crate::approval::Approvals;
 use crate::dns::DnsTable;
 use crate::hostaddrs::HostAddresses;
 
@@ -104,6 +105,10 @@ pub enum InspectVerdict {
 pub struct DecideContext<'a> {
     /// The sandbox's name-to-address table, filled by the DNS forwarder.
     pub dns: &'a DnsTable,
+    /// The sandbox's runtime approvals (`unlisted: ask`): a name the
+    /// policy does not list but a standing decision approved opens the
+    /// ports the `approval:` section names. `None` where nothing was asked.
+    pub approved: Option<&'a Approvals>,
     /// The current time (for TTL checks).
     pub now: Instant,
 }
@@ -158,6 +163,15 @@ pub trait Decider: Send + Sync {
     /// answers `rcode` locally and audits `reason`. The default (no policy)
     /// forwards every name.
     fn dns_query(&self, qname: &str) -> Option<(hickory_proto::op::ResponseCode, &'static str)> {
+        let _ = qname;
+        None
+    }
+
+    /// The policy in force when a query for `qname` (normalised) would be
+    /// asked about rather than refused (`unlisted: ask` and a plain
+    /// allowlist miss: [`sluice_policy::CompiledPolicy::would_ask`]);
+    /// `None` otherwise. The default (no policy) asks about nothing.
+    fn asks_about(&self, qname: &str) -> Option<Arc<sluice_policy::CompiledPolicy>> {
         let _ = qname;
         None
     }
@@ -355,6 +369,7 @@ mod tests {
         let table = ctx_table();
         let ctx = DecideContext {
             dns: &table,
+            approved: None,
             now: Instant::now(),
         };
         let mut f = FlowKey {

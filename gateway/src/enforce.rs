@@ -91,8 +91,10 @@ use hickory_proto::op::ResponseCode;
 use sluice_inspect::{http, tls};
 use sluice_policy::{CompiledPolicy, PortProtocol, Reason, Transport as PolicyTransport, Verdict};
 
+use crate::approval::Approvals;
 use crate::decide::{
     DecideContext, Decider, Decision, DenyReason, FlowKey, InspectVerdict, PlatformDenySet,
+    Transport as DecideTransport,
 };
 use crate::dns::DnsTable;
 
@@ -202,6 +204,33 @@ impl PolicyDecider {
         verdict_decision(&policy.check_udp(ip, flow.dst.port(), names))
     }
 
+    /// Whether an open flow that [`PolicyDecider::recheck_tcp`] (or
+    /// `recheck_udp`) would revoke with `reason` is kept by a standing
+    /// runtime approval of one of `names` on its port: the address gate is
+    /// never overridden, and each name must still be a plain allowlist miss
+    /// under the policy in force now.
+    pub fn kept_by_approval(
+        &self,
+        flow: &FlowKey,
+        names: &[&str],
+        reason: &DenyReason,
+        approvals: &Approvals,
+        now: Instant,
+    ) -> bool {
+        let policy = self.policy.load();
+        let ip = flow.dst.ip();
+        if self.platform_denied(&policy, ip)
+            || DNS_PORTS.contains(&flow.dst.port())
+            || !policy.check_dns_answer(ip).is_allowed()
+            || matches!(reason, DenyReason::PlatformDenied)
+        {
+            return false;
+        }
+        names.iter().any(|n| {
+            approvals.opens(n, flow.transport, flow.dst.port(), now) && policy.would_ask(n)
+        })
+    }
+
     /// [`dns_filter`] under the policy in force now.
     pub fn dns_action(&self, qname: &str) -> DnsAction {
         dns_filter(&self.policy.load(), qname)
@@ -224,6 +253,33 @@ fn deny(reason: Reason) -> DenyReason {
         Reason::PlatformDenied => DenyReason::PlatformDenied,
         other => DenyReason::Policy(other.as_str()),
     }
+}
+
+/// Whether a denial with `reason` may be overridden by a runtime approval
+/// of one of the destination's names: never when the address gate refused
+/// the destination (platform, metadata, private), which nothing opens.
+fn approval_may_open(reason: Reason) -> bool {
+    !matches!(
+        reason,
+        Reason::PlatformDenied | Reason::PrivateDestination | Reason::DnsResolverDenied
+    )
+}
+
+/// Whether a standing approval opens one of `names` on `port`, each name
+/// still a plain allowlist miss under `policy` (a `deny:` rule or a
+/// reload to `unlisted: deny` closes what was approved).
+fn approved_any(
+    policy: &CompiledPolicy,
+    ctx: &DecideContext<'_>,
+    names: &[&str],
+    transport: DecideTransport,
+    port: u16,
+) -> bool {
+    ctx.approved.is_some_and(|a| {
+        names
+            .iter()
+            .any(|n| a.opens(n, transport, port, ctx.now) && policy.would_ask(n))
+    })
 }
 
 /// The unexpired names the table holds for `ip` (at most [`MAX_NAMES_PER_IP`]).
@@ -259,6 +315,12 @@ impl PolicyDecider {
         }
         let names = table_names(ctx.dns, ip, ctx.now);
         let v = policy.check_destination(ip, port, &names);
+        if !v.is_allowed()
+            && approval_may_open(v.reason)
+            && approved_any(policy, ctx, &names, DecideTransport::Tcp, port)
+        {
+            return Ok(false);
+        }
         verdict_decision(&v)?;
         Ok(v.reason == Reason::CidrAllowed)
     }
@@ -273,7 +335,9 @@ impl PolicyDecider {
         mismatch: Reason,
     ) -> InspectVerdict {
         let v = policy.check_name_port(name, PolicyTransport::Tcp, flow.dst.port());
-        if !v.is_allowed() {
+        if !v.is_allowed()
+            && !approved_any(policy, ctx, &[name], DecideTransport::Tcp, flow.dst.port())
+        {
             return InspectVerdict::Deny(deny(v.reason));
         }
         if ctx.dns.resolved_for(flow.dst.ip(), name, ctx.now) {
@@ -358,6 +422,11 @@ impl Decider for PolicyDecider {
         self.keep_answer(ip)
     }
 
+    fn asks_about(&self, qname: &str) -> Option<Arc<CompiledPolicy>> {
+        let policy = self.policy.load_full();
+        policy.would_ask(qname).then_some(policy)
+    }
+
     /// A chain through a name a deny rule matches is refused (`denylisted`):
     /// otherwise an allowed alias (`alias.example.org CNAME
     /// bad.example.org`) would hand the guest the denied host's addresses
@@ -399,7 +468,14 @@ impl Decider for PolicyDecider {
             return Decision::Deny(deny(Reason::DnsResolverDenied));
         }
         let names = table_names(ctx.dns, ip, ctx.now);
-        match verdict_decision(&policy.check_udp(ip, port, &names)) {
+        let v = policy.check_udp(ip, port, &names);
+        if !v.is_allowed()
+            && approval_may_open(v.reason)
+            && approved_any(&policy, ctx, &names, DecideTransport::Udp, port)
+        {
+            return Decision::Allow;
+        }
+        match verdict_decision(&v) {
             Ok(()) => Decision::Allow,
             Err(reason) => Decision::Deny(reason),
         }
@@ -684,6 +760,7 @@ internal:
         fn ctx(&self) -> DecideContext<'_> {
             DecideContext {
                 dns: &self.t,
+                approved: None,
                 now: self.now,
             }
         }
@@ -779,7 +856,11 @@ internal:
     fn run_tcp(d: &PolicyDecider, dst: &str, first: &[u8]) -> InspectVerdict {
         let now = Instant::now();
         let t = table(now);
-        let ctx = DecideContext { dns: &t, now };
+        let ctx = DecideContext {
+            dns: &t,
+            approved: None,
+            now,
+        };
         let f = tcp(dst);
         match d.decide_tcp(&f, &ctx) {
             Decision::Allow => InspectVerdict::Allow,
@@ -1109,7 +1190,11 @@ internal:
             t.insert(ip.parse().unwrap(), "www.example.com", ttl, now);
         }
         t.insert("10.9.9.9".parse().unwrap(), "www.example.com", ttl, now);
-        let ctx = DecideContext { dns: &t, now };
+        let ctx = DecideContext {
+            dns: &t,
+            approved: None,
+            now,
+        };
         for dst in [
             "127.0.0.1:443",
             "169.254.169.254:80",
@@ -1170,6 +1255,7 @@ internal:
         let later = now + Duration::from_secs(3600);
         let ctx = DecideContext {
             dns: &t,
+            approved: None,
             now: later,
         };
         assert_eq!(

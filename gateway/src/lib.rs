@@ -13,7 +13,7 @@
 //! builds the gateway's argv from [`args::GatewayArgs`] and
 //! [`config::PublishSpec`]; its tests render records with [`audit::ocsf`])
 //! and the end-to-end tests (the audit rate limits) use: [`serve`], [`serve_with_reload`], their argument
-//! types, and the modules [`args`], [`audit`], [`config`], [`decide`],
+//! types, and the modules [`approval`], [`args`], [`audit`], [`config`], [`decide`],
 //! [`enforce`], [`hostaddrs`] and [`reload`]. Every other module is private.
 //!
 //! The `test-util` feature (nothing that ships enables it) also makes
@@ -27,6 +27,7 @@
 #![forbid(unsafe_code)]
 
 // The public API (see the crate doc).
+pub mod approval;
 pub mod args;
 pub mod audit;
 pub mod config;

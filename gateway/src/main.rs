@@ -54,6 +54,10 @@ fn main() -> anyhow::Result<()> {
     cfg.udp.idle = std::time::Duration::from_secs(args.udp_idle_secs.max(1));
     cfg.udp.idle_unanswered = cfg.udp.idle / 2;
     cfg.sandbox_id = args.sandbox_id.clone();
+    cfg.approval = sluice_gateway::approval::ApprovalSetup {
+        socket: args.approval_socket.clone(),
+        policy_path: args.policy.clone(),
+    };
     let mut options = CompileOptions::default();
     options.host_addresses = host_addresses();
     let policy = match &args.policy {
@@ -114,6 +118,10 @@ fn main() -> anyhow::Result<()> {
     let hosts = Arc::new(HostAddresses::read());
     let deny = PlatformDenySet::with_host_addresses(Arc::clone(&hosts), cfg.gateway_ip, broadcast);
     let mut reload = None;
+    let policy_always = policy
+        .as_ref()
+        .and_then(|p| p.approval())
+        .is_some_and(|a| a.always);
     let decider: Arc<dyn Decider> = match (policy, &args.policy) {
         (Some(policy), Some(path)) => {
             tracing::info!(policy = %path.display(), "enforcing policy (SIGHUP or a file change reloads it)");
@@ -131,7 +139,13 @@ fn main() -> anyhow::Result<()> {
         }
     };
 
-    self_restrict(&args, secret_dirs)?;
+    // `always` answers write the overlay beside the policy: its directory
+    // then stays writable (docs/approval.md says what that costs).
+    let overlay_dir = match (&policy_always, &args.policy) {
+        (true, Some(p)) => Some(policy_dir(p)),
+        _ => None,
+    };
+    self_restrict(&args, secret_dirs, overlay_dir)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -192,9 +206,15 @@ fn interceptor(
 /// reads at start is read and before the runtime starts any thread: no
 /// exec, no new processes, no file writes but the audit log, reads only of
 /// the policy file's directory (reload re-reads it) and of the directories of
-/// the policy's secret files (reload re-reads them: rotation); TCP bind only on `--publish` ports. With `--socket`,
+/// the policy's secret files (reload re-reads them: rotation); writes in
+/// the policy's directory only when its `approval.always` lets answers
+/// write the overlay there; TCP bind only on `--publish` ports. With `--socket`,
 /// the socket's directory stays writable (the listener is bound later).
-fn self_restrict(args: &GatewayArgs, secret_dirs: Vec<PathBuf>) -> anyhow::Result<()> {
+fn self_restrict(
+    args: &GatewayArgs,
+    secret_dirs: Vec<PathBuf>,
+    overlay_dir: Option<PathBuf>,
+) -> anyhow::Result<()> {
     use sluice_confine::{GatewayConfinement, gateway_self_restrict};
     let mut conf = GatewayConfinement {
         audit_path: (args.audit != "-").then(|| PathBuf::from(&args.audit)),
@@ -214,6 +234,7 @@ fn self_restrict(args: &GatewayArgs, secret_dirs: Vec<PathBuf>) -> anyhow::Resul
             .map(|p| p.host.port())
             .collect(),
         allow_missing_landlock: args.allow_missing_landlock,
+        write_dirs: overlay_dir.into_iter().collect(),
         ..GatewayConfinement::default()
     };
     if let Some(dir) = args.socket.as_ref().and_then(|s| s.parent()) {

@@ -109,6 +109,82 @@ where
     })
 }
 
+/// What [`serve`] did, for the run's summary.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Served {
+    /// Questions answered from the terminal.
+    pub prompted: u64,
+    /// Questions denied without a prompt (no terminal, `--json`).
+    pub auto_denied: u64,
+}
+
+/// How [`serve`] answers.
+#[derive(Debug)]
+pub enum Mode<R, W> {
+    /// Prompt on this terminal (input, output).
+    Prompt(R, W),
+    /// Deny every question without prompting; the reason (`no terminal`,
+    /// `--json`) goes into each answer's `by`.
+    AutoDeny(String),
+}
+
+/// Serves the gateway's questions arriving on `listener` (the `unix`
+/// backend's other side) one at a time: each is prompted on the terminal,
+/// or denied at once in [`Mode::AutoDeny`]. Runs until `listener` fails;
+/// `served` is updated after each question. A terminal that fails denies
+/// the question and every later one.
+pub async fn serve<R, W>(
+    listener: tokio::net::UnixListener,
+    mut mode: Mode<R, W>,
+    served: std::sync::Arc<std::sync::Mutex<Served>>,
+) where
+    R: AsyncBufRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    while let Ok((stream, _)) = listener.accept().await {
+        let mut prompted = false;
+        let mut failed = None;
+        let answer = super::unix::serve_one(stream, |q| {
+            let (mode, prompted, failed) = (&mut mode, &mut prompted, &mut failed);
+            async move {
+                match mode {
+                    Mode::Prompt(input, out) => {
+                        *prompted = true;
+                        match prompt(&q, input, out).await {
+                            Ok(a) => a,
+                            Err(e) => {
+                                *failed = Some(e.to_string());
+                                Answer {
+                                    decision: Choice::DenyOnce,
+                                    by: Some("terminal: failed".into()),
+                                }
+                            }
+                        }
+                    }
+                    Mode::AutoDeny(why) => Answer {
+                        decision: Choice::DenyOnce,
+                        by: Some(format!("auto-denied: {why}")),
+                    },
+                }
+            }
+        })
+        .await;
+        if let Err(e) = answer {
+            tracing::debug!(error = %e, "approval question not served");
+        }
+        if let Ok(mut s) = served.lock() {
+            if prompted {
+                s.prompted += 1;
+            } else {
+                s.auto_denied += 1;
+            }
+        }
+        if let Some(why) = failed {
+            mode = Mode::AutoDeny(format!("the terminal failed: {why}"));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

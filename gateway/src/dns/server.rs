@@ -25,7 +25,9 @@ use smoltcp::socket::tcp;
 
 use super::table::DnsTable;
 use super::upstream::{MAX_TCP_MESSAGE, UpstreamKey, UpstreamReply};
+use crate::approval::{Approvals, Outgoing};
 use crate::decide::Decider;
+use sluice_approval::Asked;
 
 /// A validated guest query (sluice-inspect's reader: one IN question, opcode
 /// QUERY, the name normalised exactly as the policy normalises names).
@@ -35,6 +37,10 @@ pub(crate) use sluice_inspect::dns::Query as Question;
 pub(crate) const MAX_IN_FLIGHT: usize = 256;
 /// Guest queries waiting on one question in flight; beyond it SERVFAIL.
 pub(crate) const MAX_WAITERS_PER_QUESTION: usize = 64;
+/// The audit reason of a query an approval question refused.
+const APPROVAL_DENIED: &str = "approval_denied";
+/// The audit reason of a query refused without asking (limits).
+const APPROVAL_LIMITED: &str = "approval_limited";
 /// Answers cached at once (per sandbox). When full, expired answers are
 /// dropped (at most one sweep a second); if none had expired, the answer
 /// that expires first is dropped to make room for the new one.
@@ -135,6 +141,10 @@ pub(crate) enum Served {
     /// ([`super::upstream::resolve`]) and hands the reply to
     /// [`DnsServer::answered`].
     Ask(UpstreamKey),
+    /// Held for a runtime approval: the caller asks the backend
+    /// (`crate::approval::spawn_question`) and hands the answer to
+    /// [`DnsServer::approval_decided`].
+    Approve(Outgoing),
 }
 
 /// A guest query waiting on an upstream answer.
@@ -160,17 +170,48 @@ pub(crate) struct DnsServer {
     cache: HashMap<(String, RecordType), Cached>,
     cache_purged: Option<Instant>,
     pending: HashMap<UpstreamKey, Vec<Waiter>>,
+    approvals: Approvals,
+    /// Queries held while their name is being asked about, by name (every
+    /// query type of a name waits on its one question).
+    held: HashMap<String, Vec<Waiter>>,
 }
 
 impl DnsServer {
-    /// A server whose table holds at most `table_capacity` pairs.
+    /// A server whose table holds at most `table_capacity` pairs and that
+    /// asks nothing at run time (no sandbox, no approval socket).
+    #[cfg(test)]
     pub(crate) fn new(table_capacity: usize) -> Self {
+        Self::with_approvals(table_capacity, Approvals::new("", Default::default()))
+    }
+
+    /// A server that asks about unlisted names through `approvals`.
+    pub(crate) fn with_approvals(table_capacity: usize, approvals: Approvals) -> Self {
         Self {
             table: DnsTable::new(table_capacity),
             cache: HashMap::new(),
             cache_purged: None,
             pending: HashMap::new(),
+            approvals,
+            held: HashMap::new(),
         }
+    }
+
+    /// The sandbox's runtime approvals (for the flow decider).
+    pub(crate) fn approvals(&self) -> &Approvals {
+        &self.approvals
+    }
+
+    /// Keeps only the table's names that `keep` says the policy allows, or
+    /// that a standing approval still opens (a reload).
+    pub(crate) fn retain_names(
+        &mut self,
+        keep: impl Fn(&str) -> bool,
+        still_asks: impl Fn(&str) -> bool,
+        now: Instant,
+    ) -> usize {
+        let approvals = &self.approvals;
+        self.table
+            .retain_names(|name| keep(name) || (still_asks(name) && approvals.allows(name, now)))
     }
 
     /// The name-to-address table.
@@ -217,14 +258,139 @@ impl DnsServer {
             }
         };
         if let Some((rcode, reason)) = decider.dns_query(&question.name) {
-            let bytes = sluice_inspect::dns::error_response(&question, rcode);
-            return Served::Now(deliver(
+            match decider.asks_about(&question.name) {
+                // A plain allowlist miss under `unlisted: ask`: held until
+                // decided; an approved name goes on as a listed one.
+                Some(policy) => {
+                    if let Err(served) = self.approve(to, question.clone(), &policy, now) {
+                        return served;
+                    }
+                }
+                None => {
+                    let bytes = sluice_inspect::dns::error_response(&question, rcode);
+                    return Served::Now(deliver(
+                        to,
+                        question,
+                        bytes,
+                        Outcome::Denied { rcode, reason },
+                    ));
+                }
+            }
+        }
+        self.forward(to, question, decider, can_forward, now)
+    }
+
+    /// A query whose name may be asked: `Ok` when a standing approval opens
+    /// it (the caller goes on), else what became of the query (held,
+    /// refused).
+    fn approve(
+        &mut self,
+        to: Asker,
+        question: Question,
+        policy: &sluice_policy::CompiledPolicy,
+        now: Instant,
+    ) -> Result<(), Served> {
+        let refused = |question: Question, reason: &'static str| {
+            let bytes = sluice_inspect::dns::refused_response(&question);
+            let rcode = ResponseCode::Refused;
+            Served::Now(deliver(
                 to,
                 question,
                 bytes,
                 Outcome::Denied { rcode, reason },
-            ));
+            ))
+        };
+        let qtype = question.qtype.to_string();
+        let (asked, out) = self.approvals.ask(policy, &question.name, &qtype, now);
+        match (asked, out) {
+            (Asked::Decided(g), _) if g.choice.allows() => Ok(()),
+            (Asked::Decided(_), _) => Err(refused(question, APPROVAL_DENIED)),
+            (Asked::Refused(_), _) => Err(refused(question, APPROVAL_LIMITED)),
+            (Asked::Joined, _) => {
+                let waiting = self.held.entry(question.name.clone()).or_default();
+                if waiting.len() >= MAX_WAITERS_PER_QUESTION {
+                    return Err(refused(question, APPROVAL_LIMITED));
+                }
+                waiting.push(Waiter { to, question });
+                Err(Served::Joined)
+            }
+            (Asked::Ask(_), Some(out)) => {
+                self.held
+                    .entry(question.name.clone())
+                    .or_default()
+                    .push(Waiter { to, question });
+                Err(Served::Approve(out))
+            }
+            (Asked::Ask(_), None) => Err(refused(question, APPROVAL_DENIED)),
         }
+    }
+
+    /// The queries held on `name`'s question once it is decided: each
+    /// goes on as a listed name's would (`allowed`), or is REFUSED.
+    pub(crate) fn approval_decided(
+        &mut self,
+        name: &str,
+        allowed: bool,
+        decider: &dyn Decider,
+        can_forward: bool,
+        now: Instant,
+    ) -> Vec<Served> {
+        let held = self.held.remove(name).unwrap_or_default();
+        held.into_iter()
+            .map(|w| {
+                // Re-decided under the policy in force now: a reload may
+                // have listed or denied the name while it was asked about.
+                let open = match decider.dns_query(name) {
+                    None => true,
+                    Some(denied) if decider.asks_about(name).is_none() => {
+                        let (rcode, reason) = denied;
+                        let bytes = sluice_inspect::dns::error_response(&w.question, rcode);
+                        let outcome = Outcome::Denied { rcode, reason };
+                        return Served::Now(deliver(w.to, w.question, bytes, outcome));
+                    }
+                    Some(_) => allowed,
+                };
+                if open {
+                    self.forward(w.to, w.question, decider, can_forward, now)
+                } else {
+                    let rcode = ResponseCode::Refused;
+                    let bytes = sluice_inspect::dns::refused_response(&w.question);
+                    let outcome = Outcome::Denied {
+                        rcode,
+                        reason: APPROVAL_DENIED,
+                    };
+                    Served::Now(deliver(w.to, w.question, bytes, outcome))
+                }
+            })
+            .collect()
+    }
+
+    /// Records a backend's answer; the decision that now stands.
+    pub(crate) fn approval_answered(
+        &mut self,
+        name: &str,
+        kind: &str,
+        result: Result<sluice_approval::Answer, sluice_approval::BackendError>,
+        now: Instant,
+    ) -> Option<sluice_approval::Grant> {
+        self.approvals.answered(name, kind, result, now)
+    }
+
+    /// The ports an approval opens (for its audit record).
+    pub(crate) fn approval_ports(&self) -> (Vec<u16>, Vec<u16>) {
+        self.approvals.ports()
+    }
+
+    /// The rest of a query's way once its name may be resolved: the type,
+    /// the cache, then upstream (collapsed with an identical question).
+    fn forward(
+        &mut self,
+        to: Asker,
+        question: Question,
+        decider: &dyn Decider,
+        can_forward: bool,
+        now: Instant,
+    ) -> Served {
         if !forwarded_type(question.qtype) {
             let bytes = sluice_inspect::dns::error_response(&question, ResponseCode::NoError);
             return Served::Now(deliver(to, question, bytes, Outcome::TypeWithheld));
@@ -391,8 +557,12 @@ impl DnsServer {
     ) -> Delivery {
         // A reload may have denied the name while the question was in flight.
         if let Some((rcode, reason)) = decider.dns_query(&question.name) {
-            let bytes = sluice_inspect::dns::error_response(&question, rcode);
-            return deliver(to, question, bytes, Outcome::Denied { rcode, reason });
+            let approved = decider.asks_about(&question.name).is_some()
+                && self.approvals.allows(&question.name, now);
+            if !approved {
+                let bytes = sluice_inspect::dns::error_response(&question, rcode);
+                return deliver(to, question, bytes, Outcome::Denied { rcode, reason });
+            }
         }
         let mut message = message.to_vec();
         if let Some(id) = message.get_mut(..2) {
@@ -420,6 +590,14 @@ impl DnsServer {
             return deliver(to, question, bytes, Outcome::PrivateAnswer);
         }
         record(&question, &clean, &mut self.table, now);
+        // An `allow_once` lasts as long as the answer the guest holds.
+        if let Some(shortest) = clean.answers.iter().map(|(_, _, ttl)| *ttl).min() {
+            self.approvals.answer_ttl(
+                &question.name,
+                Duration::from_secs(u64::from(shortest)),
+                now,
+            );
+        }
         let addresses = clean.answers.iter().map(|(_, ip, _)| *ip).collect();
         let outcome = Outcome::Answered {
             rcode: clean.rcode,

@@ -8,7 +8,10 @@ use std::time::{Duration, Instant};
 
 use smoltcp::socket::tcp;
 
+use sluice_approval::Choice;
+
 use super::{Asker, Delivery, Outcome, Served, UpstreamReply};
+use crate::approval::ApprovalReply;
 use crate::audit::AuditEvent;
 use crate::packet;
 use crate::session::{Datapath, Event};
@@ -40,6 +43,13 @@ impl Datapath {
             can_forward,
             Instant::now(),
         );
+        self.handle_served(served);
+    }
+
+    /// Carries out what the DNS server made of a query: an answer now, a
+    /// question upstream, or a question to the approval backend (each on a
+    /// task of its own: the event loop never waits).
+    fn handle_served(&mut self, served: Served) {
         match served {
             Served::Now(delivery) => self.deliver_dns(delivery),
             Served::Joined => {}
@@ -51,6 +61,65 @@ impl Datapath {
                     let _ = events.send(Event::DnsUpstream(reply));
                 });
             }
+            Served::Approve(out) => {
+                self.counters.approval_questions += 1;
+                crate::approval::spawn_question(out, self.events.clone());
+            }
+        }
+    }
+
+    /// A backend's answer (or failure) to an approval question: the
+    /// decision recorded and audited, then the queries held on it answered
+    /// (forwarded as for a listed name, or REFUSED).
+    pub(crate) fn on_approval(&mut self, reply: ApprovalReply) {
+        let now = Instant::now();
+        let ApprovalReply {
+            name,
+            kind,
+            result,
+            overlay,
+        } = reply;
+        let failure = result.as_ref().err().map(ToString::to_string);
+        let grant = self.dns.approval_answered(&name, kind, result, now);
+        let (choice, by, allowed) = match &grant {
+            Some(g) => (g.choice, g.by.clone(), g.choice.allows()),
+            // The approval section changed meanwhile: the answer is moot.
+            None => (Choice::DenyOnce, "reload".to_owned(), false),
+        };
+        let lasts = match choice {
+            Choice::AllowOnce => "dns_ttl",
+            Choice::DenyOnce => "retry_window",
+            Choice::AllowSandbox | Choice::DenySandbox => "sandbox",
+            Choice::AllowAlways if matches!(overlay, Some(Ok(()))) => "always",
+            Choice::AllowAlways => "sandbox",
+        };
+        let overlay_err = match &overlay {
+            Some(Err(e)) => Some(format!(
+                "overlay not written (allowed for this sandbox only): {e}"
+            )),
+            _ => None,
+        };
+        let detail = failure.or(overlay_err);
+        let (tcp, udp) = self.dns.approval_ports();
+        if !allowed {
+            self.counters.approval_denied += 1;
+        }
+        self.audit.record(&AuditEvent::Approval {
+            name: &name,
+            choice: choice.as_str(),
+            allowed,
+            by: &by,
+            lasts,
+            tcp_ports: &tcp,
+            udp_ports: &udp,
+            detail: detail.as_deref(),
+        });
+        let can_forward = !self.dns_upstreams().is_empty();
+        let served =
+            self.dns
+                .approval_decided(&name, allowed, self.decider.as_ref(), can_forward, now);
+        for s in served {
+            self.handle_served(s);
         }
     }
 
@@ -123,6 +192,9 @@ impl Datapath {
     pub(crate) fn audit_dns(&mut self, d: &Delivery) {
         if d.outcome.is_denial() {
             self.counters.dns_denied += 1;
+        }
+        if matches!(d.outcome, Outcome::Denied { reason, .. } if reason == "approval_limited") {
+            self.counters.approval_limited += 1;
         }
         if matches!(d.outcome, Outcome::Answered { cached: true, .. }) {
             self.counters.dns_cached += 1;
