@@ -103,6 +103,23 @@ fn main() -> anyhow::Result<()> {
     // Secret files are re-read on reload: their directories stay readable.
     let mut secret_dirs = Vec::new();
     if let Some(policy) = &policy {
+        // A webhook backend reads its token at each question and its TLS
+        // files at the first: their directories stay readable too.
+        if let Some(sluice_policy::ApprovalBackend::Webhook {
+            bearer_token_file,
+            client_cert,
+            client_key,
+            ca,
+            ..
+        }) = policy.approval().map(|a| &a.backend)
+        {
+            for path in [bearer_token_file, client_cert, client_key, ca]
+                .into_iter()
+                .flatten()
+            {
+                secret_dirs.push(policy_dir(path));
+            }
+        }
         cfg.intercept = interceptor(policy, args.ca_out.as_deref(), &args.upstream_ca)?;
         for s in policy.secrets() {
             if let sluice_policy::SecretSource::File(path) = &s.source {

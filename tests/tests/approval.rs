@@ -449,12 +449,12 @@ fn a_backend_that_is_down_denies() -> Result<()> {
     Ok(())
 }
 
-/// The webhook: Python's `http.server` on 127.0.0.1 (the gateway's
-/// namespace), logging each request's `authorization` header and body as a
+/// The webhook: Python's `http.server` on 127.0.0.1 in the world's host
+/// namespace (the gateway's), logging each request's `authorization` header and body as a
 /// JSON line and answering `allow_once`.
 const WEBHOOK: &str = r#"
 import http.server, json, sys
-log, portfile = sys.argv[1], sys.argv[2]
+log, portfile, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
 class H(http.server.BaseHTTPRequestHandler):
     def do_POST(self):
         body = self.rfile.read(int(self.headers.get("content-length", "0")))
@@ -471,7 +471,7 @@ class H(http.server.BaseHTTPRequestHandler):
         self.wfile.write(answer)
     def log_message(self, *a):
         pass
-s = http.server.HTTPServer(("127.0.0.1", 0), H)
+s = http.server.HTTPServer(("127.0.0.1", port), H)
 with open(portfile + ".tmp", "w") as f:
     f.write(str(s.server_address[1]))
 import os; os.rename(portfile + ".tmp", portfile)
@@ -488,25 +488,27 @@ fn webhook_backend_posts_the_question_with_its_bearer_token() -> Result<()> {
     let portfile = dir.path().join("port");
     let token = dir.path().join("token");
     std::fs::write(&token, "s3cret-token\n")?;
-    let _hook = Proc::spawn(
-        "webhook",
-        std::process::Command::new("python3")
-            .arg(&script)
-            .arg(&log)
-            .arg(&portfile),
-        &dir.path().join("hook.log"),
-    )?;
-    wait_until("the webhook's port", DEADLINE, || portfile.exists())?;
-    let port = std::fs::read_to_string(&portfile)?;
+    // The gateway runs in the world's host namespace, fresh: the port is free.
+    let port = 18080;
     let backend = format!(
-        "    webhook:\n      url: http://127.0.0.1:{}/ask\n      bearer_token_file: {}",
-        port.trim(),
+        "    webhook:\n      url: http://127.0.0.1:{port}/ask\n      bearer_token_file: {}",
         token.display()
     );
     let w = world(&policy(&backend, ""))?;
+    let _hook = Proc::spawn(
+        "webhook",
+        w.host
+            .cmd("python3")
+            .arg(&script)
+            .arg(&log)
+            .arg(&portfile)
+            .arg(port.to_string()),
+        &dir.path().join("hook.log"),
+    )?;
+    wait_until("the webhook's port", DEADLINE, || portfile.exists())?;
     let text = dig(&w, "hook.test")?;
-    ensure!(status_of(&text) == "NOERROR", "hook.test: {text}");
     let rec = approval_record(&w, "hook.test")?;
+    ensure!(status_of(&text) == "NOERROR", "hook.test: {text}\n{rec}");
     ensure!(
         rec["approval"]["by"] == "webhook: hook" && rec["approval"]["decision"] == "allow_once",
         "record: {rec}"
