@@ -144,7 +144,7 @@ pub(crate) enum Served {
     /// Held for a runtime approval: the caller asks the backend
     /// (`crate::approval::spawn_question`) and hands the answer to
     /// [`DnsServer::approval_decided`].
-    Approve(Outgoing),
+    Approve(Box<Outgoing>),
 }
 
 /// A guest query waiting on an upstream answer.
@@ -262,7 +262,7 @@ impl DnsServer {
                 // A plain allowlist miss under `unlisted: ask`: held until
                 // decided; an approved name goes on as a listed one.
                 Some(policy) => {
-                    if let Err(served) = self.approve(to, question.clone(), &policy, now) {
+                    if let Some(served) = self.approve(to, question.clone(), &policy, now) {
                         return served;
                     }
                 }
@@ -280,8 +280,8 @@ impl DnsServer {
         self.forward(to, question, decider, can_forward, now)
     }
 
-    /// A query whose name may be asked: `Ok` when a standing approval opens
-    /// it (the caller goes on), else what became of the query (held,
+    /// A query whose name may be asked: `None` when a standing approval
+    /// opens it (the caller goes on), else what became of the query (held,
     /// refused).
     fn approve(
         &mut self,
@@ -289,7 +289,7 @@ impl DnsServer {
         question: Question,
         policy: &sluice_policy::CompiledPolicy,
         now: Instant,
-    ) -> Result<(), Served> {
+    ) -> Option<Served> {
         let refused = |question: Question, reason: &'static str| {
             let bytes = sluice_inspect::dns::refused_response(&question);
             let rcode = ResponseCode::Refused;
@@ -303,25 +303,25 @@ impl DnsServer {
         let qtype = question.qtype.to_string();
         let (asked, out) = self.approvals.ask(policy, &question.name, &qtype, now);
         match (asked, out) {
-            (Asked::Decided(g), _) if g.choice.allows() => Ok(()),
-            (Asked::Decided(_), _) => Err(refused(question, APPROVAL_DENIED)),
-            (Asked::Refused(_), _) => Err(refused(question, APPROVAL_LIMITED)),
+            (Asked::Decided(g), _) if g.choice.allows() => None,
+            (Asked::Decided(_), _) => Some(refused(question, APPROVAL_DENIED)),
+            (Asked::Refused(_), _) => Some(refused(question, APPROVAL_LIMITED)),
             (Asked::Joined, _) => {
                 let waiting = self.held.entry(question.name.clone()).or_default();
                 if waiting.len() >= MAX_WAITERS_PER_QUESTION {
-                    return Err(refused(question, APPROVAL_LIMITED));
+                    return Some(refused(question, APPROVAL_LIMITED));
                 }
                 waiting.push(Waiter { to, question });
-                Err(Served::Joined)
+                Some(Served::Joined)
             }
             (Asked::Ask(_), Some(out)) => {
                 self.held
                     .entry(question.name.clone())
                     .or_default()
                     .push(Waiter { to, question });
-                Err(Served::Approve(out))
+                Some(Served::Approve(Box::new(out)))
             }
-            (Asked::Ask(_), None) => Err(refused(question, APPROVAL_DENIED)),
+            (Asked::Ask(_), None) => Some(refused(question, APPROVAL_DENIED)),
         }
     }
 

@@ -63,7 +63,7 @@ impl Datapath {
             }
             Served::Approve(out) => {
                 self.counters.approval_questions += 1;
-                crate::approval::spawn_question(out, self.events.clone());
+                crate::approval::spawn_question(*out, self.events.clone());
             }
         }
     }
