@@ -10,6 +10,7 @@
 
 use std::io::Write as _;
 
+mod ask;
 pub mod audit_cmd;
 pub mod doctor;
 mod egress_floor;
