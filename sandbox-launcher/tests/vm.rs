@@ -1085,7 +1085,16 @@ fn ask_prompts_on_the_terminal_and_json_auto_denies() {
         assert!(o.status.success(), "tmux {args:?}: {}", text(&o.stderr));
         text(&o.stdout)
     };
-    tmux(&["new-session", "-d", "-x", "200", "-y", "50", "sh", &sh.display().to_string()]);
+    tmux(&[
+        "new-session",
+        "-d",
+        "-x",
+        "200",
+        "-y",
+        "50",
+        "sh",
+        &sh.display().to_string(),
+    ]);
     let screen = || {
         Command::new("tmux")
             .args(["-L", &server, "capture-pane", "-p", "-J", "-S", "-200"])
@@ -1162,7 +1171,9 @@ fn ask_prompts_on_the_terminal_and_json_auto_denies() {
         "fetched under --json: {stdout}"
     );
     assert!(
-        v["approval"]["auto_denied"].as_u64().is_some_and(|n| n >= 1)
+        v["approval"]["auto_denied"]
+            .as_u64()
+            .is_some_and(|n| n >= 1)
             && v["approval"]["auto_deny_reason"] == "--json"
             && v["approval"]["prompted"] == 0,
         "the result's approval summary: {}",

@@ -25,9 +25,9 @@ use sluice_inspect::dns::{DnsReject, Sanitized, sanitize_response_clamped};
 use smoltcp::socket::tcp;
 
 use super::approval::{Approvals, Outgoing};
-use hold::APPROVED;
 use super::table::DnsTable;
 use super::upstream::{MAX_TCP_MESSAGE, UpstreamKey, UpstreamReply};
+use hold::APPROVED;
 use std::borrow::Cow;
 
 use sluice_policy::Reason;

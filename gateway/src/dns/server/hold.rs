@@ -24,7 +24,12 @@ pub(super) const APPROVED: &str = "runtime approval";
 fn refused(to: Asker, question: Question, verdict: Verdict) -> Served {
     let bytes = sluice_inspect::dns::refused_response(&question);
     let rcode = ResponseCode::Refused;
-    Served::Now(deliver(to, question, bytes, Outcome::Denied { rcode, verdict }))
+    Served::Now(deliver(
+        to,
+        question,
+        bytes,
+        Outcome::Denied { rcode, verdict },
+    ))
 }
 
 /// The verdict of a query an approval question refused (a deny, a
@@ -106,7 +111,9 @@ impl DnsServer {
         let held = self.held.remove(name).unwrap_or_default();
         held.into_iter()
             .map(|w| match decider.dns_query(name) {
-                DnsDecision::Forward(_) => self.forward(w.to, w.question, decider, can_forward, now),
+                DnsDecision::Forward(_) => {
+                    self.forward(w.to, w.question, decider, can_forward, now)
+                }
                 DnsDecision::Answer { rcode, verdict } => {
                     let bytes = sluice_inspect::dns::error_response(&w.question, rcode);
                     let outcome = Outcome::Denied { rcode, verdict };

@@ -739,7 +739,11 @@ mod approval {
             assert!(!g.choice.allows());
             let served = s.approval_decided(name, false, &d, true, now);
             assert_eq!(served.len(), 1);
-            assert_eq!(refused_for(&served[0]), Some(Reason::ApprovalDenied), "{name}");
+            assert_eq!(
+                refused_for(&served[0]),
+                Some(Reason::ApprovalDenied),
+                "{name}"
+            );
             // Decided: the retry is refused without asking again.
             assert_eq!(
                 refused_for(&q(&mut s, &d, 2, name, now)),
