@@ -15,8 +15,9 @@
 //!
 //! Bounds: at most [`BrokerConfig::max_pending`] questions at once and
 //! [`BrokerConfig::per_minute`] new questions in any sliding minute;
-//! refusals are counted and handed out once as a summary
-//! ([`Broker::take_refused`]) so a guest asking about thousands of random
+//! refusals are counted and handed out once as a summary (the next
+//! question's [`Question::refused_since`], [`Broker::take_refused`]) so a
+//! guest asking about thousands of random
 //! names produces one summary line, not a flood. At most [`MAX_GRANTS`]
 //! standing decisions are held; beyond it nothing more is asked (deny).
 //!
@@ -201,6 +202,7 @@ impl Broker {
             tcp_ports: self.cfg.tcp_ports.clone(),
             udp_ports: self.cfg.udp_ports.clone(),
             always_allowed: self.cfg.always_allowed,
+            refused_since: self.take_refused(),
         })
     }
 
@@ -340,11 +342,12 @@ mod tests {
         ask(&mut b, "b", t);
         assert_eq!(b.ask("c", "A", t), Asked::Refused(Refusal::TooManyPending));
         b.answered("a", "unix", Ok(Answer::of(Choice::DenySandbox)), t);
-        ask(&mut b, "c", t);
+        // The next question carries the count of names refused before it.
+        assert_eq!(ask(&mut b, "c", t).refused_since, 1);
         b.answered("b", "unix", Ok(Answer::of(Choice::DenySandbox)), t);
         assert_eq!(b.ask("d", "A", t), Asked::Refused(Refusal::RateLimited));
         assert_eq!(b.ask("e", "A", t), Asked::Refused(Refusal::RateLimited));
-        assert_eq!(b.take_refused(), 3);
+        assert_eq!(b.take_refused(), 2);
         assert_eq!(b.take_refused(), 0);
         // A minute later the window has room again.
         b.answered("c", "unix", Ok(Answer::of(Choice::DenySandbox)), t);

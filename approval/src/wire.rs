@@ -38,6 +38,16 @@ pub struct Question {
     /// Whether an `allow_always` answer will be honoured (otherwise it is
     /// taken as `allow_sandbox`).
     pub always_allowed: bool,
+    /// How many other names this sandbox queried since the previous
+    /// question were refused without asking (too many pending, rate
+    /// limit): a flood reaches the backend as this one count, never as a
+    /// question each. Absent when none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub refused_since: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// A decision about one name.
@@ -201,6 +211,7 @@ mod tests {
             tcp_ports: vec![443],
             udp_ports: vec![],
             always_allowed: false,
+            refused_since: 0,
         }
     }
 

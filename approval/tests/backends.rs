@@ -31,6 +31,7 @@ fn question() -> Question {
         tcp_ports: vec![443],
         udp_ports: vec![],
         always_allowed: true,
+        refused_since: 0,
     }
 }
 

@@ -21,6 +21,11 @@ pub struct GatewayConfinement {
     /// listener bound after start-up) and remove a stale one.
     #[serde(default)]
     pub socket_dirs: Vec<PathBuf>,
+    /// Directories it may read and write (create, replace by rename):
+    /// the policy's, when `approval.always` answers write the overlay file
+    /// beside it.
+    #[serde(default)]
+    pub write_dirs: Vec<PathBuf>,
     /// Allow running with Landlock unavailable (reported, not an error).
     pub allow_missing_landlock: bool,
 }
@@ -74,6 +79,7 @@ pub fn gateway_self_restrict(
         write_only: conf.audit_path.iter().cloned().collect(),
         tcp_bind: conf.tcp_bind.clone(),
         socket_dirs: conf.socket_dirs.clone(),
+        read_write: conf.write_dirs.clone(),
         ..LandlockRules::default()
     };
     let landlock = match rules.restrict_self() {

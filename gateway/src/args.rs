@@ -187,6 +187,12 @@ pub struct GatewayArgs {
     /// windows cost throughput (docs/gateway.md, "Memory").
     #[arg(long, default_value_t = config::DEFAULT_FLOW_BUFFER / 1024)]
     pub flow_buffer_kib: usize,
+    /// Ask runtime approval questions (`unlisted: ask`, docs/approval.md)
+    /// over this unix socket, one JSON line each way, instead of the
+    /// policy's `approval.backend`: `sluice run --ask` serves its terminal
+    /// prompt there. The policy's `terminal` backend needs it.
+    #[arg(long)]
+    pub approval_socket: Option<PathBuf>,
 }
 
 fn parse_upstream_arg(s: &str) -> Result<SocketAddr, config::ConfigError> {
@@ -223,6 +229,7 @@ impl GatewayArgs {
             max_udp_flows: crate::udp::DEFAULT_MAX_UDP_FLOWS,
             udp_idle_secs: crate::udp::DEFAULT_UDP_IDLE.as_secs(),
             flow_buffer_kib: config::DEFAULT_FLOW_BUFFER / 1024,
+            approval_socket: None,
         }
     }
 
@@ -281,6 +288,9 @@ impl GatewayArgs {
         flag("max-udp-flows", self.max_udp_flows.to_string().into());
         flag("udp-idle-secs", self.udp_idle_secs.to_string().into());
         flag("flow-buffer-kib", self.flow_buffer_kib.to_string().into());
+        if let Some(path) = &self.approval_socket {
+            flag("approval-socket", path.into());
+        }
         if self.allow_missing_landlock {
             argv.push("--allow-missing-landlock".into());
         }

@@ -39,7 +39,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hickory_proto::op::ResponseCode;
-use sluice_policy::audit::{AuditRecord, Kind, PolicyRef, Timestamp};
+use sluice_approval::Choice;
+use sluice_policy::audit::{ApprovalInfo, AuditRecord, Kind, PolicyRef, Timestamp};
 use sluice_policy::{CompiledPolicy, Reason};
 
 use crate::flow::{FlowEnd, Transport, WireName};
@@ -83,6 +84,34 @@ const CLAMP_ENTRIES: usize = 16;
 /// The policy reference written when the gateway runs without a policy
 /// (platform deny set only).
 pub const NO_POLICY_ID: &str = "none";
+
+/// How long a runtime approval decision lasts (its `approval` record's
+/// `lasts`; docs/approval.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApprovalLasts {
+    /// Allow once: until the TTL of the DNS answer handed out ends.
+    DnsTtl,
+    /// Deny once (or a failure): repeats within a few seconds are refused
+    /// without asking again.
+    RetryWindow,
+    /// Until the sandbox ends.
+    Sandbox,
+    /// For this sandbox, and written to the policy's overlay file for the
+    /// next ones.
+    Always,
+}
+
+impl ApprovalLasts {
+    /// The record's spelling.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::DnsTtl => "dns_ttl",
+            Self::RetryWindow => "retry_window",
+            Self::Sandbox => "sandbox",
+            Self::Always => "always",
+        }
+    }
+}
 
 /// What happened, in the datapath's terms, with the [`Verdict`] the
 /// decision made; [`AuditSink::record`] serialises it as a schema-1
@@ -205,6 +234,26 @@ pub enum AuditEvent<'a> {
         reason: Reason,
         /// The drop counter's name.
         detail: &'a str,
+    },
+    /// A runtime approval decision (kind `approval`; docs/approval.md):
+    /// `approval_allowed` or `approval_denied`.
+    Approval {
+        /// The exact name asked about.
+        name: &'a str,
+        /// The decision as it stands (an `allow_always` the overlay could
+        /// not take is `allow_sandbox`); its reason is `approval_allowed`
+        /// when it opens the name, `approval_denied` otherwise.
+        choice: Choice,
+        /// Who decided (`unix: alice`, `timeout`, `webhook: backend_error`).
+        by: &'a str,
+        /// How long it lasts.
+        lasts: ApprovalLasts,
+        /// TCP ports an allow opens.
+        tcp_ports: &'a [u16],
+        /// UDP ports an allow opens.
+        udp_ports: &'a [u16],
+        /// Why a backend gave no answer, or why the overlay was not written.
+        detail: Option<&'a str>,
     },
     /// A gateway lifecycle event or guest-side protocol error (kind
     /// `gateway`).
@@ -705,6 +754,41 @@ fn build<'a>(
             new(Kind::PolicyReload, reason).detail(text)
         }
         AuditEvent::FrameDrop { reason, detail } => new(Kind::Connection, reason).detail(detail),
+        AuditEvent::Approval {
+            name,
+            choice,
+            by,
+            lasts,
+            tcp_ports,
+            udp_ports,
+            detail,
+        } => {
+            let allowed = choice.allows();
+            let reason = if allowed {
+                Reason::ApprovalAllowed
+            } else {
+                Reason::ApprovalDenied
+            };
+            let mut r = new(Kind::Approval, reason);
+            r.approval = Some(ApprovalInfo {
+                name: Cow::Borrowed(name),
+                decision: Cow::Borrowed(choice.as_str()),
+                by: Cow::Borrowed(by),
+                lasts: Cow::Borrowed(lasts.as_str()),
+                tcp_ports: if allowed {
+                    tcp_ports.to_vec()
+                } else {
+                    Vec::new()
+                },
+                udp_ports: if allowed {
+                    udp_ports.to_vec()
+                } else {
+                    Vec::new()
+                },
+            });
+            r.detail = detail.map(Cow::Borrowed);
+            r
+        }
         AuditEvent::Gateway { reason, detail } => {
             let r = new(Kind::Gateway, reason);
             if detail.is_empty() {
@@ -769,6 +853,46 @@ pub(crate) mod tests {
             )
             .unwrap(),
         )
+    }
+
+    #[test]
+    fn an_approval_decision_is_an_approval_record_saying_who_and_how_long() {
+        let buf = Shared::default();
+        let mut sink = AuditSink::new(Box::new(buf.clone()), "sb1");
+        sink.set_policy(Some(policy()));
+        for (choice, by, lasts) in [
+            (Choice::AllowOnce, "unix: alice", ApprovalLasts::DnsTtl),
+            (Choice::DenyOnce, "timeout", ApprovalLasts::RetryWindow),
+        ] {
+            sink.record(&AuditEvent::Approval {
+                name: "files.example.org",
+                choice,
+                by,
+                lasts,
+                tcp_ports: &[443],
+                udp_ports: &[],
+                detail: None,
+            });
+        }
+        sink.flush();
+        let lines = parse_all(&buf.text());
+        assert_eq!(lines.len(), 2);
+        let (a, d) = (&lines[0], &lines[1]);
+        assert_eq!(
+            (a["kind"].as_str(), a["reason"].as_str()),
+            (Some("approval"), Some("approval_allowed"))
+        );
+        assert_eq!(a["approval"]["name"], "files.example.org");
+        assert_eq!(a["approval"]["by"], "unix: alice");
+        assert_eq!(a["approval"]["lasts"], "dns_ttl");
+        assert_eq!(a["approval"]["tcp_ports"], serde_json::json!([443]));
+        assert!(a["approval"].get("udp_ports").is_none());
+        assert_eq!(
+            (d["decision"].as_str(), d["reason"].as_str()),
+            (Some("deny"), Some("approval_denied"))
+        );
+        // A deny opens nothing: no ports.
+        assert!(d["approval"].get("tcp_ports").is_none());
     }
 
     #[test]

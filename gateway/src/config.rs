@@ -2,6 +2,7 @@
 //! ports and upstream resolvers. Built by the binary from its flags.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -145,6 +146,20 @@ pub fn host_resolvers() -> Result<Vec<SocketAddr>, ConfigError> {
     Err(ConfigError::NoResolver)
 }
 
+/// Where the gateway's runtime approval questions (`unlisted: ask`,
+/// docs/approval.md) go besides the policy's own backend, and where an
+/// `always` answer is written.
+#[derive(Debug, Clone, Default)]
+pub struct ApprovalSetup {
+    /// A unix socket that answers every question instead of the policy's
+    /// backend (`--approval-socket`; `sluice run --ask` serves its terminal
+    /// prompt there). The policy's `terminal` backend needs it.
+    pub socket: Option<PathBuf>,
+    /// The policy file, beside which `allow_always` writes its overlay
+    /// (`None`: no policy file, `always` counts as `allow_sandbox`).
+    pub policy_path: Option<PathBuf>,
+}
+
 /// Everything the datapath needs to know, fixed for the process lifetime.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -189,6 +204,9 @@ pub struct Config {
     pub release_pages: fn(&mut [u8]),
     /// Bounds for forwarded guest UDP flows (count, idle expiry).
     pub udp: crate::udp::UdpLimits,
+    /// Where runtime approval questions go besides the policy's backend,
+    /// and the policy file the `always` overlay is written beside.
+    pub approval: ApprovalSetup,
 }
 
 impl Config {
@@ -221,6 +239,7 @@ impl Config {
             flow_buffer: DEFAULT_FLOW_BUFFER,
             release_pages: |_| {},
             udp: crate::udp::UdpLimits::default(),
+            approval: ApprovalSetup::default(),
         })
     }
 }

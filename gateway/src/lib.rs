@@ -15,11 +15,12 @@
 //! [`config::PublishSpec`]; its tests render records with [`audit::ocsf`])
 //! and the end-to-end tests (the audit rate limits) use: [`serve`], [`serve_with_reload`], their argument
 //! types, and the modules [`args`], [`audit`], [`config`], [`decide`]
-//! (with [`decide::platform`] and [`decide::policy`]), [`flow`], [`link`],
-//! [`metrics`] and [`reload`]. Every other module is private.
+//! (with [`decide::platform`] and [`decide::policy`]; [`decide::Approvals`]
+//! is the DNS server's runtime approvals, lent to the decider), [`flow`],
+//! [`link`], [`metrics`] and [`reload`]. Every other module is private.
 //!
 //! The `test-util` feature (nothing that ships enables it) also makes
-//! `dhcp`, `dns` (`server`, `table`, `upstream`), `frames`, `packet`,
+//! `dhcp`, `dns` (`approval`, `server`, `table`, `upstream`), `frames`, `packet`,
 //! `session` and its alias `datapath` public, for the in-process drivers:
 //! the fuzz targets (`fuzz/`) and `tests/src/bin/sluice-dns-bench.rs`. In
 //! those modules an item a driver uses is `pub` with

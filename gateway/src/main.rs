@@ -83,6 +83,10 @@ fn main() -> anyhow::Result<()> {
     cfg.udp.idle = std::time::Duration::from_secs(args.udp_idle_secs.max(1));
     cfg.udp.idle_unanswered = cfg.udp.idle / 2;
     cfg.sandbox_id = args.sandbox_id.clone();
+    cfg.approval = config::ApprovalSetup {
+        socket: args.approval_socket.clone(),
+        policy_path: args.policy.clone(),
+    };
     let mut options = CompileOptions::default();
     options.host_addresses = host_addresses();
     let policy = match &args.policy {
@@ -128,6 +132,23 @@ fn main() -> anyhow::Result<()> {
     // Secret files are re-read on reload: their directories stay readable.
     let mut secret_dirs = Vec::new();
     if let Some(policy) = &policy {
+        // A webhook backend reads its token at each question and its TLS
+        // files at the first: their directories stay readable too.
+        if let Some(sluice_policy::ApprovalBackend::Webhook {
+            bearer_token_file,
+            client_cert,
+            client_key,
+            ca,
+            ..
+        }) = policy.approval().map(|a| &a.backend)
+        {
+            for path in [bearer_token_file, client_cert, client_key, ca]
+                .into_iter()
+                .flatten()
+            {
+                secret_dirs.push(policy_dir(path));
+            }
+        }
         cfg.intercept = interceptor(policy, args.ca_out.as_deref(), &args.upstream_ca)?;
         for s in policy.secrets() {
             if let sluice_policy::SecretSource::File(path) = &s.source {
@@ -158,6 +179,10 @@ fn main() -> anyhow::Result<()> {
     let hosts = Arc::new(HostAddresses::read());
     let deny = PlatformDenySet::with_host_addresses(Arc::clone(&hosts), cfg.gateway_ip, broadcast);
     let mut reload = None;
+    let policy_always = policy
+        .as_ref()
+        .and_then(|p| p.approval())
+        .is_some_and(|a| a.always);
     let decider: Arc<dyn Decider> = match (policy, &args.policy) {
         (Some(policy), Some(path)) => {
             tracing::info!(policy = %path.display(), "enforcing policy (SIGHUP or a file change reloads it)");
@@ -185,9 +210,16 @@ fn main() -> anyhow::Result<()> {
         }
         _ => (None, None),
     };
+    // `always` answers write the overlay beside the policy: its directory
+    // then stays writable (docs/approval.md says what that costs).
+    let overlay_dir = match (policy_always, &args.policy) {
+        (true, Some(p)) => Some(policy_dir(p)),
+        _ => None,
+    };
     let served = serve_jailed(
         &args,
         secret_dirs,
+        overlay_dir,
         &mut attached,
         cfg,
         decider,
@@ -211,6 +243,7 @@ fn main() -> anyhow::Result<()> {
 fn serve_jailed(
     args: &GatewayArgs,
     secret_dirs: Vec<PathBuf>,
+    overlay_dir: Option<PathBuf>,
     attached: &mut Option<std::os::fd::OwnedFd>,
     cfg: Config,
     decider: Arc<dyn Decider>,
@@ -220,7 +253,7 @@ fn serve_jailed(
     ready: ReadySignal,
     metrics: Option<(MetricsListener, Arc<Metrics>)>,
 ) -> anyhow::Result<()> {
-    self_restrict(args, secret_dirs)?;
+    self_restrict(args, secret_dirs, overlay_dir)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -305,9 +338,15 @@ fn interceptor(
 /// reads at start is read and before the runtime starts any thread: no
 /// exec, no new processes, no file writes but the audit log, reads only of
 /// the policy file's directory (reload re-reads it) and of the directories of
-/// the policy's secret files (reload re-reads them: rotation); TCP bind only on `--publish` ports. With `--socket`,
+/// the policy's secret files (reload re-reads them: rotation); writes in
+/// the policy's directory only when its `approval.always` lets answers
+/// write the overlay there; TCP bind only on `--publish` ports. With `--socket`,
 /// the socket's directory stays writable (the listener is bound later).
-fn self_restrict(args: &GatewayArgs, secret_dirs: Vec<PathBuf>) -> anyhow::Result<()> {
+fn self_restrict(
+    args: &GatewayArgs,
+    secret_dirs: Vec<PathBuf>,
+    overlay_dir: Option<PathBuf>,
+) -> anyhow::Result<()> {
     use sluice_confine::{GatewayConfinement, gateway_self_restrict};
     let mut conf = GatewayConfinement {
         audit_path: (args.audit != "-").then(|| PathBuf::from(&args.audit)),
@@ -327,6 +366,7 @@ fn self_restrict(args: &GatewayArgs, secret_dirs: Vec<PathBuf>) -> anyhow::Resul
             .map(|p| p.host.port())
             .collect(),
         allow_missing_landlock: args.allow_missing_landlock,
+        write_dirs: overlay_dir.into_iter().collect(),
         ..GatewayConfinement::default()
     };
     let bound_later = args

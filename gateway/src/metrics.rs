@@ -53,6 +53,7 @@ pub struct Metrics {
     http_requests: Family<Static<2>, Counter>,
     secrets_substituted: Family<[(&'static str, String); 1], Counter>,
     reloads: Family<Static<1>, Counter>,
+    approvals: Family<[(&'static str, String); 2], Counter>,
     policy_info: Family<[(&'static str, String); 3], Gauge>,
     audit_lines: Counter,
     audit_suppressed: Family<Static<2>, Counter>,
@@ -92,6 +93,7 @@ impl Metrics {
             http_requests: Family::default(),
             secrets_substituted: Family::default(),
             reloads: Family::default(),
+            approvals: Family::default(),
             policy_info: Family::default(),
             audit_lines: Counter::default(),
             audit_suppressed: Family::default(),
@@ -148,6 +150,11 @@ impl Metrics {
             "reloads",
             "Policy reloads, by result (applied, rejected)",
             m.reloads.clone(),
+        );
+        registry.register(
+            "approvals",
+            "Runtime approval decisions (unlisted: ask), by decision (allow_once, ..., deny_sandbox) and reason (approval_allowed, approval_denied)",
+            m.approvals.clone(),
         );
         registry.register(
             "policy_info",
@@ -256,6 +263,17 @@ impl Metrics {
                 };
                 self.reloads.get_or_create(&[("result", result)]).inc();
             }
+            Kind::Approval => {
+                // The decision is one of five fixed spellings (the
+                // gateway's own record, never guest text).
+                let choice = rec
+                    .approval
+                    .as_ref()
+                    .map_or_else(String::new, |a| a.decision.to_string());
+                self.approvals
+                    .get_or_create(&[("decision", choice), ("reason", reason.to_owned())])
+                    .inc();
+            }
             // Summaries (their records were counted one by one), lifecycle
             // records, and any kind added later.
             _ => {}
@@ -338,6 +356,7 @@ fn kind_str(kind: Kind) -> &'static str {
         Kind::PolicyReload => "policy_reload",
         Kind::Summary => "summary",
         Kind::Gateway => "gateway",
+        Kind::Approval => "approval",
         _ => "other",
     }
 }
@@ -408,6 +427,15 @@ mod tests {
             trigger: "sighup",
             detail: "x",
         });
+        sink.record(&AuditEvent::Approval {
+            name: "files.example.org",
+            choice: sluice_approval::Choice::AllowSandbox,
+            by: "unix: alice",
+            lasts: crate::audit::ApprovalLasts::Sandbox,
+            tcp_ports: &[443],
+            udp_ports: &[],
+            detail: None,
+        });
         metrics.frame_dropped("icmp");
         metrics.intercepted(Proxy::Tls);
         metrics.set_active_flows(3, 1);
@@ -438,6 +466,10 @@ mod tests {
                 1.0,
             ),
             (r#"sluice_reloads_total{result="rejected"}"#, 1.0),
+            (
+                r#"sluice_approvals_total{decision="allow_sandbox",reason="approval_allowed"}"#,
+                1.0,
+            ),
             (r#"sluice_frames_dropped_total{reason="icmp"}"#, 1.0),
             (r#"sluice_interceptions_total{proxy="tls"}"#, 1.0),
             (r#"sluice_active_flows{transport="tcp"}"#, 3.0),
@@ -446,7 +478,7 @@ mod tests {
                 r#"sluice_policy_info{id="none",version="none",label=""}"#,
                 1.0,
             ),
-            ("sluice_audit_lines_written_total", 5.0),
+            ("sluice_audit_lines_written_total", 6.0),
         ];
         for (series, v) in want {
             assert_eq!(value(&text, series), Some(v), "{series} in\n{text}");

@@ -3,7 +3,8 @@
 //!
 //! # Triggers
 //! - `SIGHUP`: reload now.
-//! - A change of the policy file, found by polling the path every
+//! - A change of the policy file or of its approval overlay
+//!   (`POLICY.approved.yaml`, docs/approval.md), found by polling the paths every
 //!   [`POLL_INTERVAL`]: its metadata (device, inode, size, mtime, ctime;
 //!   symlinks followed) and a hash of its content. A change is acted on only
 //!   once metadata and content hash have stayed the same over two
@@ -237,25 +238,50 @@ fn signature(path: &std::path::Path) -> Signature {
     })
 }
 
-/// The poll's debounce: a change fires once the same [`Signature`] is seen
+/// What the poll watches: the policy file and its approval overlay
+/// (`sluice_policy::overlay::overlay_path`, written by `allow_always`
+/// answers), each as a [`Signature`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Watched {
+    policy: Signature,
+    overlay: Signature,
+}
+
+impl Watched {
+    /// Whether both files are complete (or absent).
+    fn complete(&self) -> bool {
+        [&self.policy, &self.overlay]
+            .iter()
+            .all(|s| s.as_ref().is_none_or(|s| s.complete))
+    }
+}
+
+fn watched(path: &std::path::Path) -> Watched {
+    Watched {
+        policy: signature(path),
+        overlay: signature(&sluice_policy::overlay::overlay_path(path)),
+    }
+}
+
+/// The poll's debounce: a change fires once the same [`Watched`] is seen
 /// on two consecutive polls and the file is complete (or gone: the load then
 /// fails and is audited `reload_rejected`).
 #[derive(Debug)]
 struct Debounce {
     /// What was loaded last.
-    seen: Signature,
+    seen: Watched,
     /// A changed signature seen on the previous poll.
-    candidate: Option<Signature>,
+    candidate: Option<Watched>,
 }
 
 impl Debounce {
     /// Feeds one poll's observation; `true` when a reload must fire.
-    fn observe(&mut self, now: Signature) -> bool {
+    fn observe(&mut self, now: Watched) -> bool {
         if now == self.seen {
             self.candidate = None;
             return false;
         }
-        let complete = now.as_ref().is_none_or(|s| s.complete);
+        let complete = now.complete();
         if complete && self.candidate.as_ref() == Some(&now) {
             self.candidate = None;
             return true;
@@ -279,7 +305,7 @@ pub fn spawn(
     // Taken now, not when the task first runs: a change made in between
     // must not go unseen.
     let mut debounce = Debounce {
-        seen: signature(&source.path),
+        seen: watched(&source.path),
         candidate: None,
     };
     tokio::spawn(async move {
@@ -291,13 +317,13 @@ pub fn spawn(
                 _ = hup.recv() => Some(Trigger::Sighup),
                 _ = ticker.tick() => {
                     debounce
-                        .observe(signature(&source.path))
+                        .observe(watched(&source.path))
                         .then_some(Trigger::FileChanged)
                 }
             };
             let Some(trigger) = trigger else { continue };
             // What is loaded now is what the next poll compares against.
-            debounce.seen = signature(&source.path);
+            debounce.seen = watched(&source.path);
             debounce.candidate = None;
             let loader = Arc::clone(&source);
             let outcome = match tokio::task::spawn_blocking(move || loader.load()).await {
@@ -562,32 +588,40 @@ mod tests {
         let path = dir.join("policy.yaml");
         std::fs::write(&path, A).unwrap();
         let mut d = Debounce {
-            seen: signature(&path),
+            seen: watched(&path),
             candidate: None,
         };
-        assert!(!d.observe(signature(&path)));
+        assert!(!d.observe(watched(&path)));
         // A slow writer has written part of B (cut mid-line) and paused:
         // metadata and content are stable over two polls, but incomplete.
         let cut = &B[..B.len() - 5];
         std::fs::write(&path, cut).unwrap();
-        assert!(!d.observe(signature(&path)));
-        assert!(!d.observe(signature(&path)));
-        assert!(!d.observe(signature(&path)));
+        assert!(!d.observe(watched(&path)));
+        assert!(!d.observe(watched(&path)));
+        assert!(!d.observe(watched(&path)));
         // The whole file: fires on the second identical poll only.
         std::fs::write(&path, B).unwrap();
-        assert!(!d.observe(signature(&path)));
-        assert!(d.observe(signature(&path)));
+        assert!(!d.observe(watched(&path)));
+        assert!(d.observe(watched(&path)));
         // Same metadata shape but other content is a different signature.
-        let a = signature(&path);
+        let a = watched(&path);
         std::fs::write(&path, B.replace('b', "c")).unwrap();
-        let c = signature(&path);
-        assert_ne!(a.map(|s| s.content), c.map(|s| s.content));
+        let c = watched(&path);
+        assert_ne!(a.policy.map(|s| s.content), c.policy.map(|s| s.content));
         // A removed file fires (the load then fails and is audited).
-        d.seen = signature(&path);
+        d.seen = watched(&path);
         d.candidate = None;
         std::fs::remove_file(&path).unwrap();
-        assert!(!d.observe(signature(&path)));
-        assert!(d.observe(signature(&path)));
+        assert!(!d.observe(watched(&path)));
+        assert!(d.observe(watched(&path)));
+        // The approval overlay beside it is watched too.
+        std::fs::write(&path, A).unwrap();
+        d.seen = watched(&path);
+        d.candidate = None;
+        let overlay = sluice_policy::overlay::overlay_path(&path);
+        std::fs::write(&overlay, "version: 1\nid: approved\nallow: []\n").unwrap();
+        assert!(!d.observe(watched(&path)));
+        assert!(d.observe(watched(&path)));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -38,15 +38,16 @@ impl Datapath {
         let intercept_note = self.reload_intercept(&loaded);
         let bounds = policy.ttl_bounds();
         self.dns.table_mut().set_ttl_bounds(bounds.min, bounds.max);
-        let purged = self
-            .dns
-            .table_mut()
-            .retain_names(|name| policy.check_name(name).is_allowed());
+        let now = Instant::now();
+        let purged = self.dns.retain_names(
+            |name| policy.check_name(name).is_allowed(),
+            |name| policy.would_ask(name),
+            now,
+        );
         // Cached answers were sanitised and clamped under the old policy.
         self.dns.clear_cache();
 
         // Decide every flow under the new policy before touching any.
-        let now = Instant::now();
         let gateway = IpAddr::V4(self.cfg.gateway_ip);
         let mut revoked: Vec<(u64, Reason)> = Vec::new();
         for (&id, flow) in &self.flows {
@@ -80,18 +81,32 @@ impl Datapath {
             } else {
                 reload.decider.recheck_tcp_uninspected(&flow.key, &names)
             };
-            if let Err(verdict) = verdict {
+            if let Err(verdict) = verdict
+                && !reload.decider.kept_by_approval(
+                    &flow.key,
+                    &names,
+                    verdict.reason,
+                    self.dns.approvals(),
+                    now,
+                )
+            {
                 revoked.push((id, verdict.reason));
             }
         }
 
         // Forwarded UDP flows, against the names that admitted them.
+        let approvals = self.dns.approvals();
         let udp_revoked = self.udp.revoke(now, |key, names| {
             reload
                 .decider
                 .recheck_udp(key, names)
                 .err()
                 .map(|v| v.reason)
+                .filter(|&reason| {
+                    !reload
+                        .decider
+                        .kept_by_approval(key, names, reason, approvals, now)
+                })
         });
 
         let mut detail = format!(

@@ -94,6 +94,8 @@ pub enum Event {
     /// An event of the interception proxy (an `http` request line, or an
     /// intercepted connection's failure), written to the audit sink.
     Intercept(Box<sluice_intercept::HttpEvent>),
+    /// The answer (or failure) of a runtime approval question.
+    Approval(Box<crate::dns::approval::ApprovalReply>),
     /// Close flows and stop (SIGTERM/SIGINT).
     Shutdown,
 }
@@ -142,6 +144,12 @@ pub(crate) struct Counters {
     pub udp_denied: u64,
     /// UDP flows opened (allowed and given a host socket).
     pub udp_flows_opened: u64,
+    /// Runtime approval questions sent to the backend.
+    pub approval_questions: u64,
+    /// Approval questions answered deny (or timed out, or failed).
+    pub approval_denied: u64,
+    /// Queries refused without asking (too many pending, rate limit).
+    pub approval_limited: u64,
 }
 
 impl Counters {
@@ -166,6 +174,9 @@ impl Counters {
             dns_upstream_dropped = self.dns_upstream_dropped,
             udp_denied = self.udp_denied,
             udp_flows_opened = self.udp_flows_opened,
+            approval_questions = self.approval_questions,
+            approval_denied = self.approval_denied,
+            approval_limited = self.approval_limited,
             "counters"
         );
     }
@@ -225,7 +236,8 @@ impl Datapath {
         let epoch = Instant::now();
         let mut tx = TxBatch::default();
         let iface = crate::stack::interface(&cfg, &mut tx, epoch);
-        let mut dns = DnsServer::new(DNS_TABLE_CAPACITY);
+        let approvals = crate::dns::approval::Approvals::new(&cfg.sandbox_id, cfg.approval.clone());
+        let mut dns = DnsServer::with_approvals(DNS_TABLE_CAPACITY, approvals);
         if let Some((min, max)) = decider.dns_ttl_bounds() {
             dns.table_mut().set_ttl_bounds(min, max);
         }
@@ -518,6 +530,7 @@ impl Datapath {
             Event::Intercept(event) => self.on_intercept_event(&event),
             Event::Connected { id, result } => self.on_connected(id, result),
             Event::DnsUpstream(reply) => self.on_dns_upstream(reply),
+            Event::Approval(reply) => self.on_approval(*reply),
             Event::PublishTcp { stream, guest_port } => self.on_publish(stream, guest_port),
             Event::PublishUdp {
                 socket,

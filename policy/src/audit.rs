@@ -46,6 +46,9 @@ pub enum Kind {
     /// A gateway lifecycle event (start, stop) or a guest-side protocol
     /// error not tied to a flow.
     Gateway,
+    /// A runtime approval decision (`unlisted: ask`): who decided what
+    /// about a name, and for how long.
+    Approval,
 }
 
 /// A UTC timestamp, serialised as RFC 3339 with milliseconds:
@@ -198,6 +201,34 @@ pub struct Suppressed {
     pub count: u64,
 }
 
+/// A runtime approval decision, in `approval` records.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApprovalInfo<'a> {
+    /// The exact name asked about (normalised).
+    #[serde(borrow)]
+    pub name: Cow<'a, str>,
+    /// The decision as it stands: `allow_once`, `allow_sandbox`,
+    /// `allow_always`, `deny_once`, `deny_sandbox`.
+    #[serde(borrow)]
+    pub decision: Cow<'a, str>,
+    /// Who decided: the backend's kind and the answer's `by`
+    /// (`unix: alice`), or `timeout`, or `KIND: backend_error`.
+    #[serde(borrow)]
+    pub by: Cow<'a, str>,
+    /// How long it lasts: `dns_ttl` (allow once: until the DNS answer's
+    /// TTL ends), `retry_window` (deny once: repeats within a few seconds),
+    /// `sandbox` (until the sandbox ends), `always` (written to the
+    /// policy's overlay file as well).
+    #[serde(borrow)]
+    pub lasts: Cow<'a, str>,
+    /// TCP ports an allow opens.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tcp_ports: Vec<u16>,
+    /// UDP ports an allow opens.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub udp_ports: Vec<u16>,
+}
+
 /// One audit line. Optional fields are omitted when `None` / empty.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
@@ -277,6 +308,9 @@ pub struct AuditRecord<'a> {
     /// Suppressed-record counts (summary records).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub suppressed: Vec<Suppressed>,
+    /// The runtime approval decision (approval records).
+    #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<ApprovalInfo<'a>>,
     /// Free-text detail: reload errors (`file:line:col: message`), the
     /// connect error. Never a secret value, never request bodies.
     #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
@@ -320,6 +354,7 @@ impl<'a> AuditRecord<'a> {
             bytes_down: None,
             duration_ms: None,
             suppressed: Vec::new(),
+            approval: None,
             detail: None,
         }
     }

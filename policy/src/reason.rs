@@ -116,6 +116,10 @@ reasons! {
         /// A summary of audit lines suppressed by rate limiting (see the
         /// record's `suppressed` counts).
         RateLimitSummary = "rate_limit_summary",
+        /// A runtime approval (`unlisted: ask`) opened a name the policy
+        /// does not list: the `approval` record of an allow decision, and
+        /// the connections it admits.
+        ApprovalAllowed = "approval_allowed",
     }
     deny {
         /// No allow rule matches the name (or the address, with no name).
@@ -211,6 +215,12 @@ reasons! {
         InspectFailed = "inspect_failed",
         /// A malformed frame from the guest (bad length, unparsable packet).
         FrameError = "frame_error",
+        /// A runtime approval question was answered deny, timed out, or its
+        /// backend failed (never an allow): the query is REFUSED.
+        ApprovalDenied = "approval_denied",
+        /// A name was refused without asking: too many questions pending,
+        /// too many asked this minute, or too many decisions held.
+        ApprovalLimited = "approval_limited",
     }
 }
 

@@ -118,6 +118,12 @@ pub struct RunArgs {
     /// Stream the guest console and the gateway's log to stderr.
     #[arg(long)]
     pub debug: bool,
+    /// Ask on this terminal before allowing a name the policy does not
+    /// list (a policy with `unlisted: ask`, docs/approval.md): the gateway
+    /// holds the DNS query and this prompt decides. With no terminal, or
+    /// with --json, every question is denied and the summary says so.
+    #[arg(long, conflicts_with = "no_network")]
+    pub ask: bool,
     /// The static guest agent binary.
     #[arg(long, env = "SLUICE_AGENT", value_name = "PATH")]
     pub agent: Option<PathBuf>,
@@ -285,6 +291,8 @@ struct GatewayHandles {
     ca_out: PathBuf,
     /// The egress floor's state, for `--json` (`on: ...` / `off: why`).
     egress_floor: String,
+    /// `--ask`: the prompt the gateway's questions go to.
+    ask: Option<crate::ask::AskServer>,
 }
 
 /// A per-run directory, removed (with its contents) when dropped.
@@ -851,6 +859,15 @@ impl Session {
                 }
             }
         }
+        if !args.json
+            && let Some(line) = self
+                .gateway
+                .as_ref()
+                .and_then(|g| g.ask.as_ref())
+                .and_then(crate::ask::AskServer::summary_line)
+        {
+            eprintln!("{line}");
+        }
         if args.json {
             let t = &self.timings;
             // Schema-1 audit records (docs/audit.md) counted by "kind:reason"
@@ -907,6 +924,11 @@ impl Session {
                     "by_reason": by_reason,
                 },
                 "isolation": self.isolation,
+                "approval": self
+                    .gateway
+                    .as_ref()
+                    .and_then(|g| g.ask.as_ref())
+                    .map(crate::ask::AskServer::summary),
             });
             let _ = writeln!(io::stdout(), "{result}");
         }
@@ -1270,6 +1292,13 @@ fn spawn_gateway(
         }
         None => None,
     };
+    let ask = if args.ask {
+        let server = crate::ask::AskServer::start(run_dir, args.json)?;
+        gw_args.approval_socket = Some(server.socket.clone());
+        Some(server)
+    } else {
+        None
+    };
     let argv = gw_args
         .to_argv()
         .into_iter()
@@ -1423,6 +1452,7 @@ fn spawn_gateway(
             ready,
             ca_out,
             egress_floor,
+            ask,
         },
     ))
 }

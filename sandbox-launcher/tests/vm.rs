@@ -787,6 +787,197 @@ fn https_from_the_guest_allowed_and_denied_through_the_gateway() {
     drop(world);
 }
 
+/// `sluice run --ask` (issue 17): the launcher's prompt on its controlling
+/// terminal, a real pty (a tmux server of the test's own), decides a name
+/// the policy does not list. The guest's fetch of it waits on the prompt,
+/// which names the exact host and the port an approval opens; the key `o`
+/// (allow once) sent through tmux lets it through, and the audit's
+/// `approval` record says the terminal decided and for how long. The same
+/// run under `--json` (stdout is a result, not a conversation) denies
+/// without a prompt: the fetch fails and the result says how many were
+/// denied and why.
+#[test]
+#[ignore = "needs root: run via scripts/test"]
+fn ask_prompts_on_the_terminal_and_json_auto_denies() {
+    use sluice_e2e::{ORIGIN_NAME, ORIGIN2_NAME, World, wait_until};
+    let Some(agent) = agent() else { return };
+    let Some(gateway) = gateway_bin() else { return };
+    if Command::new("tmux").arg("-V").output().is_err() {
+        sluice_test_skip::may_skip("tmux", "tmux is not installed (scripts/install-deps)");
+        return;
+    }
+    let world = World::builder().connect_guest(false).start().unwrap();
+    let dir = world.dir().to_path_buf();
+    let policy = dir.join("ask-policy.yaml");
+    fs::write(
+        &policy,
+        format!(
+            "version: 1\nid: la-vm-ask\nunlisted: ask\napproval:\n  backend: terminal\n  \
+             timeout: 300\nallow:\n  - domain: {ORIGIN_NAME}\n{}",
+            world_policy_tail()
+        ),
+    )
+    .unwrap();
+    let script = format!(
+        "curl -sS --max-time 280 --cacert /tmp/ca.pem https://{ORIGIN2_NAME}/; echo asked=$?"
+    );
+    let run_args = |audit: &Path| -> Vec<String> {
+        vec![
+            format!("--net=/run/netns/{}", world.host.name()),
+            SLUICE.to_owned(),
+            "run".to_owned(),
+            format!("--gateway={}", gateway.display()),
+            "--policy".to_owned(),
+            policy.display().to_string(),
+            "--audit".to_owned(),
+            audit.display().to_string(),
+            "--ask".to_owned(),
+            "--copy-in".to_owned(),
+            format!("{}:/tmp/ca.pem", world.ca_pem().display()),
+        ]
+    };
+
+    // On a terminal: the prompt, then the key.
+    let audit = dir.join("ask-audit.jsonl");
+    let (out, exit) = (dir.join("ask-out.txt"), dir.join("ask-exit.txt"));
+    let m = mark();
+    let quoted = |w: &str| format!("'{}'", w.replace('\'', r"'\''"));
+    let mut words = vec![
+        "env".to_owned(),
+        format!("SLUICE_AGENT={}", agent.display()),
+        format!("SLV_TEST_MARK={m}"),
+        "nsenter".to_owned(),
+    ];
+    words.extend(run_args(&audit));
+    words.extend(["--", "sh", "-c", &script].map(str::to_owned));
+    let line: Vec<String> = words.iter().map(|w| quoted(w)).collect();
+    let sh = dir.join("ask.sh");
+    fs::write(
+        &sh,
+        format!(
+            // stdin from /dev/null: the guest's stdin is not the terminal
+            // the prompt reads (/dev/tty).
+            "{} </dev/null >{} 2>&1\necho $? >{}\n",
+            line.join(" "),
+            out.display(),
+            exit.display()
+        ),
+    )
+    .unwrap();
+    let server = format!("{m}-tmux");
+    let tmux = |args: &[&str]| -> String {
+        let o = Command::new("tmux")
+            .args(["-L", &server])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "tmux {args:?}: {}", text(&o.stderr));
+        text(&o.stdout)
+    };
+    tmux(&[
+        "new-session",
+        "-d",
+        "-x",
+        "200",
+        "-y",
+        "50",
+        "sh",
+        &sh.display().to_string(),
+    ]);
+    let screen = || {
+        Command::new("tmux")
+            .args(["-L", &server, "capture-pane", "-p", "-J", "-S", "-200"])
+            .output()
+            .map(|o| text(&o.stdout))
+            .unwrap_or_default()
+    };
+    let prompt = format!("wants to reach {ORIGIN2_NAME} (TCP 443)");
+    let shown = wait_until("the prompt", Duration::from_secs(240), || {
+        screen().contains(&prompt) || exit.exists()
+    });
+    let pane = screen();
+    assert!(
+        shown.is_ok() && pane.contains(&prompt),
+        "no prompt on the terminal:\n{pane}\nlauncher: {}",
+        fs::read_to_string(&out).unwrap_or_default()
+    );
+    tmux(&["send-keys", "o", "Enter"]);
+    wait_until("the run's end", Duration::from_secs(300), || exit.exists()).unwrap();
+    let _ = Command::new("tmux")
+        .args(["-L", &server, "kill-server"])
+        .output();
+    let output = fs::read_to_string(&out).unwrap();
+    assert_eq!(
+        fs::read_to_string(&exit).unwrap().trim(),
+        "0",
+        "launcher: {output}"
+    );
+    assert!(
+        output.contains("hello from sluice-test-origin\nasked=0"),
+        "the approved fetch failed: {output}"
+    );
+    let lines = audit_records(&audit);
+    assert!(
+        lines.iter().any(|l| l["kind"] == "approval"
+            && l["reason"] == "approval_allowed"
+            && l["approval"]["name"] == ORIGIN2_NAME
+            && l["approval"]["decision"] == "allow_once"
+            && l["approval"]["lasts"] == "dns_ttl"
+            && l["approval"]["by"]
+                .as_str()
+                .is_some_and(|b| b.starts_with("terminal"))),
+        "no approval record by the terminal: {lines:#?}"
+    );
+    assert!(
+        lines.iter().any(|l| l["kind"] == "connection"
+            && l["decision"] == "allow"
+            && l["reason"] == "approval_allowed"
+            && l["sni"] == ORIGIN2_NAME),
+        "no connection admitted by the approval: {lines:#?}"
+    );
+
+    // Under --json: denied without a prompt, and the result says why.
+    let audit = dir.join("ask-json-audit.jsonl");
+    let m = mark();
+    let child = Command::new("nsenter")
+        .args(run_args(&audit))
+        .args(["--json", "--", "sh", "-c", &script])
+        .env("SLUICE_AGENT", &agent)
+        .env("SLV_TEST_MARK", &m)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let nsenter = child.id();
+    let out = child.wait_with_output().unwrap();
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "stderr: {stderr}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let stdout = v["stdout"].as_str().unwrap_or_default();
+    assert!(
+        stdout.contains("asked=") && !stdout.contains("asked=0"),
+        "fetched under --json: {stdout}"
+    );
+    assert!(
+        v["approval"]["auto_denied"]
+            .as_u64()
+            .is_some_and(|n| n >= 1)
+            && v["approval"]["auto_deny_reason"] == "--json"
+            && v["approval"]["prompted"] == 0,
+        "the result's approval summary: {}",
+        v["approval"]
+    );
+    assert!(
+        audit_records(&audit)
+            .iter()
+            .any(|l| l["kind"] == "approval" && l["reason"] == "approval_denied"),
+        "no denied approval record"
+    );
+    assert_no_leftovers(&m, nsenter);
+    drop(world);
+}
+
 /// The kernel floor under the gateway's own egress (issue 13, point 3).
 /// While `sluice run` holds a guest that fetched an allowed name, a rogue
 /// process with the gateway's identity (uid 65534 and the gateway's own

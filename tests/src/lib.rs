@@ -1210,6 +1210,11 @@ impl World {
         format!("--- sidecar log (tail) ---\n{}", tail.join("\n"))
     }
 
+    /// The sidecar's process id (for signals from a shared borrow).
+    pub fn sidecar_pid(&self) -> Option<u32> {
+        self.sidecar.as_ref().and_then(Proc::pid)
+    }
+
     /// The sidecar process (for signals, RSS).
     pub fn sidecar(&mut self) -> Option<&mut Proc> {
         self.sidecar.as_mut()

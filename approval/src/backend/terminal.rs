@@ -67,8 +67,15 @@ where
     } else {
         ""
     };
+    // A flood of names is one line here, never a prompt each.
+    let refused = match q.refused_since {
+        0 => String::new(),
+        n => format!(
+            "\nsluice: {n} other name(s) refused without asking (too many questions; see the audit log)"
+        ),
+    };
     let text = format!(
-        "\nsluice: sandbox {} wants to reach {} ({}), not listed in policy {}\n  \
+        "{refused}\nsluice: sandbox {} wants to reach {} ({}), not listed in policy {}\n  \
          [o] allow once (until the DNS answer expires)\n  \
          [s] allow for this sandbox\n{always}  \
          [d] deny once\n  \
@@ -109,6 +116,82 @@ where
     })
 }
 
+/// What [`serve`] did, for the run's summary.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Served {
+    /// Questions answered from the terminal.
+    pub prompted: u64,
+    /// Questions denied without a prompt (no terminal, `--json`).
+    pub auto_denied: u64,
+}
+
+/// How [`serve`] answers.
+#[derive(Debug)]
+pub enum Mode<R, W> {
+    /// Prompt on this terminal (input, output).
+    Prompt(R, W),
+    /// Deny every question without prompting; the reason (`no terminal`,
+    /// `--json`) goes into each answer's `by`.
+    AutoDeny(String),
+}
+
+/// Serves the gateway's questions arriving on `listener` (the `unix`
+/// backend's other side) one at a time: each is prompted on the terminal,
+/// or denied at once in [`Mode::AutoDeny`]. Runs until `listener` fails;
+/// `served` is updated after each question. A terminal that fails denies
+/// the question and every later one.
+pub async fn serve<R, W>(
+    listener: tokio::net::UnixListener,
+    mut mode: Mode<R, W>,
+    served: std::sync::Arc<std::sync::Mutex<Served>>,
+) where
+    R: AsyncBufRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    while let Ok((stream, _)) = listener.accept().await {
+        let mut prompted = false;
+        let mut failed = None;
+        let answer = super::unix::serve_one(stream, |q| {
+            let (mode, prompted, failed) = (&mut mode, &mut prompted, &mut failed);
+            async move {
+                match mode {
+                    Mode::Prompt(input, out) => {
+                        *prompted = true;
+                        match prompt(&q, input, out).await {
+                            Ok(a) => a,
+                            Err(e) => {
+                                *failed = Some(e.to_string());
+                                Answer {
+                                    decision: Choice::DenyOnce,
+                                    by: Some("terminal: failed".into()),
+                                }
+                            }
+                        }
+                    }
+                    Mode::AutoDeny(why) => Answer {
+                        decision: Choice::DenyOnce,
+                        by: Some(format!("auto-denied: {why}")),
+                    },
+                }
+            }
+        })
+        .await;
+        if let Err(e) = answer {
+            tracing::debug!(error = %e, "approval question not served");
+        }
+        if let Ok(mut s) = served.lock() {
+            if prompted {
+                s.prompted += 1;
+            } else {
+                s.auto_denied += 1;
+            }
+        }
+        if let Some(why) = failed {
+            mode = Mode::AutoDeny(format!("the terminal failed: {why}"));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -124,6 +207,7 @@ mod tests {
             tcp_ports: vec![443, 8443],
             udp_ports: vec![],
             always_allowed: always,
+            refused_since: 0,
         }
     }
 
@@ -163,6 +247,26 @@ mod tests {
         assert!(out.contains("evil\\u{1b}[2J.example"), "{out}");
         assert!(!out.contains('\u{1b}'));
         assert!(out.contains("TCP 443, TCP 8443"));
+    }
+
+    #[tokio::test]
+    async fn names_refused_before_a_question_are_one_line_above_it() {
+        let (_, out) = run("d\n", false).await;
+        assert!(!out.contains("refused without asking"), "{out}");
+        let q = Question {
+            refused_since: 312,
+            ..q(false)
+        };
+        let mut out = Vec::new();
+        let mut r = tokio::io::BufReader::new(&b"d\n"[..]);
+        prompt(&q, &mut r, &mut out).await.unwrap();
+        let out = String::from_utf8(out).unwrap();
+        let lines: Vec<&str> = out
+            .lines()
+            .filter(|l| l.contains("refused without asking"))
+            .collect();
+        assert_eq!(lines.len(), 1, "{out}");
+        assert!(lines[0].contains("312 other name(s)"), "{out}");
     }
 
     #[tokio::test]

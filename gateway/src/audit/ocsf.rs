@@ -11,7 +11,8 @@
 //! `http` HTTP Activity (4002), `dns` DNS Activity (4003). Records with no
 //! network event of their own (`summary`, `policy_reload`, `gateway`) are
 //! Network Activity with activity 99 Other, `message` = their `detail` and
-//! the schema-1 kind and counts under `unmapped`: one category, so a
+//! the schema-1 kind and counts under `unmapped`; so is `approval` (a
+//! runtime approval decision), its facts under `unmapped.approval`: one category, so a
 //! pipeline that takes sluice's network events takes all of them. Every
 //! event carries the security_control profile (`action_id`,
 //! `disposition_id`, `firewall_rule`, `policy`).
@@ -146,6 +147,11 @@ pub fn event(rec: &AuditRecord<'_>) -> Value {
     unmapped.insert("schema1_kind".into(), json!(kind_name(rec.kind)));
     if !rec.secrets.is_empty() {
         unmapped.insert("secrets".into(), json!(rec.secrets));
+    }
+    // An approval decision has no OCSF class of its own: Network Activity,
+    // activity Other, the decision's facts kept whole.
+    if let Some(a) = &rec.approval {
+        unmapped.insert("approval".into(), json!(a));
     }
     if !rec.suppressed.is_empty() {
         let total = rec
@@ -476,5 +482,30 @@ mod tests {
         assert!(out.ends_with(b"\n"));
         let v: Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(v["unmapped"]["schema1_kind"], "gateway");
+    }
+
+    #[test]
+    fn an_approval_is_network_activity_other_with_its_facts_unmapped() {
+        use sluice_policy::audit::ApprovalInfo;
+        let mut r = base(Kind::Approval, Reason::ApprovalAllowed);
+        r.approval = Some(ApprovalInfo {
+            name: Cow::Borrowed("files.example.org"),
+            decision: Cow::Borrowed("allow_once"),
+            by: Cow::Borrowed("unix: alice"),
+            lasts: Cow::Borrowed("dns_ttl"),
+            tcp_ports: vec![443],
+            udp_ports: vec![],
+        });
+        let v = event(&r);
+        assert_eq!(
+            (v["class_uid"].clone(), v["activity_id"].clone()),
+            (json!(4001), json!(99))
+        );
+        assert_eq!(v["action"], "Allowed");
+        assert_eq!(v["status_detail"], "approval_allowed");
+        assert_eq!(v["unmapped"]["schema1_kind"], "approval");
+        assert_eq!(v["unmapped"]["approval"]["name"], "files.example.org");
+        assert_eq!(v["unmapped"]["approval"]["by"], "unix: alice");
+        assert_eq!(v["unmapped"]["approval"]["tcp_ports"], json!([443]));
     }
 }

@@ -14,13 +14,16 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use hickory_proto::op::ResponseCode;
-use sluice_policy::Reason;
+use sluice_policy::{ApprovalSpec, Reason};
 
 use crate::dns::DnsTable;
 
 pub mod platform;
 pub mod policy;
 
+/// The sandbox's runtime approvals, which [`DecideContext::approved`]
+/// lends the decider (they live with the DNS server that asks).
+pub use crate::dns::approval::Approvals;
 pub use crate::flow::{FlowKey, Transport};
 pub use crate::verdict::{Rule, Verdict};
 pub use platform::{HostAddresses, PlatformDecider, PlatformDenySet, host_addresses};
@@ -123,6 +126,21 @@ pub enum DnsDecision {
         /// Why.
         verdict: Verdict,
     },
+    /// A plain allowlist miss under `unlisted: ask` (docs/approval.md):
+    /// hold the query and ask the approval backend, then forward it
+    /// (`dns_answered`) or refuse it (`approval_denied`,
+    /// `approval_limited`) as the decision says.
+    Ask(AskAbout),
+}
+
+/// What a [`DnsDecision::Ask`] asks under: the policy's `approval:` section
+/// and its id, both from the policy in force when the query came.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AskAbout {
+    /// The `approval:` section (backend, timeout, ports, bounds).
+    pub spec: ApprovalSpec,
+    /// The policy's id, sent with the question.
+    pub policy_id: Box<str>,
 }
 
 /// What a decider may consult besides the flow itself.
@@ -130,6 +148,10 @@ pub enum DnsDecision {
 pub struct DecideContext<'a> {
     /// The sandbox's name-to-address table, filled by the DNS forwarder.
     pub dns: &'a DnsTable,
+    /// The sandbox's runtime approvals (`unlisted: ask`): a name the
+    /// policy does not list but a standing decision approved opens the
+    /// ports the `approval:` section names. `None` where nothing is asked.
+    pub approved: Option<&'a Approvals>,
     /// The current time (for TTL checks).
     pub now: Instant,
 }

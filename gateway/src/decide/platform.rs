@@ -286,6 +286,7 @@ mod tests {
         let table = ctx_table();
         let ctx = DecideContext {
             dns: &table,
+            approved: None,
             now: Instant::now(),
         };
         let mut f = FlowKey {

@@ -92,8 +92,8 @@ use sluice_inspect::{http, tls};
 use sluice_policy::{CompiledPolicy, PortProtocol, Reason, Transport};
 
 use super::{
-    DecideContext, Decider, Decision, DenyReason, DnsDecision, FlowKey, InspectVerdict,
-    PlatformDenySet, Verdict,
+    Approvals, AskAbout, DecideContext, Decider, Decision, DenyReason, DnsDecision, FlowKey,
+    InspectVerdict, PlatformDenySet, Verdict,
 };
 use crate::dns::DnsTable;
 pub use crate::flow::WireName;
@@ -200,6 +200,33 @@ impl PolicyDecider {
         destination_verdict(&policy.check_udp(ip, flow.dst.port(), names)).map(drop)
     }
 
+    /// Whether an open flow that [`PolicyDecider::recheck_tcp`] (or
+    /// `recheck_udp`) would revoke with `reason` is kept by a standing
+    /// runtime approval of one of `names` on its port: the address gate is
+    /// never overridden, and each name must still be a plain allowlist miss
+    /// under the policy in force now.
+    pub fn kept_by_approval(
+        &self,
+        flow: &FlowKey,
+        names: &[&str],
+        reason: Reason,
+        approvals: &Approvals,
+        now: Instant,
+    ) -> bool {
+        let policy = self.policy.load();
+        let ip = flow.dst.ip();
+        if self.platform_denied(&policy, ip)
+            || DNS_PORTS.contains(&flow.dst.port())
+            || !policy.check_dns_answer(ip).is_allowed()
+            || !approval_may_open(reason)
+        {
+            return false;
+        }
+        names.iter().any(|n| {
+            approvals.opens(n, flow.transport, flow.dst.port(), now) && policy.would_ask(n)
+        })
+    }
+
     /// [`dns_filter`] under the policy in force now.
     pub fn dns_action(&self, qname: &str) -> DnsAction {
         dns_filter(&self.policy.load(), qname)
@@ -215,6 +242,36 @@ impl PolicyDecider {
         self.platform.denies(ip) || policy.is_platform_denied(ip)
     }
 }
+
+/// Whether a denial with `reason` may be overridden by a runtime approval
+/// of one of the destination's names: never when the address gate refused
+/// the destination (platform, metadata, private), which nothing opens.
+fn approval_may_open(reason: Reason) -> bool {
+    !matches!(
+        reason,
+        Reason::PlatformDenied | Reason::PrivateDestination | Reason::DnsResolverDenied
+    )
+}
+
+/// Whether a standing approval opens one of `names` on `port`, each name
+/// still a plain allowlist miss under `policy` (a `deny:` rule or a
+/// reload to `unlisted: deny` closes what was approved).
+fn approved_any(
+    policy: &CompiledPolicy,
+    ctx: &DecideContext<'_>,
+    names: &[&str],
+    transport: Transport,
+    port: u16,
+) -> bool {
+    ctx.approved.is_some_and(|a| {
+        names
+            .iter()
+            .any(|n| a.opens(n, transport, port, ctx.now) && policy.would_ask(n))
+    })
+}
+
+/// The verdict of a flow a runtime approval admitted (no rule decided).
+const APPROVED: Verdict = Verdict::of(Reason::ApprovalAllowed);
 
 /// The unexpired names the table holds for `ip` (at most [`MAX_NAMES_PER_IP`]).
 fn table_names(table: &DnsTable, ip: IpAddr, now: Instant) -> Vec<&str> {
@@ -251,7 +308,14 @@ impl PolicyDecider {
             return Err(Verdict::of(Reason::DnsResolverDenied));
         }
         let names = table_names(ctx.dns, ip, ctx.now);
-        destination_verdict(&policy.check_destination(ip, port, &names))
+        let v = policy.check_destination(ip, port, &names);
+        if !v.is_allowed()
+            && approval_may_open(v.reason)
+            && approved_any(policy, ctx, &names, Transport::Tcp, port)
+        {
+            return Ok(APPROVED);
+        }
+        destination_verdict(&v)
     }
 
     /// The name seen on the wire (SNI or Host) must be allowed on the port
@@ -266,11 +330,15 @@ impl PolicyDecider {
         mismatch: Reason,
     ) -> InspectVerdict {
         let v = policy.check_name_port(name, Transport::Tcp, flow.dst.port());
-        if !v.is_allowed() {
+        let verdict = if v.is_allowed() {
+            Verdict::of_policy(&v)
+        } else if approved_any(policy, ctx, &[name], Transport::Tcp, flow.dst.port()) {
+            APPROVED
+        } else {
             return InspectVerdict::Deny(Verdict::of_policy(&v));
-        }
+        };
         if ctx.dns.resolved_for(flow.dst.ip(), name, ctx.now) {
-            InspectVerdict::Allow(Verdict::of_policy(&v))
+            InspectVerdict::Allow(verdict)
         } else {
             InspectVerdict::Deny(Verdict::of(mismatch))
         }
@@ -391,7 +459,14 @@ impl Decider for PolicyDecider {
             return Decision::Deny(Verdict::of(Reason::DnsResolverDenied));
         }
         let names = table_names(ctx.dns, ip, ctx.now);
-        match destination_verdict(&policy.check_udp(ip, port, &names)) {
+        let v = policy.check_udp(ip, port, &names);
+        if !v.is_allowed()
+            && approval_may_open(v.reason)
+            && approved_any(&policy, ctx, &names, Transport::Udp, port)
+        {
+            return Decision::Allow(APPROVED);
+        }
+        match destination_verdict(&v) {
             Ok(verdict) => Decision::Allow(verdict),
             Err(verdict) => Decision::Deny(verdict),
         }
@@ -541,13 +616,23 @@ pub fn dns_filter(policy: &CompiledPolicy, qname: &str) -> DnsAction {
 
 /// [`dns_filter`] with the verdict the query's `dns` line carries: a
 /// forwarded name's allow rule (`dns_answered`), a refused name's deny rule
-/// (`denylisted`) or none (`not_allowlisted`).
+/// (`denylisted`) or none (`not_allowlisted`); or, for a plain allowlist
+/// miss under `unlisted: ask` ([`CompiledPolicy::would_ask`]), the
+/// approval section to ask under.
 pub fn dns_decision(policy: &CompiledPolicy, qname: &str) -> DnsDecision {
     let v = policy.check_name(qname);
     if v.is_allowed() {
         DnsDecision::Forward(Verdict {
             reason: Reason::DnsAnswered,
             ..Verdict::of_policy(&v)
+        })
+    } else if v.reason == Reason::NotAllowlisted
+        && let Some(spec) = policy.approval()
+        && policy.would_ask(qname)
+    {
+        DnsDecision::Ask(AskAbout {
+            spec: spec.clone(),
+            policy_id: policy.id().into(),
         })
     } else {
         DnsDecision::Answer {
@@ -676,6 +761,7 @@ internal:
         fn ctx(&self) -> DecideContext<'_> {
             DecideContext {
                 dns: &self.t,
+                approved: None,
                 now: self.now,
             }
         }
@@ -803,7 +889,11 @@ internal:
     fn run_tcp(d: &PolicyDecider, dst: &str, first: &[u8]) -> InspectVerdict {
         let now = Instant::now();
         let t = table(now);
-        let ctx = DecideContext { dns: &t, now };
+        let ctx = DecideContext {
+            dns: &t,
+            approved: None,
+            now,
+        };
         let f = tcp(dst);
         match bare(d.decide_tcp(&f, &ctx)) {
             Decision::Allow(v) => InspectVerdict::Allow(v),
@@ -1165,7 +1255,11 @@ internal:
             t.insert(ip.parse().unwrap(), "www.example.com", ttl, now);
         }
         t.insert("10.9.9.9".parse().unwrap(), "www.example.com", ttl, now);
-        let ctx = DecideContext { dns: &t, now };
+        let ctx = DecideContext {
+            dns: &t,
+            approved: None,
+            now,
+        };
         for dst in [
             "127.0.0.1:443",
             "169.254.169.254:80",
@@ -1229,6 +1323,7 @@ internal:
         let later = now + Duration::from_secs(3600);
         let ctx = DecideContext {
             dns: &t,
+            approved: None,
             now: later,
         };
         assert_eq!(

@@ -20,6 +20,12 @@
 pub mod server;
 #[cfg(not(feature = "test-util"))]
 pub(crate) mod server;
+// `approval` holds what the server asks the approval backend (`unlisted:
+// ask`, docs/approval.md); its reply travels as a session event.
+#[cfg(feature = "test-util")]
+pub mod approval;
+#[cfg(not(feature = "test-util"))]
+pub(crate) mod approval;
 pub(crate) mod session;
 #[cfg(feature = "test-util")]
 pub mod table;

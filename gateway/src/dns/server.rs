@@ -3,7 +3,8 @@
 //!
 //! Order for each query: read it (sluice-inspect's reader, FORMERR and
 //! friends for what does not read); the policy's decision on the name
-//! (denials answered locally); the type (anything but A answered with an
+//! (denials answered locally; under `unlisted: ask` a plain allowlist miss
+//! is held while the approval backend decides, `server/hold.rs`); the type (anything but A answered with an
 //! empty NOERROR); the sandbox's answer cache (a repeat within the TTL is
 //! answered here, TTLs counted down); else the question goes upstream
 //! ([`super::upstream`]), collapsed with an identical question in flight.
@@ -23,8 +24,10 @@ use hickory_proto::rr::RecordType;
 use sluice_inspect::dns::{DnsReject, Sanitized, sanitize_response_clamped};
 use smoltcp::socket::tcp;
 
+use super::approval::{Approvals, Outgoing};
 use super::table::DnsTable;
 use super::upstream::{MAX_TCP_MESSAGE, UpstreamKey, UpstreamReply};
+use hold::APPROVED;
 use std::borrow::Cow;
 
 use sluice_policy::Reason;
@@ -167,6 +170,11 @@ pub(crate) enum Served {
     /// ([`super::upstream::resolve`]) and hands the reply to
     /// [`DnsServer::answered`].
     Ask(UpstreamKey),
+    /// Held for a runtime approval: the caller asks the backend
+    /// ([`super::approval::spawn_question`]) and hands the answer to
+    /// [`DnsServer::approval_answered`], then
+    /// [`DnsServer::approval_decided`].
+    Approve(Box<Outgoing>),
 }
 
 /// A guest query waiting on an upstream answer.
@@ -192,17 +200,50 @@ pub(crate) struct DnsServer {
     cache: HashMap<(String, RecordType), Cached>,
     cache_purged: Option<Instant>,
     pending: HashMap<UpstreamKey, Vec<Waiter>>,
+    /// The sandbox's approvals (`unlisted: ask`).
+    approvals: Approvals,
+    /// Queries held while their name is being asked about, by name (every
+    /// query type of a name waits on its one question; `server/hold.rs`).
+    held: HashMap<String, Vec<Waiter>>,
 }
 
 impl DnsServer {
-    /// A server whose table holds at most `table_capacity` pairs.
+    /// A server whose table holds at most `table_capacity` pairs and that
+    /// asks nothing at run time (no sandbox, no approval socket).
+    #[cfg(test)]
     pub(crate) fn new(table_capacity: usize) -> Self {
+        Self::with_approvals(table_capacity, Approvals::new("", Default::default()))
+    }
+
+    /// A server that asks about unlisted names through `approvals`.
+    pub(crate) fn with_approvals(table_capacity: usize, approvals: Approvals) -> Self {
         Self {
             table: DnsTable::new(table_capacity),
             cache: HashMap::new(),
             cache_purged: None,
             pending: HashMap::new(),
+            approvals,
+            held: HashMap::new(),
         }
+    }
+
+    /// The sandbox's runtime approvals (for the flow decider).
+    pub(crate) fn approvals(&self) -> &Approvals {
+        &self.approvals
+    }
+
+    /// Keeps only the table's names that `keep` says the policy allows, or
+    /// that a standing approval still opens while `still_asks` says the
+    /// policy would still ask about them (a reload).
+    pub(crate) fn retain_names(
+        &mut self,
+        keep: impl Fn(&str) -> bool,
+        still_asks: impl Fn(&str) -> bool,
+        now: Instant,
+    ) -> usize {
+        let approvals = &self.approvals;
+        self.table
+            .retain_names(|name| keep(name) || (still_asks(name) && approvals.allows(name, now)))
     }
 
     /// The name-to-address table.
@@ -248,15 +289,38 @@ impl DnsServer {
                 });
             }
         };
-        if let DnsDecision::Answer { rcode, verdict } = decider.dns_query(&question.name) {
-            let bytes = sluice_inspect::dns::error_response(&question, rcode);
-            return Served::Now(deliver(
-                to,
-                question,
-                bytes,
-                Outcome::Denied { rcode, verdict },
-            ));
+        match decider.dns_query(&question.name) {
+            DnsDecision::Forward(_) => {}
+            DnsDecision::Answer { rcode, verdict } => {
+                let bytes = sluice_inspect::dns::error_response(&question, rcode);
+                return Served::Now(deliver(
+                    to,
+                    question,
+                    bytes,
+                    Outcome::Denied { rcode, verdict },
+                ));
+            }
+            // Held until decided; a name a standing decision opens goes on
+            // as a listed one.
+            DnsDecision::Ask(about) => {
+                if let Some(served) = self.hold(to, question.clone(), &about, now) {
+                    return served;
+                }
+            }
         }
+        self.forward(to, question, decider, can_forward, now)
+    }
+
+    /// The rest of a query's way once its name may be resolved: the type,
+    /// the cache, then upstream (collapsed with an identical question).
+    fn forward(
+        &mut self,
+        to: Asker,
+        question: Question,
+        decider: &dyn Decider,
+        can_forward: bool,
+        now: Instant,
+    ) -> Served {
         if !forwarded_type(question.qtype) {
             let bytes = sluice_inspect::dns::error_response(&question, ResponseCode::NoError);
             return Served::Now(deliver(to, question, bytes, Outcome::TypeWithheld));
@@ -421,9 +485,19 @@ impl DnsServer {
         now: Instant,
         cached: bool,
     ) -> Delivery {
-        // A reload may have denied the name while the question was in flight.
+        // A reload may have denied the name while the question was in
+        // flight; a name asked about goes on only while an approval opens it.
         let allowed = match decider.dns_query(&question.name) {
             DnsDecision::Forward(verdict) => verdict,
+            DnsDecision::Ask(_) if self.approvals.allows(&question.name, now) => {
+                Verdict::explained(Reason::DnsAnswered, APPROVED)
+            }
+            DnsDecision::Ask(_) => {
+                let bytes = sluice_inspect::dns::refused_response(&question);
+                let rcode = ResponseCode::Refused;
+                let verdict = Verdict::of(Reason::ApprovalDenied);
+                return deliver(to, question, bytes, Outcome::Denied { rcode, verdict });
+            }
             DnsDecision::Answer { rcode, verdict } => {
                 let bytes = sluice_inspect::dns::error_response(&question, rcode);
                 return deliver(to, question, bytes, Outcome::Denied { rcode, verdict });
@@ -459,6 +533,14 @@ impl DnsServer {
             return deliver(to, question, bytes, Outcome::PrivateAnswer { verdict });
         }
         record(&question, &clean, &mut self.table, now);
+        // An `allow_once` lasts as long as the answer the guest holds.
+        if let Some(shortest) = clean.answers.iter().map(|(_, _, ttl)| *ttl).min() {
+            self.approvals.answer_ttl(
+                &question.name,
+                Duration::from_secs(u64::from(shortest)),
+                now,
+            );
+        }
         let addresses = clean.answers.iter().map(|(_, ip, _)| *ip).collect();
         let outcome = Outcome::Answered {
             rcode: clean.rcode,
@@ -567,5 +649,6 @@ pub(crate) fn send_tcp_reply(sock: &mut tcp::Socket<'_>, reply: Option<&[u8]>) {
     }
 }
 
+mod hold;
 #[cfg(test)]
 mod tests;

@@ -8,8 +8,12 @@ use std::time::{Duration, Instant};
 
 use smoltcp::socket::tcp;
 
+use sluice_approval::Choice;
+use sluice_policy::Reason;
+
+use super::approval::ApprovalReply;
 use super::{Asker, Delivery, Outcome, Served, UpstreamReply};
-use crate::audit::AuditEvent;
+use crate::audit::{ApprovalLasts, AuditEvent};
 use crate::packet;
 use crate::session::{Datapath, Event};
 use crate::tcp::{Flow, FlowState, guest_finished};
@@ -40,6 +44,13 @@ impl Datapath {
             can_forward,
             Instant::now(),
         );
+        self.handle_served(served);
+    }
+
+    /// Carries out what the DNS server made of a query: an answer now, a
+    /// question upstream, or a question to the approval backend (each on a
+    /// task of its own: the event loop never waits).
+    fn handle_served(&mut self, served: Served) {
         match served {
             Served::Now(delivery) => self.deliver_dns(delivery),
             Served::Joined => {}
@@ -51,6 +62,64 @@ impl Datapath {
                     let _ = events.send(Event::DnsUpstream(reply));
                 });
             }
+            Served::Approve(out) => {
+                self.counters.approval_questions += 1;
+                super::approval::spawn_question(*out, self.events.clone());
+            }
+        }
+    }
+
+    /// A backend's answer (or failure) to an approval question: the
+    /// decision recorded and audited, then the queries held on it answered
+    /// (forwarded as for a listed name, or REFUSED).
+    pub(crate) fn on_approval(&mut self, reply: ApprovalReply) {
+        let now = Instant::now();
+        let ApprovalReply {
+            name,
+            kind,
+            result,
+            overlay,
+        } = reply;
+        let failure = result.as_ref().err().map(ToString::to_string);
+        let grant = self.dns.approval_answered(&name, kind, result, now);
+        let (choice, by, allowed) = match &grant {
+            Some(g) => (g.choice, g.by.clone(), g.choice.allows()),
+            // The approval section changed meanwhile: the answer is moot.
+            None => (Choice::DenyOnce, "reload".to_owned(), false),
+        };
+        let lasts = match choice {
+            Choice::AllowOnce => ApprovalLasts::DnsTtl,
+            Choice::DenyOnce => ApprovalLasts::RetryWindow,
+            Choice::AllowSandbox | Choice::DenySandbox => ApprovalLasts::Sandbox,
+            Choice::AllowAlways if matches!(overlay, Some(Ok(()))) => ApprovalLasts::Always,
+            Choice::AllowAlways => ApprovalLasts::Sandbox,
+        };
+        let overlay_err = match &overlay {
+            Some(Err(e)) => Some(format!(
+                "overlay not written (allowed for this sandbox only): {e}"
+            )),
+            _ => None,
+        };
+        let detail = failure.or(overlay_err);
+        let (tcp, udp) = self.dns.approval_ports();
+        if !allowed {
+            self.counters.approval_denied += 1;
+        }
+        self.audit.record(&AuditEvent::Approval {
+            name: &name,
+            choice,
+            by: &by,
+            lasts,
+            tcp_ports: &tcp,
+            udp_ports: &udp,
+            detail: detail.as_deref(),
+        });
+        let can_forward = !self.dns_upstreams().is_empty();
+        let served =
+            self.dns
+                .approval_decided(&name, allowed, self.decider.as_ref(), can_forward, now);
+        for s in served {
+            self.handle_served(s);
         }
     }
 
@@ -123,6 +192,10 @@ impl Datapath {
     pub(crate) fn audit_dns(&mut self, d: &Delivery) {
         if d.outcome.is_denial() {
             self.counters.dns_denied += 1;
+        }
+        if matches!(&d.outcome, Outcome::Denied { verdict, .. } if verdict.reason == Reason::ApprovalLimited)
+        {
+            self.counters.approval_limited += 1;
         }
         if matches!(d.outcome, Outcome::Answered { cached: true, .. }) {
             self.counters.dns_cached += 1;

@@ -40,6 +40,7 @@ impl Datapath {
             Ok(bytes) if !bytes.is_empty() && queued != peeked => {
                 let ctx = DecideContext {
                     dns: self.dns.table(),
+                    approved: Some(self.dns.approvals()),
                     now: Instant::now(),
                 };
                 self.decider.inspect(&key, bytes, &ctx)

@@ -79,6 +79,7 @@ impl Datapath {
         let decision = {
             let ctx = DecideContext {
                 dns: self.dns.table(),
+                approved: Some(self.dns.approvals()),
                 now: Instant::now(),
             };
             self.decider.decide_tcp(&key, &ctx)

@@ -45,6 +45,7 @@ impl Datapath {
         let decision = {
             let ctx = DecideContext {
                 dns: self.dns.table(),
+                approved: Some(self.dns.approvals()),
                 now,
             };
             self.decider.decide_udp(&key, &ctx)

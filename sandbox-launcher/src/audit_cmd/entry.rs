@@ -8,6 +8,8 @@
 //! `time`, `action_id`, `status_detail`, `device.uid` and
 //! `unmapped.schema1_kind` must be there.
 
+use std::borrow::Cow;
+
 use serde_json::Value;
 use sluice_policy::Decision;
 use sluice_policy::audit::{AuditRecord, Kind, Timestamp};
@@ -89,7 +91,8 @@ impl Entry {
     }
 
     fn from_schema1(r: &AuditRecord<'_>) -> Self {
-        let names: Vec<String> = [&r.qname, &r.sni, &r.host]
+        let approved = r.approval.as_ref().map(|a| Cow::Borrowed(a.name.as_ref()));
+        let names: Vec<String> = [&r.qname, &r.sni, &r.host, &approved]
             .into_iter()
             .flatten()
             .map(|n| n.to_string())
@@ -126,6 +129,17 @@ impl Entry {
                 r.status,
                 detail,
             ),
+            Kind::Approval => match &r.approval {
+                Some(a) => approval_subject(
+                    &a.name,
+                    &a.decision,
+                    &a.by,
+                    &a.lasts,
+                    &a.tcp_ports,
+                    &a.udp_ports,
+                ),
+                None => detail.unwrap_or_default().to_owned(),
+            },
             _ => detail.unwrap_or_default().to_owned(),
         };
         Self {
@@ -171,6 +185,7 @@ impl Entry {
             "/tls/sni",
             "/http_request/url/hostname",
             "/dst_endpoint/hostname",
+            "/unmapped/approval/name",
         ]
         .into_iter()
         .filter_map(&s)
@@ -309,6 +324,25 @@ fn name_of(kind: &Kind) -> String {
         .unwrap_or_else(|| "-".to_owned())
 }
 
+/// `NAME allow_once by unix: alice (dns_ttl) tcp 443`.
+fn approval_subject(
+    name: &str,
+    decision: &str,
+    by: &str,
+    lasts: &str,
+    tcp: &[u16],
+    udp: &[u16],
+) -> String {
+    let mut s = format!("{name} {decision} by {by} ({lasts})");
+    for (proto, ports) in [("tcp", tcp), ("udp", udp)] {
+        if !ports.is_empty() {
+            let list: Vec<String> = ports.iter().map(ToString::to_string).collect();
+            s.push_str(&format!(" {proto} {}", list.join(",")));
+        }
+    }
+    s
+}
+
 fn dns_subject(
     qname: Option<&str>,
     qtype: Option<&str>,
@@ -436,5 +470,21 @@ mod tests {
             Entry::parse(&DNS_OCSF.replace("\"action_id\":2,", "")),
             Err(EntryError::OcsfMissing("action_id"))
         );
+    }
+
+    #[test]
+    fn approval_records_read_alike_in_both_formats() {
+        let schema1 = r#"{"schema":1,"ts":"2026-11-21T19:20:29.990Z","sandbox":"vm-1","kind":"approval","decision":"allow","reason":"approval_allowed","policy":{"id":"p","version":"v"},"approval":{"name":"files.example.org","decision":"allow_once","by":"unix: alice","lasts":"dns_ttl","tcp_ports":[443]}}"#;
+        let ocsf = r#"{"class_uid":4001,"activity_id":99,"type_uid":400199,"time":1795288829990,"action_id":1,"status_detail":"approval_allowed","device":{"uid":"vm-1","type_id":6},"unmapped":{"schema1_kind":"approval","approval":{"name":"files.example.org","decision":"allow_once","by":"unix: alice","lasts":"dns_ttl","tcp_ports":[443]}}}"#;
+        for line in [schema1, ocsf] {
+            let e = Entry::parse(line).unwrap();
+            assert_eq!(e.kind, "approval");
+            assert!(!e.deny);
+            assert_eq!(e.names, vec!["files.example.org".to_owned()]);
+            assert_eq!(
+                e.subject,
+                "files.example.org allow_once by unix: alice (dns_ttl) tcp 443"
+            );
+        }
     }
 }

@@ -579,3 +579,240 @@ fn a_full_cache_makes_room_for_the_newest_answer() {
         "the answer that expires first was kept"
     );
 }
+
+/// Runtime approval (`unlisted: ask`): a real compiled policy and its
+/// decider; the backend is never called here (the broker hands out the
+/// question, the test plays the answer).
+mod approval {
+    use super::*;
+    use crate::config::ApprovalSetup;
+    use crate::decide::{Approvals, PlatformDenySet, PolicyDecider};
+    use sluice_approval::{Answer, BackendError, Choice};
+    use std::sync::Arc;
+
+    const ASK: &str = "version: 1\nid: t\nunlisted: ask\napproval:\n  backend:\n    unix: /nonexistent/ask.sock\n  max_pending: 2\nallow:\n  - domain: listed.example.com\ndeny:\n  - blocked.example.org\ninternal:\n  - 198.51.100.0/24\n";
+
+    fn decider() -> PolicyDecider {
+        let p = sluice_policy::from_yaml_str(ASK, "t.yaml", &Default::default()).unwrap();
+        PolicyDecider::new(
+            Arc::new(p),
+            PlatformDenySet::new(
+                [],
+                std::net::Ipv4Addr::new(10, 0, 2, 2),
+                std::net::Ipv4Addr::new(10, 0, 2, 255),
+            ),
+        )
+    }
+
+    fn server() -> DnsServer {
+        DnsServer::with_approvals(64, Approvals::new("sb", ApprovalSetup::default()))
+    }
+
+    fn q(s: &mut DnsServer, d: &PolicyDecider, id: u16, name: &str, now: Instant) -> Served {
+        s.query(&query_with(id, name, RecordType::A), GUEST, d, true, now)
+    }
+
+    fn refused_for(served: &Served) -> Option<Reason> {
+        match served {
+            Served::Now(Delivery {
+                outcome: Outcome::Denied { rcode, verdict },
+                ..
+            }) if *rcode == ResponseCode::Refused => Some(verdict.reason),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn an_unlisted_name_is_held_asked_once_and_forwarded_on_allow() {
+        let now = Instant::now();
+        let d = decider();
+        let mut s = server();
+        let Served::Approve(_) = q(&mut s, &d, 1, "new.example.org", now) else {
+            panic!("not asked");
+        };
+        // An identical query (and another type) waits on the same question.
+        assert!(matches!(
+            q(&mut s, &d, 2, "new.example.org", now),
+            Served::Joined
+        ));
+        assert!(matches!(
+            s.query(
+                &query_with(3, "new.example.org", RecordType::AAAA),
+                GUEST,
+                &d,
+                true,
+                now
+            ),
+            Served::Joined
+        ));
+        let g = s
+            .approval_answered(
+                "new.example.org",
+                "unix",
+                Ok(Answer::of(Choice::AllowOnce)),
+                now,
+            )
+            .unwrap();
+        assert!(g.choice.allows());
+        let served = s.approval_decided("new.example.org", true, &d, true, now);
+        assert_eq!(served.len(), 3);
+        // The A queries go upstream once (collapsed); AAAA is withheld as
+        // for any listed name.
+        assert!(matches!(&served[0], Served::Ask(k) if *k == key("new.example.org")));
+        assert!(matches!(&served[1], Served::Joined));
+        assert!(matches!(
+            &served[2],
+            Served::Now(Delivery {
+                outcome: Outcome::TypeWithheld,
+                ..
+            })
+        ));
+        let out = s.answered(
+            UpstreamReply {
+                key: key("new.example.org"),
+                message: Some(upstream_answer("new.example.org", 7, 60)),
+                dropped: 0,
+            },
+            &d,
+            now,
+        );
+        assert_eq!(out.len(), 2);
+        for del in &out {
+            assert!(
+                matches!(&del.outcome, Outcome::Answered { addresses, .. } if addresses.len() == 1),
+                "{del:?}"
+            );
+        }
+        // The approval now opens the name to the flow decider, on 443.
+        let ip: IpAddr = "198.51.100.7".parse().unwrap();
+        assert!(s.table().resolved_for(ip, "new.example.org", now));
+        let ctx = DecideContext {
+            dns: s.table(),
+            approved: Some(s.approvals()),
+            now,
+        };
+        let flow = |port| FlowKey {
+            transport: crate::decide::Transport::Tcp,
+            src: "10.0.2.15:40000".parse().unwrap(),
+            dst: std::net::SocketAddr::new(ip, port),
+        };
+        assert!(matches!(
+            d.decide_tcp(&flow(443), &ctx),
+            Decision::Inspect { .. }
+        ));
+        assert!(matches!(d.decide_tcp(&flow(80), &ctx), Decision::Deny(_)));
+        // A repeat within the answer's TTL is answered without asking.
+        assert!(matches!(
+            q(
+                &mut s,
+                &d,
+                4,
+                "new.example.org",
+                now + Duration::from_secs(1)
+            ),
+            Served::Now(Delivery {
+                outcome: Outcome::Answered { cached: true, .. },
+                ..
+            })
+        ));
+        // Once the answer's TTL (60 s) has ended, the allow once has too.
+        let later = now + Duration::from_secs(61);
+        assert!(!s.approvals().allows("new.example.org", later));
+        assert!(matches!(
+            q(&mut s, &d, 5, "new.example.org", later),
+            Served::Approve(_)
+        ));
+    }
+
+    #[test]
+    fn deny_timeout_and_failure_refuse_and_never_forward() {
+        let now = Instant::now();
+        let d = decider();
+        let mut s = server();
+        for (name, result) in [
+            ("no.example.org", Ok(Answer::of(Choice::DenySandbox))),
+            ("late.example.org", Err(BackendError::Timeout)),
+            ("down.example.org", Err(BackendError::Closed)),
+        ] {
+            assert!(matches!(q(&mut s, &d, 1, name, now), Served::Approve(_)));
+            let g = s.approval_answered(name, "unix", result, now).unwrap();
+            assert!(!g.choice.allows());
+            let served = s.approval_decided(name, false, &d, true, now);
+            assert_eq!(served.len(), 1);
+            assert_eq!(
+                refused_for(&served[0]),
+                Some(Reason::ApprovalDenied),
+                "{name}"
+            );
+            // Decided: the retry is refused without asking again.
+            assert_eq!(
+                refused_for(&q(&mut s, &d, 2, name, now)),
+                Some(Reason::ApprovalDenied)
+            );
+        }
+        assert_eq!(s.in_flight(), 0);
+    }
+
+    #[test]
+    fn what_must_never_ask_is_refused_at_once_and_overflow_is_limited() {
+        let now = Instant::now();
+        let d = decider();
+        let mut s = server();
+        // A `deny:` name, a single label and a public suffix never ask.
+        for (name, reason) in [
+            ("blocked.example.org", Reason::Denylisted),
+            ("localhost", Reason::NotAllowlisted),
+            ("co.uk", Reason::NotAllowlisted),
+        ] {
+            assert_eq!(refused_for(&q(&mut s, &d, 1, name, now)), Some(reason));
+        }
+        // max_pending 2: the third name is refused without asking.
+        assert!(matches!(
+            q(&mut s, &d, 1, "a.example.org", now),
+            Served::Approve(_)
+        ));
+        assert!(matches!(
+            q(&mut s, &d, 1, "b.example.org", now),
+            Served::Approve(_)
+        ));
+        assert_eq!(
+            refused_for(&q(&mut s, &d, 1, "c.example.org", now)),
+            Some(Reason::ApprovalLimited)
+        );
+    }
+
+    #[test]
+    fn an_approved_name_whose_answer_is_private_is_still_refused() {
+        let now = Instant::now();
+        let d = decider();
+        let mut s = server();
+        assert!(matches!(
+            q(&mut s, &d, 1, "inner.example.org", now),
+            Served::Approve(_)
+        ));
+        s.approval_answered(
+            "inner.example.org",
+            "unix",
+            Ok(Answer::of(Choice::AllowSandbox)),
+            now,
+        );
+        let served = s.approval_decided("inner.example.org", true, &d, true, now);
+        assert!(matches!(&served[0], Served::Ask(_)));
+        let mut m = Message::response(0, OpCode::Query);
+        let n = Name::from_ascii("inner.example.org.").unwrap();
+        m.add_query(Query::query(n.clone(), RecordType::A));
+        m.add_answer(Record::from_rdata(n, 60, RData::A(A::new(10, 1, 2, 3))));
+        let out = s.answered(
+            UpstreamReply {
+                key: key("inner.example.org"),
+                message: Some(m.to_vec().unwrap()),
+                dropped: 0,
+            },
+            &d,
+            now,
+        );
+        assert!(matches!(out[0].outcome, Outcome::PrivateAnswer { .. }));
+        let ip: IpAddr = "10.1.2.3".parse().unwrap();
+        assert_eq!(s.table().names_for(ip, now).count(), 0);
+    }
+}

@@ -1,0 +1,330 @@
+//! Runtime approval on the gateway's side (docs/approval.md): the
+//! sandbox's [`Broker`] (what was decided, what is being asked), the
+//! backend that answers, and the one task per question that asks it.
+//!
+//! The decider says [`DnsDecision::Ask`](crate::decide::DnsDecision::Ask)
+//! for a name the policy would ask about
+//! ([`sluice_policy::CompiledPolicy::would_ask`]); the DNS server
+//! (`super::server`) then holds the guest's query and asks
+//! [`Approvals::ask`]; a new question is sent by [`spawn_question`] off the
+//! session's event loop, bounded by the policy's timeout, and its answer
+//! comes back as an [`ApprovalReply`] event. The flow decider then consults
+//! [`Approvals::opens`] (through `DecideContext::approved`) for a name the
+//! policy does not list: an approved name opens exactly the ports the
+//! `approval:` section names, for the decision's lifetime. Everything else
+//! (the address gate, SNI and Host checks, interception) is the decider's,
+//! exactly as for a listed name.
+//!
+//! A backend that cannot be built (a terminal backend without
+//! `--approval-socket`, an unreadable webhook CA) answers every question
+//! with an error, hence deny.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sluice_approval::backend::unix::UnixBackend;
+use sluice_approval::backend::webhook::{WebhookBackend, WebhookConfig};
+use sluice_approval::{Answer, Asked, Backend, BackendError, Broker, BrokerConfig, Choice, Grant};
+use sluice_policy::{ApprovalBackend, ApprovalSpec};
+use tokio::sync::mpsc;
+
+use crate::config::ApprovalSetup;
+use crate::flow::Transport;
+use crate::session::Event;
+
+/// How long a `deny_once` (or a failure) keeps refusing a name without
+/// asking again: resolvers retry within seconds, a retry must not ask twice.
+pub(crate) const DENY_ONCE_HOLD: Duration = Duration::from_secs(5);
+
+/// The backend in force and the spec it was built for.
+struct Asking {
+    spec: ApprovalSpec,
+    broker: Broker,
+    backend: Result<Arc<dyn Backend>, String>,
+}
+
+/// One sandbox's approvals: the standing decisions and the questions out.
+pub struct Approvals {
+    setup: ApprovalSetup,
+    sandbox: String,
+    asking: Option<Asking>,
+}
+
+impl std::fmt::Debug for Approvals {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Approvals")
+            .field("asking", &self.asking.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A question to send: what [`spawn_question`] needs.
+#[derive(Debug)]
+pub(crate) struct Outgoing {
+    question: sluice_approval::Question,
+    backend: Result<Arc<dyn Backend>, String>,
+    timeout: Duration,
+    overlay: Option<PathBuf>,
+}
+
+/// A backend's answer (or its failure) to one question, back on the
+/// session's event loop.
+#[derive(Debug)]
+#[cfg_attr(not(feature = "test-util"), expect(unreachable_pub))]
+pub struct ApprovalReply {
+    /// The name asked about.
+    pub name: String,
+    /// The backend's kind (`webhook`, `unix`, `terminal`).
+    pub kind: &'static str,
+    /// The answer, or why there is none.
+    pub result: Result<Answer, BackendError>,
+    /// For an honoured `allow_always`: whether the overlay was written
+    /// (`Err` with why not: the answer then counts for this sandbox only).
+    pub overlay: Option<Result<(), String>>,
+}
+
+impl Approvals {
+    /// No approvals yet; a broker is made at the first question.
+    pub(crate) fn new(sandbox: &str, setup: ApprovalSetup) -> Self {
+        Self {
+            setup,
+            sandbox: sandbox.to_owned(),
+            asking: None,
+        }
+    }
+
+    /// What to do about a query for `name` (type `qtype`) that the policy
+    /// `policy_id`, whose `approval:` section is `spec`, would ask about.
+    /// [`Asked::Ask`] comes with the question to send.
+    pub(crate) fn ask(
+        &mut self,
+        spec: &ApprovalSpec,
+        policy_id: &str,
+        name: &str,
+        qtype: &str,
+        now: Instant,
+    ) -> (Asked, Option<Outgoing>) {
+        let overlay = if spec.always {
+            self.setup.policy_path.clone()
+        } else {
+            None
+        };
+        let asking = self.asking_for(spec, policy_id);
+        let asked = asking.broker.ask(name, qtype, now);
+        let out = match &asked {
+            Asked::Ask(q) => Some(Outgoing {
+                question: q.clone(),
+                backend: asking.backend.clone(),
+                timeout: spec.timeout,
+                overlay,
+            }),
+            _ => None,
+        };
+        (asked, out)
+    }
+
+    /// The broker for `spec`, made anew when the spec changed (a reload
+    /// that changes the `approval:` section forgets the decisions taken
+    /// under the old one).
+    fn asking_for(&mut self, spec: &ApprovalSpec, policy_id: &str) -> &mut Asking {
+        if self.asking.as_ref().is_some_and(|a| a.spec != *spec) {
+            self.asking = None;
+        }
+        let (sandbox, setup) = (&self.sandbox, &self.setup);
+        self.asking.get_or_insert_with(|| Asking {
+            spec: spec.clone(),
+            broker: Broker::new(BrokerConfig {
+                sandbox: sandbox.clone(),
+                policy: policy_id.to_owned(),
+                tcp_ports: spec.tcp_ports.clone(),
+                udp_ports: spec.udp_ports.clone(),
+                always_allowed: spec.always && setup.policy_path.is_some(),
+                timeout: spec.timeout,
+                max_pending: spec.max_pending,
+                per_minute: spec.per_minute,
+                deny_once_hold: DENY_ONCE_HOLD,
+            }),
+            backend: backend_for(&spec.backend, setup.socket.as_ref()),
+        })
+    }
+
+    /// Records a backend's answer and returns the decision that now stands
+    /// (`None` when the broker was replaced meanwhile: the answer is moot).
+    pub(crate) fn answered(
+        &mut self,
+        name: &str,
+        kind: &str,
+        result: Result<Answer, BackendError>,
+        now: Instant,
+    ) -> Option<Grant> {
+        let asking = self.asking.as_mut()?;
+        Some(asking.broker.answered(name, kind, result, now))
+    }
+
+    /// Whether a standing decision opens `name` at `now` (any port).
+    pub fn allows(&self, name: &str, now: Instant) -> bool {
+        self.asking
+            .as_ref()
+            .is_some_and(|a| a.broker.allows(name, now))
+    }
+
+    /// Whether a standing decision opens `name` on `port` over `transport`
+    /// at `now`: the ports the `approval:` section names, nothing else.
+    /// The caller still applies every address and wire check.
+    pub fn opens(&self, name: &str, transport: Transport, port: u16, now: Instant) -> bool {
+        self.asking.as_ref().is_some_and(|a| {
+            let ports = match transport {
+                Transport::Tcp => &a.spec.tcp_ports,
+                Transport::Udp => &a.spec.udp_ports,
+            };
+            ports.contains(&port) && a.broker.allows(name, now)
+        })
+    }
+
+    /// An `allow_once` lasts until the DNS answer handed out ends.
+    pub(crate) fn answer_ttl(&mut self, name: &str, ttl: Duration, now: Instant) {
+        if let Some(a) = &mut self.asking {
+            a.broker.set_answer_ttl(name, ttl, now);
+        }
+    }
+
+    /// The ports a decision opens (for the audit record).
+    pub(crate) fn ports(&self) -> (Vec<u16>, Vec<u16>) {
+        self.asking.as_ref().map_or_else(Default::default, |a| {
+            (a.spec.tcp_ports.clone(), a.spec.udp_ports.clone())
+        })
+    }
+}
+
+/// The backend for the policy's `approval.backend`; `socket`
+/// (`--approval-socket`) replaces it when given.
+fn backend_for(
+    backend: &ApprovalBackend,
+    socket: Option<&PathBuf>,
+) -> Result<Arc<dyn Backend>, String> {
+    if let Some(path) = socket {
+        return Ok(Arc::new(TerminalSocket(UnixBackend::new(path.clone()))));
+    }
+    match backend {
+        ApprovalBackend::Terminal => Err(
+            "the `terminal` approval backend needs `sluice run --ask` (--approval-socket)".into(),
+        ),
+        ApprovalBackend::Unix(path) => Ok(Arc::new(UnixBackend::new(path.clone()))),
+        ApprovalBackend::Webhook {
+            url,
+            bearer_token_file,
+            client_cert,
+            client_key,
+            ca,
+        } => WebhookBackend::new(&WebhookConfig {
+            url: url.clone(),
+            bearer_token_file: bearer_token_file.clone(),
+            client_cert: client_cert.clone(),
+            client_key: client_key.clone(),
+            ca: ca.clone(),
+        })
+        .map(|b| Arc::new(b) as Arc<dyn Backend>)
+        .map_err(|e| e.to_string()),
+    }
+}
+
+/// The unix backend of `--approval-socket`, audited as `terminal` (the
+/// launcher answers it from its terminal).
+#[derive(Debug)]
+struct TerminalSocket(UnixBackend);
+
+impl Backend for TerminalSocket {
+    fn kind(&self) -> &'static str {
+        "terminal"
+    }
+
+    fn ask<'a>(
+        &'a self,
+        question: &'a sluice_approval::Question,
+    ) -> sluice_approval::backend::AnswerFuture<'a> {
+        self.0.ask(question)
+    }
+}
+
+/// Asks `out`'s backend on a task of its own (the event loop never waits),
+/// bounded by the policy's timeout, writes the overlay for an honoured
+/// `allow_always`, and sends the reply back as [`Event::Approval`].
+pub(crate) fn spawn_question(out: Outgoing, events: mpsc::UnboundedSender<Event>) {
+    tokio::spawn(async move {
+        let Outgoing {
+            question,
+            backend,
+            timeout,
+            overlay,
+        } = out;
+        let (kind, result) = match &backend {
+            Ok(b) => {
+                let r = tokio::time::timeout(timeout, b.ask(&question))
+                    .await
+                    .unwrap_or(Err(BackendError::Timeout));
+                (b.kind(), r)
+            }
+            Err(why) => ("backend", Err(BackendError::Config(why.clone()))),
+        };
+        if let Err(e) = &result {
+            tracing::warn!(name = %question.name, error = %e, "approval question failed: denied");
+        }
+        let wrote = match (&result, overlay) {
+            (Ok(a), Some(policy)) if a.decision == Choice::AllowAlways => {
+                Some(write_overlay(policy, &question, kind, a).await)
+            }
+            _ => None,
+        };
+        let _ = events.send(Event::Approval(Box::new(ApprovalReply {
+            name: question.name.clone(),
+            kind,
+            result,
+            overlay: wrote,
+        })));
+    });
+}
+
+/// Appends the approved name to the policy's overlay (blocking file I/O,
+/// off the runtime's thread).
+async fn write_overlay(
+    policy: PathBuf,
+    q: &sluice_approval::Question,
+    kind: &str,
+    a: &Answer,
+) -> Result<(), String> {
+    let name = q.name.clone();
+    let tcp = q.tcp_ports.clone();
+    let udp = q.udp_ports.clone();
+    let sandbox = q.sandbox.clone();
+    let by = match &a.by {
+        Some(by) => format!("{kind}: {by}"),
+        None => kind.to_owned(),
+    };
+    let at = sluice_policy::audit::Timestamp::now();
+    let at = serde_json::to_value(at)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default();
+    let joined = tokio::task::spawn_blocking(move || {
+        sluice_policy::overlay::append(
+            &policy,
+            &sluice_policy::overlay::Approved {
+                name: &name,
+                tcp_ports: &tcp,
+                udp_ports: &udp,
+                by: &by,
+                sandbox: &sandbox,
+                at: &at,
+            },
+        )
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+    })
+    .await;
+    let r = joined.unwrap_or_else(|e| Err(e.to_string()));
+    if let Err(e) = &r {
+        tracing::warn!(error = %e, "approval overlay not written: allowed for this sandbox only");
+    }
+    r
+}
