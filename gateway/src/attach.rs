@@ -379,7 +379,13 @@ impl FloorKeeper {
             -1 => Err(std::io::Error::last_os_error()).context("forking the floor keeper"),
             0 => {
                 drop(ours);
-                keeper_main(floor, theirs)
+                // A panic (a thread the floor crate cannot spawn, say) must
+                // not unwind into the copies of main's frames this child
+                // holds: abort instead. The floor then stays (fail closed).
+                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    keeper_main(floor, theirs)
+                }));
+                std::process::abort()
             }
             _child => {
                 drop(theirs);
