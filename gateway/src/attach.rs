@@ -8,20 +8,27 @@
 //!    gateway's other threads never move): check IFACE exists, is Ethernet
 //!    (a TAP or veth: not `lo`, not a tun), has no packet socket bound to
 //!    it already (`/proc/thread-self/net/packet`: another gateway, or a
-//!    capture), and carries the MTU the gateway advertises; open a
-//!    non-blocking packet socket with `PACKET_VNET_HDR` and
-//!    `PACKET_IGNORE_OUTGOING`, bind it to IFACE, and set IFACE up. The
-//!    socket stays bound to that namespace's interface after the thread
-//!    ends; every other socket of the gateway is opened in its own.
+//!    capture), nothing that sees its frames before the floor does (an XDP
+//!    program, a `clsact` or `ingress` qdisc, a master such as a bridge or
+//!    a bond: [`bypasses`]), and carries the MTU the
+//!    gateway advertises; open a non-blocking packet socket with
+//!    `PACKET_VNET_HDR` and `PACKET_IGNORE_OUTGOING` and bind it to IFACE.
+//!    The socket stays bound to that namespace's interface after the
+//!    thread ends; every other socket of the gateway is opened in its own.
 //! 2. Install the ingress floor ([`sluice_floor::ingress::IngressFloor`]).
-//! 3. Fork the floor keeper: a child that holds the floor and removes it
+//! 3. Again in the namespace: turn IPv6 off on IFACE (the namespace's
+//!    kernel gives it no link-local address and sends the guest no
+//!    solicitations), then set IFACE up: only now, with the floor in place,
+//!    can the guest's frames flow.
+//! 4. Fork the floor keeper: a child that holds the floor and removes it
 //!    when the gateway asks on exit (normal end, SIGTERM, SIGINT, or a
 //!    failure after the floor was installed). If the gateway dies without
 //!    asking (SIGKILL, a crash) the keeper leaves the floor in place: the
 //!    guest then has no network at all, which is the safe state.
 //!
-//! Any failure in 1 or 2 leaves nothing behind: the socket closes, a
-//! half-installed floor is removed by the floor crate.
+//! Any failure in 1 to 3 leaves nothing behind: the socket closes, a
+//! half-installed floor is removed by the floor crate (and the floor of
+//! step 2 when step 3 fails).
 
 use std::fs::File;
 use std::io::{Read as _, Write as _};
@@ -68,18 +75,9 @@ pub(crate) fn attach(
     allow_missing_floor: bool,
 ) -> anyhow::Result<Attached> {
     let ns = File::open(netns).map_err(|e| anyhow!("--netns {}: {e}", netns.display()))?;
-    let socket = std::thread::scope(|s| {
-        s.spawn(|| {
-            move_into_link_name_space(ns.as_fd(), Some(LinkNameSpaceType::Network)).map_err(
-                |e| anyhow!("--netns {}: not a network namespace ({e})", netns.display()),
-            )?;
-            open_in_namespace(iface, netns, mtu)
-        })
-        .join()
-        .unwrap_or_else(|_| Err(anyhow!("the namespace thread panicked")))
-    })?;
-    let keeper = match IngressFloor::install(Some(netns), iface) {
-        Ok(floor) => Some(FloorKeeper::spawn(floor)?),
+    let socket = in_namespace(&ns, netns, || open_in_namespace(iface, netns, mtu))?;
+    let floor = match IngressFloor::install(Some(netns), iface) {
+        Ok(floor) => Some(floor),
         Err(e) if allow_missing_floor => {
             tracing::warn!(error = %e, "no nftables floor (--allow-missing-isolation nftables): the kernel may route the guest's traffic if the gateway stops");
             None
@@ -88,7 +86,52 @@ pub(crate) fn attach(
             bail!("{e} (the floor is required; --allow-missing-isolation nftables waives it)")
         }
     };
+    // On error the floor drops here, which removes it.
+    in_namespace(&ns, netns, || bring_up(&socket, iface, netns))?;
+    let keeper = floor.map(FloorKeeper::spawn).transpose()?;
     Ok(Attached { socket, keeper })
+}
+
+/// Runs `f` on a thread of its own that has entered the network namespace
+/// `ns` (opened from `netns`); the calling thread never moves.
+fn in_namespace<T: Send>(
+    ns: &File,
+    netns: &Path,
+    f: impl FnOnce() -> anyhow::Result<T> + Send,
+) -> anyhow::Result<T> {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            move_into_link_name_space(ns.as_fd(), Some(LinkNameSpaceType::Network)).map_err(
+                |e| anyhow!("--netns {}: not a network namespace ({e})", netns.display()),
+            )?;
+            f()
+        })
+        .join()
+        .unwrap_or_else(|_| Err(anyhow!("the namespace thread panicked")))
+    })
+}
+
+/// Step 3 of the module docs, on a thread inside the namespace.
+fn bring_up(sock: &OwnedFd, iface: &str, netns: &Path) -> anyhow::Result<()> {
+    let where_ = || format!("`{iface}` in network namespace {}", netns.display());
+    // /proc/sys/net is the opening thread's namespace's. Missing when the
+    // kernel has no IPv6: then there is nothing to turn off.
+    let knob = format!("/proc/sys/net/ipv6/conf/{iface}/disable_ipv6");
+    if Path::new(&knob).exists() {
+        std::fs::write(&knob, "1")
+            .with_context(|| format!("turning IPv6 off on {} ({knob})", where_()))?;
+    }
+    let probe = rustix::net::socket(
+        rustix::net::AddressFamily::INET,
+        rustix::net::SocketType::DGRAM,
+        None,
+    )
+    .context("opening a probe socket")?;
+    set_up(&probe, iface).with_context(|| format!("setting {} up", where_()))?;
+    // Bound while the interface was down, the socket holds a pending
+    // ENETDOWN its first receive would report: reading SO_ERROR clears it.
+    let _ = rustix::net::sockopt::socket_error(sock);
+    Ok(())
 }
 
 /// Step 1 of the module docs, on the thread inside the namespace.
@@ -102,6 +145,12 @@ fn open_in_namespace(iface: &str, netns: &Path, mtu: u16) -> anyhow::Result<Owne
     if let Some(holder) = packet_socket_on(index)? {
         bail!(
             "{} is already attached: a packet socket (inode {holder}) is bound to it (another gateway, or a capture)",
+            where_()
+        );
+    }
+    if let Some(what) = bypasses(iface)? {
+        bail!(
+            "{} has {what}, which sees the guest's frames before the floor: remove it or attach to an interface without one",
             where_()
         );
     }
@@ -130,11 +179,72 @@ fn open_in_namespace(iface: &str, netns: &Path, mtu: u16) -> anyhow::Result<Owne
             where_()
         );
     }
-    set_up(&probe, iface).with_context(|| format!("setting {} up", where_()))?;
-    // Bound while the interface was down, the socket holds a pending
-    // ENETDOWN its first receive would report: reading SO_ERROR clears it.
-    let _ = rustix::net::sockopt::socket_error(&sock);
     Ok(sock)
+}
+
+/// Where `ip` and `tc` are looked for (absolute paths only: the gateway's
+/// `PATH` is not trusted to name them).
+const TOOL_DIRS: [&str; 4] = ["/usr/sbin", "/sbin", "/usr/bin", "/bin"];
+
+/// Runs the iproute2 tool `name` with `args` in the calling thread's
+/// namespace and parses its JSON output.
+fn iproute2_json(name: &str, args: &[&str]) -> anyhow::Result<serde_json::Value> {
+    let tool = TOOL_DIRS
+        .iter()
+        .map(|d| Path::new(d).join(name))
+        .find(|p| p.is_file())
+        .ok_or_else(|| anyhow!("`{name}` (iproute2) not found in {}", TOOL_DIRS.join(", ")))?;
+    let out = std::process::Command::new(&tool)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .with_context(|| format!("running {}", tool.display()))?;
+    if !out.status.success() {
+        bail!(
+            "{} {}: {}",
+            tool.display(),
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    // `tc` prints nothing at all for a device without qdiscs on some versions.
+    if out.stdout.iter().all(u8::is_ascii_whitespace) {
+        return Ok(serde_json::Value::Array(Vec::new()));
+    }
+    serde_json::from_slice(&out.stdout)
+        .with_context(|| format!("parsing the JSON of {} {}", tool.display(), args.join(" ")))
+}
+
+/// What on `iface` (in the calling thread's namespace) would see the
+/// guest's frames before the floor's netdev ingress hook, if anything: an
+/// XDP program (runs in the driver, before everything), a `clsact` or
+/// `ingress` qdisc (tc ingress runs before netfilter's netdev ingress: a
+/// `mirred` redirect, as Kata's default `tcfilter` model installs, would
+/// carry the frames past the floor), or a master (a bridge or bond takes
+/// the frames in its rx handler). Read from `ip -d -j link show` and
+/// `tc -j qdisc show`. Not seen: tcx programs attached through bpf links
+/// without a qdisc (iproute2 does not list them).
+pub(crate) fn bypasses(iface: &str) -> anyhow::Result<Option<String>> {
+    let link = iproute2_json("ip", &["-d", "-j", "link", "show", "dev", iface])?;
+    let qdiscs = iproute2_json("tc", &["-j", "qdisc", "show", "dev", iface])?;
+    Ok(bypass_in(&link, &qdiscs))
+}
+
+/// [`bypasses`] on the tools' parsed output.
+fn bypass_in(link: &serde_json::Value, qdiscs: &serde_json::Value) -> Option<String> {
+    let entry = link.as_array().and_then(|a| a.first());
+    if let Some(e) = entry {
+        if e.get("xdp").is_some() {
+            return Some("an XDP program attached".to_owned());
+        }
+        if let Some(master) = e.get("master").and_then(serde_json::Value::as_str) {
+            return Some(format!("a master (`{master}`: a bridge or bond)"));
+        }
+    }
+    qdiscs.as_array()?.iter().find_map(|q| {
+        let kind = q.get("kind").and_then(serde_json::Value::as_str)?;
+        matches!(kind, "clsact" | "ingress").then(|| format!("a `{kind}` qdisc (tc ingress)"))
+    })
 }
 
 /// The inode of a packet socket bound to interface `index` in the calling
@@ -269,7 +379,13 @@ impl FloorKeeper {
             -1 => Err(std::io::Error::last_os_error()).context("forking the floor keeper"),
             0 => {
                 drop(ours);
-                keeper_main(floor, theirs)
+                // A panic (a thread the floor crate cannot spawn, say) must
+                // not unwind into the copies of main's frames this child
+                // holds: abort instead. The floor then stays (fail closed).
+                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    keeper_main(floor, theirs)
+                }));
+                std::process::abort()
             }
             _child => {
                 drop(theirs);
@@ -343,4 +459,29 @@ fn keeper_main(floor: IngressFloor, mut channel: UnixStream) -> ! {
     // SAFETY: `_exit` ends the process without running the gateway's
     // destructors or atexit handlers, which belong to the parent.
     unsafe { libc::_exit(code) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bypass_in;
+    use serde_json::json;
+
+    #[test]
+    fn xdp_a_master_and_ingress_qdiscs_are_bypasses() {
+        let plain = json!([{"ifname": "tap0", "flags": ["UP"]}]);
+        let root_only = json!([{"kind": "noqueue", "handle": "0:", "root": true}]);
+        assert_eq!(bypass_in(&plain, &root_only), None);
+        assert_eq!(bypass_in(&plain, &json!([])), None);
+        let xdp = json!([{"ifname": "tap0", "xdp": {"mode": 2, "prog": {"id": 7}}}]);
+        assert!(bypass_in(&xdp, &root_only).is_some_and(|w| w.contains("XDP")));
+        let enslaved = json!([{"ifname": "tap0", "master": "br0"}]);
+        assert!(bypass_in(&enslaved, &root_only).is_some_and(|w| w.contains("br0")));
+        for kind in ["clsact", "ingress"] {
+            let q = json!([{"kind": "noqueue", "root": true}, {"kind": kind, "handle": "ffff:"}]);
+            assert!(
+                bypass_in(&plain, &q).is_some_and(|w| w.contains(kind)),
+                "{kind}"
+            );
+        }
+    }
 }

@@ -21,8 +21,16 @@
 //!   parses it, and a segmentation-offload frame arrives whole (one large
 //!   IP packet, which the stack accepts up to the frame limit).
 //!
-//! Invariant: no input makes these types panic; a datagram or packet that
-//! is not a frame is handed to the session, whose parser drops it.
+//! Invariant: no input makes these types panic, and nothing the guest
+//! sends ends a datagram or packet session: a datagram or packet that is
+//! not a frame is handed to the session, whose parser drops it; one the
+//! kernel cannot hand over whole (a receive error about that one packet, a
+//! truncated datagram) is dropped here and counted by the session as a
+//! malformed frame. Only an error that means the link itself is gone
+//! ([`link_gone`]) ends the session. A stream is different: a read error
+//! or a broken length prefix leaves no frame boundary to resume at, so it
+//! ends the session (the guest sees its link close; with `--socket` the
+//! gateway accepts the next connection).
 
 use std::io::{self, IoSlice};
 use std::os::fd::OwnedFd;
@@ -98,11 +106,14 @@ pub(crate) enum Received {
     Closed,
     /// Nothing was waiting.
     Idle,
-    /// Frames were handed on; `more` when the read filled its budget (more
-    /// may be waiting).
+    /// Frames were handed on or dropped; `more` when the read filled its
+    /// budget (more may be waiting).
     Frames {
         /// Read again before waiting.
         more: bool,
+        /// Datagrams or packets dropped by the link (count them as
+        /// malformed frames).
+        dropped: u32,
     },
 }
 
@@ -125,6 +136,25 @@ pub(crate) enum LinkRx {
 
 fn would_block(e: &io::Error) -> bool {
     e.kind() == io::ErrorKind::WouldBlock
+}
+
+/// Whether a receive error on a datagram or packet socket means the link
+/// itself is gone, which ends the session. Any other error concerns one
+/// datagram or packet that the kernel has already taken off the queue: it
+/// is dropped and counted, and reading goes on. The guest must not be able
+/// to end the session (and so have the floor removed) by what it sends: a
+/// TAP accepts a UDP segmentation-offload frame (`VIRTIO_NET_HDR_GSO_UDP`)
+/// that a packet socket cannot describe in a virtio-net header, and the
+/// receive of that one packet fails with `EINVAL`.
+fn link_gone(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        // The interface was set down or removed (the VMM ended and its TAP
+        // went with it): a packet socket reports ENETDOWN once. ENODEV and
+        // ENXIO: no device behind the socket. EBADF, ENOTSOCK: the
+        // descriptor itself is unusable.
+        Some(libc::ENETDOWN | libc::ENODEV | libc::ENXIO | libc::EBADF | libc::ENOTSOCK)
+    )
 }
 
 impl GuestLink {
@@ -207,7 +237,10 @@ impl GuestLink {
                         {
                             on_frame(frame);
                         }
-                        Ok(Received::Frames { more: n == want })
+                        Ok(Received::Frames {
+                            more: n == want,
+                            dropped: 0,
+                        })
                     }
                     Err(e) if would_block(&e) => Ok(Received::Idle),
                     Err(e) => Err(LinkFailure::Io(e)),
@@ -343,20 +376,29 @@ impl DgramLink {
         buf: &mut [u8],
         mut on_frame: impl FnMut(&[u8]),
     ) -> Result<Received, LinkFailure> {
+        let mut dropped = 0;
         for i in 0..DATAGRAM_BATCH {
             let (n, from) = match self.sock.try_recv_from(buf) {
                 Ok(r) => r,
                 Err(e) if would_block(&e) => {
-                    return Ok(if i == 0 {
+                    return Ok(if i == 0 && dropped == 0 {
                         Received::Idle
                     } else {
-                        Received::Frames { more: false }
+                        Received::Frames {
+                            more: false,
+                            dropped,
+                        }
                     });
                 }
                 // A connected unix datagram socket reports its peer's
                 // earlier refusal here; the next datagram may go through.
                 Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => continue,
-                Err(e) => return Err(LinkFailure::Io(e)),
+                Err(e) if link_gone(&e) => return Err(LinkFailure::Io(e)),
+                Err(e) => {
+                    tracing::debug!(error = %e, "datagram from the guest dropped");
+                    dropped += 1;
+                    continue;
+                }
             };
             if !self.accept_sender(&from) {
                 continue;
@@ -367,7 +409,10 @@ impl DgramLink {
             }
             on_frame(data);
         }
-        Ok(Received::Frames { more: true })
+        Ok(Received::Frames {
+            more: true,
+            dropped,
+        })
     }
 
     fn send(&self, frame: &[u8]) -> Sent {
@@ -408,6 +453,12 @@ impl PacketLink {
         buf: &mut [u8],
         mut on_frame: impl FnMut(&[u8]),
     ) -> Result<Received, LinkFailure> {
+        if let Some(e) = self.pending_error()
+            && link_gone(&e)
+        {
+            return Err(LinkFailure::Io(e));
+        }
+        let mut dropped = 0;
         for i in 0..DATAGRAM_BATCH {
             let got = self.fd.try_io(Interest::READABLE, |fd| {
                 rustix::net::recv(fd, &mut *buf, rustix::net::RecvFlags::TRUNC)
@@ -416,18 +467,28 @@ impl PacketLink {
             let (n, full) = match got {
                 Ok(r) => r,
                 Err(e) if would_block(&e) => {
-                    return Ok(if i == 0 {
+                    return Ok(if i == 0 && dropped == 0 {
                         Received::Idle
                     } else {
-                        Received::Frames { more: false }
+                        Received::Frames {
+                            more: false,
+                            dropped,
+                        }
                     });
                 }
                 // The interface went down or away (the VMM ended): the
                 // session ends; the floor stays until the gateway removes it.
-                Err(e) => return Err(LinkFailure::Io(e)),
+                Err(e) if link_gone(&e) => return Err(LinkFailure::Io(e)),
+                // One packet the socket could not hand over (module docs).
+                Err(e) => {
+                    tracing::debug!(error = %e, "packet from the guest interface dropped");
+                    dropped += 1;
+                    continue;
+                }
             };
             if full > n {
                 // Larger than any frame: not from a guest we serve.
+                dropped += 1;
                 continue;
             }
             let Some(packet) = buf.get_mut(..n) else {
@@ -435,9 +496,31 @@ impl PacketLink {
             };
             if let Some(frame) = complete_vnet_frame(packet) {
                 on_frame(frame);
+            } else {
+                dropped += 1;
             }
         }
-        Ok(Received::Frames { more: true })
+        Ok(Received::Frames {
+            more: true,
+            dropped,
+        })
+    }
+
+    /// The socket's pending error, read (and cleared) when the runtime saw
+    /// `EPOLLERR`. When the interface goes down or away the packet socket
+    /// reports `ENETDOWN` with `EPOLLERR` alone (no `EPOLLIN`), which read
+    /// readiness does not show; the session's loop comes here at least
+    /// once a second.
+    fn pending_error(&self) -> Option<io::Error> {
+        let pending = self.fd.try_io(Interest::ERROR, |fd| {
+            match rustix::net::sockopt::socket_error(fd) {
+                Ok(Err(errno)) => Ok(io::Error::from(errno)),
+                Err(errno) => Ok(io::Error::from(errno)),
+                // Nothing pending: WouldBlock clears the readiness.
+                Ok(Ok(())) => Err(io::ErrorKind::WouldBlock.into()),
+            }
+        });
+        pending.ok()
     }
 
     fn send(&self, frame: &[u8]) -> Sent {
@@ -571,6 +654,25 @@ mod tests {
         let (_, mut offloaded) = udp_frame();
         offloaded[8..10].copy_from_slice(&u16::MAX.to_le_bytes());
         assert_eq!(complete_vnet_frame(&mut offloaded), None);
+    }
+
+    #[test]
+    fn only_errors_that_mean_the_link_is_gone_end_a_session() {
+        for errno in [
+            libc::ENETDOWN,
+            libc::ENODEV,
+            libc::ENXIO,
+            libc::EBADF,
+            libc::ENOTSOCK,
+        ] {
+            assert!(link_gone(&io::Error::from_raw_os_error(errno)), "{errno}");
+        }
+        // What one packet can cause: EINVAL (a GSO type the virtio-net
+        // header cannot carry), EMSGSIZE, a transient shortage.
+        for errno in [libc::EINVAL, libc::EMSGSIZE, libc::ENOBUFS, libc::ENOMEM] {
+            assert!(!link_gone(&io::Error::from_raw_os_error(errno)), "{errno}");
+        }
+        assert!(!link_gone(&io::Error::other("no errno")));
     }
 
     #[test]

@@ -168,6 +168,14 @@ fn main() -> anyhow::Result<()> {
                 _ => MetricsListener::bind(addr),
             }
             .with_context(|| format!("--metrics {addr}"))?;
+            if let Ok(MetricsAddr::Tcp(bound)) = listener.local_addr()
+                && !bound.ip().is_loopback()
+            {
+                // Unauthenticated: the policy's id, version and label, the
+                // names (never the values) of its secrets, flow and byte
+                // counts (docs/metrics.md).
+                tracing::warn!(metrics = %bound, "--metrics is bound to a non-loopback address: anyone who reaches it reads the policy's id and label, secret names and traffic counts");
+            }
             let metrics = Arc::new(Metrics::new());
             audit.set_metrics(Arc::clone(&metrics));
             Some((listener, metrics))

@@ -304,7 +304,10 @@ impl Datapath {
                             return SessionEnd::GuestClosed;
                         }
                         Ok(Received::Idle) => break,
-                        Ok(Received::Frames { more }) => {
+                        Ok(Received::Frames { more, dropped }) => {
+                            for _ in 0..dropped {
+                                self.drop_frame(DropReason::Malformed);
+                            }
                             if !more || self.tx.queued() >= TX_HIGH_WATER {
                                 break;
                             }
@@ -471,19 +474,24 @@ impl Datapath {
                     self.on_udp(frame, src, dst, payload);
                 }
             }
-            Class::Drop(reason) => {
-                self.counters.dropped[reason.index()] += 1;
-                if let Some(m) = self.audit.metrics() {
-                    m.frame_dropped(reason.as_str());
-                }
-                tracing::trace!(reason = reason.as_str(), "guest frame dropped");
-                if let Some(audit) = reason.audit_reason() {
-                    self.audit.record(&AuditEvent::FrameDrop {
-                        reason: audit,
-                        detail: reason.as_str(),
-                    });
-                }
-            }
+            Class::Drop(reason) => self.drop_frame(reason),
+        }
+    }
+
+    /// Counts a guest frame dropped before the stack (by the classifier, or
+    /// by the link: a packet it could not read whole) and audits the drops
+    /// the schema names.
+    fn drop_frame(&mut self, reason: DropReason) {
+        self.counters.dropped[reason.index()] += 1;
+        if let Some(m) = self.audit.metrics() {
+            m.frame_dropped(reason.as_str());
+        }
+        tracing::trace!(reason = reason.as_str(), "guest frame dropped");
+        if let Some(audit) = reason.audit_reason() {
+            self.audit.record(&AuditEvent::FrameDrop {
+                reason: audit,
+                detail: reason.as_str(),
+            });
         }
     }
 
