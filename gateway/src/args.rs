@@ -91,6 +91,12 @@ pub struct GatewayArgs {
     /// datagram is consumed). Without one: the `--fd` socket is a datagram socket.
     #[arg(long, num_args = 0..=1, conflicts_with = "attach")]
     pub dgram: Option<Option<PathBuf>>,
+    /// With `--dgram PATH`: a uid whose processes may be the guest (repeatable). The
+    /// kernel's credentials on each datagram are checked, so only these users' VMMs can
+    /// send frames, whoever can write the socket file. Default: the gateway's own uid and
+    /// root.
+    #[arg(long = "dgram-peer-uid")]
+    pub dgram_peer_uid: Vec<u32>,
     /// With `--fd N`: N is an `AF_PACKET` socket already bound to the guest's layer-2
     /// interface, with `PACKET_VNET_HDR` and `PACKET_IGNORE_OUTGOING` set (what `--attach`
     /// opens). The caller made the interface and its namespace and installed the floor
@@ -207,6 +213,7 @@ impl GatewayArgs {
             socket: None,
             fd: Some(fd),
             dgram: None,
+            dgram_peer_uid: Vec::new(),
             packet: false,
             attach: None,
             netns: None,
@@ -291,6 +298,9 @@ impl GatewayArgs {
         if let Some(path) = &self.approval_socket {
             flag("approval-socket", path.into());
         }
+        for uid in &self.dgram_peer_uid {
+            flag("dgram-peer-uid", uid.to_string().into());
+        }
         if self.allow_missing_landlock {
             argv.push("--allow-missing-landlock".into());
         }
@@ -369,6 +379,8 @@ mod tests {
         assert_eq!(parse(d.to_argv()), d);
         d.fd = None;
         d.dgram = Some(Some("/tmp/g.dgram".into()));
+        assert_eq!(parse(d.to_argv()), d);
+        d.dgram_peer_uid = vec![65534, 1000];
         assert_eq!(parse(d.to_argv()), d);
         let mut a = GatewayArgs::with_fd(3);
         a.fd = None;

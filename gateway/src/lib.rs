@@ -77,7 +77,7 @@ mod verdict;
 #[cfg(test)]
 mod name_corpus_tests;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use thiserror::Error;
@@ -125,10 +125,15 @@ pub enum GuestSource {
     /// Listen on this unix stream socket path, one guest at a time;
     /// re-accept after a disconnect.
     Socket(PathBuf),
-    /// Bind a unix datagram socket at this path (`--dgram PATH`): the peer
-    /// is whoever sends the first datagram (QEMU `-netdev dgram`'s
-    /// `remote=`, vfkit); served until shutdown.
-    Dgram(PathBuf),
+    /// Bind a unix datagram socket at `path` (`--dgram PATH`): the peer is
+    /// whoever of `peer_uids` sends the first datagram from a bound path
+    /// (QEMU `-netdev dgram`'s `remote=`, vfkit); served until shutdown.
+    Dgram {
+        /// Where to bind.
+        path: PathBuf,
+        /// The uids whose datagrams may be the guest's.
+        peer_uids: Vec<u32>,
+    },
     /// An already-open link (`--fd`, `--fd --dgram`, `--attach`); the
     /// gateway exits when the guest closes it or it fails.
     Connected(GuestLink),
@@ -280,13 +285,21 @@ pub async fn serve_with_reload(
             audit_stop(&mut audit);
             Ok(())
         }
-        GuestSource::Dgram(path) => {
-            let _ = std::fs::remove_file(&path);
+        GuestSource::Dgram { path, peer_uids } => {
+            remove_stale_socket(&path).map_err(|source| GatewayError::BindGuest {
+                path: path.clone(),
+                source,
+            })?;
             let sock = UnixDatagram::bind(&path).map_err(|source| GatewayError::BindGuest {
                 path: path.clone(),
                 source,
             })?;
-            let link = GuestLink::dgram(sock);
+            let link = GuestLink::dgram_bound(sock, peer_uids).map_err(|source| {
+                GatewayError::BindGuest {
+                    path: path.clone(),
+                    source,
+                }
+            })?;
             tracing::info!(socket = %path.display(), transport = link.kind(), "ready: serving the guest");
             ready.send();
             let mut dp = Datapath::new(cfg.clone(), decider.clone(), audit, events_tx.clone());
@@ -299,7 +312,10 @@ pub async fn serve_with_reload(
             Ok(())
         }
         GuestSource::Socket(path) => {
-            let _ = std::fs::remove_file(&path);
+            remove_stale_socket(&path).map_err(|source| GatewayError::BindGuest {
+                path: path.clone(),
+                source,
+            })?;
             let listener = UnixListener::bind(&path).map_err(|source| GatewayError::BindGuest {
                 path: path.clone(),
                 source,
@@ -400,4 +416,43 @@ fn spawn_signals(tx: mpsc::UnboundedSender<Event>) -> Result<(), GatewayError> {
         }
     });
     Ok(())
+}
+
+/// Removes a socket left at `path` by an earlier run, so it can be bound
+/// again; anything else there (a file, a directory, a link) is an error,
+/// never deleted.
+fn remove_stale_socket(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::FileTypeExt as _;
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => std::fs::remove_file(path),
+        Ok(_) => Err(std::io::Error::new(
+            std::io::ErrorKind::AlreadyExists,
+            "exists and is not a socket",
+        )),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod stale_socket_tests {
+    use super::remove_stale_socket;
+
+    #[test]
+    fn only_a_socket_is_removed_before_binding() {
+        let dir = std::env::temp_dir().join(format!("sluice-stale-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        let sock = dir.join("old.sock");
+        drop(std::os::unix::net::UnixDatagram::bind(&sock).expect("bind"));
+        remove_stale_socket(&sock).expect("a stale socket is removed");
+        assert!(!sock.exists());
+        remove_stale_socket(&sock).expect("nothing there is fine");
+        let file = dir.join("precious");
+        std::fs::write(&file, b"keep").expect("file");
+        let e = remove_stale_socket(&file).expect_err("a file is not a socket");
+        assert_eq!(e.kind(), std::io::ErrorKind::AlreadyExists);
+        assert_eq!(std::fs::read(&file).expect("still there"), b"keep");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -90,6 +90,12 @@ pub struct DgramLink {
     /// A datagram without a sender path arrived before any peer was known
     /// (warned once).
     warned_unnamed: AtomicBool,
+    /// For a bound socket: the uids whose datagrams are the guest's (the
+    /// kernel's `SCM_CREDENTIALS`, not forgeable without privilege); `None`
+    /// for a connected socket, whose one peer the kernel already enforces.
+    peer_uids: Option<Vec<u32>>,
+    /// A datagram from another uid arrived (warned once).
+    warned_uid: AtomicBool,
 }
 
 /// A non-blocking `AF_PACKET` socket (opened by the binary: see
@@ -184,7 +190,25 @@ impl GuestLink {
             connected,
             peer: std::sync::Mutex::new(None),
             warned_unnamed: AtomicBool::new(false),
+            peer_uids: None,
+            warned_uid: AtomicBool::new(false),
         })
+    }
+
+    /// A unix datagram socket bound at a path (`--dgram PATH`): only
+    /// datagrams sent by a process of one of `peer_uids` are the guest's,
+    /// whoever can write the socket file. Set before any datagram can have
+    /// arrived unchecked: a datagram without credentials is dropped.
+    ///
+    /// # Errors
+    /// `SO_PASSCRED` could not be set.
+    pub fn dgram_bound(sock: UnixDatagram, peer_uids: Vec<u32>) -> io::Result<Self> {
+        rustix::net::sockopt::set_socket_passcred(&sock, true)?;
+        let mut link = Self::dgram(sock);
+        if let Self::Dgram(d) = &mut link {
+            d.peer_uids = Some(peer_uids);
+        }
+        Ok(link)
     }
 
     /// An `AF_PACKET` socket bound to the guest's interface with
@@ -346,13 +370,26 @@ impl DgramLink {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Whether a datagram from `from` is the guest's: the known peer's, or
-    /// the first one from a bound path (which becomes the peer).
-    fn accept_sender(&self, from: &tokio::net::unix::SocketAddr) -> bool {
+    /// Whether a datagram from `from` (its sender's bound path, if any),
+    /// sent by `uid`, is the guest's: from an allowed uid, and the known
+    /// peer's or the first one from a bound path (which becomes the peer).
+    fn accept_sender(&self, from: Option<&std::path::Path>, uid: Option<u32>) -> bool {
         if self.connected {
             return true;
         }
-        let Some(path) = from.as_pathname() else {
+        if let Some(allowed) = &self.peer_uids
+            && !uid.is_some_and(|u| allowed.contains(&u))
+        {
+            if !self.warned_uid.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    uid = ?uid,
+                    allowed = ?allowed,
+                    "datagram from another user: dropped (--dgram-peer-uid names who may be the guest)"
+                );
+            }
+            return false;
+        }
+        let Some(path) = from else {
             if !self.warned_unnamed.swap(true, Ordering::Relaxed) {
                 tracing::warn!(
                     "datagram from an unbound socket: dropped (the peer must bind a path to get replies)"
@@ -371,6 +408,39 @@ impl DgramLink {
         }
     }
 
+    /// One datagram into `buf`: its full length (more than `buf` holds
+    /// when the kernel cut it), its sender's bound path and its uid.
+    fn recv_one(
+        &self,
+        buf: &mut [u8],
+    ) -> io::Result<(usize, Option<std::path::PathBuf>, Option<u32>)> {
+        use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SocketAddrUnix};
+        use std::os::unix::ffi::OsStrExt as _;
+        self.sock.try_io(Interest::READABLE, || {
+            let mut space =
+                [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmCredentials(1))];
+            let mut control = RecvAncillaryBuffer::new(&mut space);
+            let msg = rustix::net::recvmsg(
+                &self.sock,
+                &mut [io::IoSliceMut::new(buf)],
+                &mut control,
+                RecvFlags::TRUNC,
+            )?;
+            let uid = control.drain().find_map(|m| match m {
+                RecvAncillaryMessage::ScmCredentials(c) => Some(c.uid.as_raw()),
+                _ => None,
+            });
+            let from = msg
+                .address
+                .and_then(|a| SocketAddrUnix::try_from(a).ok())
+                .and_then(|u| {
+                    u.path_bytes()
+                        .map(|b| std::path::PathBuf::from(std::ffi::OsStr::from_bytes(b)))
+                });
+            Ok((msg.bytes, from, uid))
+        })
+    }
+
     fn receive(
         &self,
         buf: &mut [u8],
@@ -378,7 +448,7 @@ impl DgramLink {
     ) -> Result<Received, LinkFailure> {
         let mut dropped = 0;
         for i in 0..DATAGRAM_BATCH {
-            let (n, from) = match self.sock.try_recv_from(buf) {
+            let (n, from, uid) = match self.recv_one(buf) {
                 Ok(r) => r,
                 Err(e) if would_block(&e) => {
                     return Ok(if i == 0 && dropped == 0 {
@@ -400,7 +470,14 @@ impl DgramLink {
                     continue;
                 }
             };
-            if !self.accept_sender(&from) {
+            if !self.accept_sender(from.as_deref(), uid) {
+                continue;
+            }
+            // A datagram that filled the buffer was longer than any frame
+            // (the buffer has a byte to spare): the kernel cut it, so it is
+            // dropped, never handed on shortened.
+            if n >= buf.len() {
+                dropped += 1;
                 continue;
             }
             let Some(data) = buf.get(..n) else { continue };
@@ -691,6 +768,67 @@ mod tests {
         });
         assert_eq!(sent, vec![vec![1u8; 20], vec![2u8; 30]]);
         assert_eq!(tx.unwritten()[4..], [3u8; 40]);
+    }
+
+    #[tokio::test]
+    async fn a_bound_datagram_link_takes_frames_only_from_the_allowed_uids() {
+        let dir = std::env::temp_dir().join(format!("sluice-link-uid-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        let me = rustix::process::geteuid().as_raw();
+        let other = if me == 4242 { 4243 } else { 4242 };
+        for (allowed, taken) in [(vec![other], false), (vec![other, me], true)] {
+            let ours = dir.join("gw.sock");
+            let theirs = dir.join("vm.sock");
+            let _ = std::fs::remove_file(&ours);
+            let _ = std::fs::remove_file(&theirs);
+            let link = GuestLink::dgram_bound(UnixDatagram::bind(&ours).expect("bind"), allowed)
+                .expect("passcred");
+            let vm = UnixDatagram::bind(&theirs).expect("bind peer");
+            vm.send_to(&[7u8; 64], &ours).await.expect("frame");
+            let mut rx = link.rx(1514);
+            let mut frames = Vec::new();
+            // The datagram is queued before `receive`: one call reads it.
+            std::future::poll_fn(|cx| {
+                if link.poll_read_ready(cx) {
+                    std::task::Poll::Ready(())
+                } else {
+                    std::task::Poll::Pending
+                }
+            })
+            .await;
+            link.receive(&mut rx, |f| frames.push(f.to_vec()))
+                .expect("receive");
+            assert_eq!(!frames.is_empty(), taken, "uid {me}: {frames:?}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn a_datagram_longer_than_any_frame_is_dropped_and_counted_not_cut() {
+        let (ours, vm) = std::os::unix::net::UnixDatagram::pair().expect("pair");
+        ours.set_nonblocking(true).expect("nonblocking");
+        let link = GuestLink::dgram(UnixDatagram::from_std(ours).expect("tokio"));
+        vm.send(&vec![5u8; DATAGRAM_BUF + 100]).expect("oversized");
+        vm.send(&[6u8; 60]).expect("frame");
+        let mut rx = link.rx(1514);
+        let mut frames = Vec::new();
+        let mut dropped_total = 0;
+        while frames.is_empty() {
+            if let Received::Frames { dropped, .. } = link
+                .receive(&mut rx, |f| frames.push(f.to_vec()))
+                .expect("receive")
+            {
+                dropped_total += dropped;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(
+            frames,
+            vec![vec![6u8; 60]],
+            "only the whole frame is handed on"
+        );
+        assert_eq!(dropped_total, 1, "the cut datagram is counted");
     }
 
     #[tokio::test]

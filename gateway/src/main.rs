@@ -53,6 +53,11 @@ fn main() -> anyhow::Result<()> {
         }
         _ => {}
     }
+    if !args.dgram_peer_uid.is_empty() && !matches!(args.dgram, Some(Some(_))) {
+        bail!(
+            "--dgram-peer-uid applies to --dgram PATH only (an inherited socket has its one peer)"
+        );
+    }
     let ready = match args.ready_fd {
         Some(fd) => ReadySignal::new(std::fs::File::from(adopt_fd(fd, "--ready-fd")?)),
         None => ReadySignal::default(),
@@ -283,7 +288,14 @@ fn serve_jailed(
         } else {
             match (&args.socket, args.fd, &args.dgram) {
                 (Some(path), _, _) => GuestSource::Socket(path.clone()),
-                (None, _, Some(Some(path))) => GuestSource::Dgram(path.clone()),
+                (None, _, Some(Some(path))) => GuestSource::Dgram {
+                    path: path.clone(),
+                    peer_uids: if args.dgram_peer_uid.is_empty() {
+                        vec![rustix::process::geteuid().as_raw(), 0]
+                    } else {
+                        args.dgram_peer_uid.clone()
+                    },
+                },
                 (None, Some(fd), Some(None)) => {
                     GuestSource::Connected(GuestLink::dgram(adopt_dgram(fd)?))
                 }
