@@ -252,6 +252,30 @@ impl Entry {
                     .and_then(|c| u16::try_from(c).ok()),
                 detail,
             ),
+            "approval" => match v.pointer("/unmapped/approval") {
+                Some(a) => {
+                    let text = |k: &str| a.get(k).and_then(Value::as_str).unwrap_or("-");
+                    let ports = |k: &str| -> Vec<u16> {
+                        a.get(k)
+                            .and_then(Value::as_array)
+                            .map(|l| {
+                                l.iter()
+                                    .filter_map(|p| p.as_u64().and_then(|p| u16::try_from(p).ok()))
+                                    .collect()
+                            })
+                            .unwrap_or_default()
+                    };
+                    approval_subject(
+                        text("name"),
+                        text("decision"),
+                        text("by"),
+                        text("lasts"),
+                        &ports("tcp_ports"),
+                        &ports("udp_ports"),
+                    )
+                }
+                None => detail.unwrap_or_default().to_owned(),
+            },
             _ => detail.unwrap_or_default().to_owned(),
         };
         let suppressed = v
