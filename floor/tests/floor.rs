@@ -210,8 +210,14 @@ fn connects_as(ns: &Netns, uid: u32, port: u16) -> bool {
 /// `ns`. A floor's drop fails the connect at once (EPERM), so the timeout
 /// only bounds a broken test.
 fn connects_as_ids(ns: &Netns, uid: u32, gid: u32, port: u16) -> bool {
+    connects_to_as(ns, uid, gid, "127.0.0.1", port)
+}
+
+/// Whether `uid`/`gid` can open a TCP connection to `addr`:`port` from
+/// `ns` (a refusal while the server starts is retried).
+fn connects_to_as(ns: &Netns, uid: u32, gid: u32, addr: &str, port: u16) -> bool {
     let code = format!(
-        "import socket\ns=socket.socket()\ns.settimeout(10)\ns.connect(('127.0.0.1',{port}))\n"
+        "import socket,time\nfor i in range(50):\n    try:\n        s=socket.socket(); s.settimeout(10); s.connect(('{addr}',{port})); break\n    except ConnectionRefusedError: time.sleep(0.1)\nelse:\n    raise SystemExit(1)\n"
     );
     let uid = uid.to_string();
     let gid = gid.to_string();
@@ -235,12 +241,18 @@ fn connects_as_ids(ns: &Netns, uid: u32, gid: u32, port: u16) -> bool {
 /// Starts a TCP server on 127.0.0.1:`port` in `ns` that accepts and
 /// closes every connection; it is killed when the guard drops.
 fn listen(ns: &Netns, port: u16) -> Kill {
+    listen_on(ns, "127.0.0.1", port)
+}
+
+/// Starts a TCP server on `addr`:`port` in `ns` that accepts and closes
+/// every connection; it is killed when the guard drops.
+fn listen_on(ns: &Netns, addr: &str, port: u16) -> Kill {
     let mut server = ns
         .exec(&[
             PY,
             "-c",
             &format!(
-                "import socket,time\ns=socket.socket()\ns.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\ns.bind(('127.0.0.1',{port}))\ns.listen(64)\nprint('ready',flush=True)\nwhile True:\n    c,_=s.accept(); c.close()\n"
+                "import socket,time\ns=socket.socket()\ns.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\ns.bind(('{addr}',{port}))\ns.listen(64)\nprint('ready',flush=True)\nwhile True:\n    c,_=s.accept(); c.close()\n"
             ),
         ])
         .stdout(Stdio::piped())
@@ -335,38 +347,8 @@ fn the_egress_floor_stops_a_rogue_process_under_the_gateways_uid_only() {
     // is never opened).
     let (g, p) = pair("lo");
     let private = 18_086u16;
-    let _peer = p
-        .exec(&[
-            PY,
-            "-c",
-            &format!(
-                "import socket\ns=socket.socket()\ns.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\ns.bind(('10.99.0.2',{private}))\ns.listen(64)\nprint('ready',flush=True)\nwhile True:\n    c,_=s.accept(); c.close()\n"
-            ),
-        ])
-        .stdout(Stdio::piped())
-        .spawn()
-        .map(Kill)
-        .unwrap();
-    let reaches_peer = || {
-        let code = format!(
-            "import socket,time\nfor i in range(50):\n    try:\n        s=socket.socket(); s.settimeout(2); s.connect(('10.99.0.2',{private})); break\n    except ConnectionRefusedError: time.sleep(0.1)\n"
-        );
-        g.exec(&[
-            "setpriv",
-            "--reuid",
-            &gateway_uid.to_string(),
-            "--regid",
-            "64999",
-            "--clear-groups",
-            PY,
-            "-c",
-            &code,
-        ])
-        .stderr(Stdio::null())
-        .status()
-        .unwrap()
-        .success()
-    };
+    let _peer = listen_on(&p, "10.99.0.2", private);
+    let reaches_peer = || connects_to_as(&g, gateway_uid, 64_999, "10.99.0.2", private);
     let floor = EgressFloor::install(Some(&g.path()), &spec).unwrap();
     assert!(!reaches_peer(), "a private network not named was reached");
     floor.remove().unwrap();
@@ -472,38 +454,9 @@ fn a_policy_network_never_opens_loopback_or_a_local_address() {
     }
     let (g, _p) = pair("up");
     let port = 18_082u16;
-    let _server = g
-        .exec(&[
-            PY,
-            "-c",
-            &format!(
-                "import socket\ns=socket.socket()\ns.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\ns.bind(('0.0.0.0',{port}))\ns.listen(64)\nwhile True:\n    c,_=s.accept(); c.close()\n"
-            ),
-        ])
-        .spawn()
-        .map(Kill)
-        .unwrap();
+    let _server = listen_on(&g, "0.0.0.0", port);
     let (uid, gid) = (64_995, 1_895_825_998);
-    let connects_to = |addr: &str| {
-        let code = format!(
-            "import socket,time\nfor i in range(50):\n    try:\n        s=socket.socket(); s.settimeout(2); s.connect(('{addr}',{port})); break\n    except ConnectionRefusedError: time.sleep(0.1)\n"
-        );
-        g.exec(&[
-            "setpriv",
-            "--reuid",
-            &uid.to_string(),
-            "--regid",
-            &gid.to_string(),
-            "--clear-groups",
-            PY,
-            "-c",
-            &code,
-        ])
-        .stderr(Stdio::null())
-        .status()
-        .unwrap()
-        .success()
-    };
+    let connects_to = |addr: &str| connects_to_as(&g, uid, gid, addr, port);
     assert!(
         connects_to("10.99.0.1"),
         "the local address before the floor"
