@@ -146,21 +146,13 @@ fn allowed_and_denied(mode: &str) {
          curl -sS --max-time 30 --cacert /tmp/ca.pem https://{ORIGIN2_NAME}/; echo name=$?; \
          curl -sS --max-time 30 -k https://{ORIGIN2_ADDR}/; echo ip=$?"
     );
-    let args = vec![
-        "--network".to_owned(),
-        mode.to_owned(),
-        "--json".to_owned(),
-        "--policy".to_owned(),
-        policy.display().to_string(),
-        "--audit".to_owned(),
-        audit.display().to_string(),
-        "--copy-in".to_owned(),
-        format!("{}:/tmp/ca.pem", world.ca_pem().display()),
-        "--".to_owned(),
-        "sh".to_owned(),
-        "-c".to_owned(),
+    let audit_flag = audit.display().to_string();
+    let args = run_args(
+        &["--network", mode, "--json", "--audit", &audit_flag],
+        &policy,
+        &world.ca_pem(),
         script,
-    ];
+    );
     let m = mark();
     let mut child = sluice_in_world(&world, &agent, &gateway, &m, &args, &[]);
     drop(child.stdin.take());
@@ -338,16 +330,7 @@ fn killed_mid_flow(mode: Option<&str>, victim: Victim) {
     if let Some(mode) = mode {
         args.extend(["--network".to_owned(), mode.to_owned()]);
     }
-    args.extend([
-        "--policy".to_owned(),
-        policy.display().to_string(),
-        "--copy-in".to_owned(),
-        format!("{}:/tmp/ca.pem", world.ca_pem().display()),
-        "--".to_owned(),
-        "sh".to_owned(),
-        "-c".to_owned(),
-        script,
-    ]);
+    args.extend(run_args(&[], &policy, &world.ca_pem(), script));
     let m = mark();
     let mut child = sluice_in_world(&world, &agent, &gateway, &m, &args, &[]);
     let launcher = child.id();

@@ -1039,18 +1039,7 @@ fn the_gateways_egress_floor_stops_a_rogue_process_under_its_identity() {
     // `sluice run --metrics` too: scraped while the guest waits, from
     // loopback in the world's host namespace.
     let metrics = "127.0.0.1:18732";
-    let args = [
-        "--policy".to_owned(),
-        policy.display().to_string(),
-        "--copy-in".to_owned(),
-        format!("{}:/tmp/ca.pem", ca.display()),
-        "--metrics".to_owned(),
-        metrics.to_owned(),
-        "--".to_owned(),
-        "sh".to_owned(),
-        "-c".to_owned(),
-        script,
-    ];
+    let args = run_args(&["--metrics", metrics], &policy, &ca, script);
     let m = mark();
     let mut child = sluice_in_world(&world, &agent, &gateway, &m, &args, &[]);
     let launcher = child.id();
@@ -1466,19 +1455,13 @@ fn a_policy_replaced_by_rename_is_reloaded_under_sluice_run() {
          echo \"fetch $i origin=$o other=$x\"; \
          [ $x -eq 0 ] && {{ read go; exit 0; }}; sleep 1; done; exit 1"
     );
-    let args: Vec<String> = vec![
-        "--debug".to_owned(),
-        "--policy".to_owned(),
-        policy.display().to_string(),
-        "--audit".to_owned(),
-        audit.display().to_string(),
-        "--copy-in".to_owned(),
-        format!("{}:/tmp/ca.pem", world.ca_pem().display()),
-        "--".to_owned(),
-        "sh".to_owned(),
-        "-c".to_owned(),
+    let audit_flag = audit.display().to_string();
+    let args = run_args(
+        &["--debug", "--audit", &audit_flag],
+        &policy,
+        &world.ca_pem(),
         script,
-    ];
+    );
     let m = mark();
     let mut child = sluice_in_world(&world, &agent, &gateway, &m, &args, &[]);
     let launcher = child.id();

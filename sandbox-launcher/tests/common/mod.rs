@@ -339,3 +339,20 @@ pub(crate) fn world_policy_tail() -> String {
          dns:\n  upstream: [{DNS_ADDR}]\n  ttl_min: 600\n  ttl_max: 3600\n"
     )
 }
+
+/// `sluice run`'s arguments for a guest shell script: `flags` first, then
+/// the policy, the world's CA copied to `/tmp/ca.pem`, and `sh -c script`.
+pub(crate) fn run_args(flags: &[&str], policy: &Path, ca: &Path, script: String) -> Vec<String> {
+    let mut args: Vec<String> = flags.iter().map(|f| (*f).to_owned()).collect();
+    args.extend([
+        "--policy".to_owned(),
+        policy.display().to_string(),
+        "--copy-in".to_owned(),
+        format!("{}:/tmp/ca.pem", ca.display()),
+        "--".to_owned(),
+        "sh".to_owned(),
+        "-c".to_owned(),
+        script,
+    ]);
+    args
+}
