@@ -1,4 +1,9 @@
-//! Guest setup: kernel modules, the network, the sandbox CA.
+//! Guest setup: the basic mounts, kernel modules, the network, the
+//! sandbox CA.
+//!
+//! Mounts and module loads are system calls made here rather than busybox
+//! commands: under TCG every fork and exec of a helper costs tens of
+//! milliseconds of boot (docs/benchmarks.md "launcher boot phases").
 
 use std::fs;
 use std::io::Write;
@@ -20,20 +25,40 @@ pub(crate) const SYSTEM_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 /// Where the sandbox CA alone is written.
 pub(crate) const SANDBOX_CA: &str = "/etc/sluice/sandbox-ca.pem";
 
-/// Loads the modules, then starts the DHCP exchange on a thread. The handle
-/// finishes when the network is up or DHCP gave up (bounded by udhcpc's
-/// retry count: about 4 seconds without an answer).
+/// The file systems every guest gets (type, mount point), in order, with
+/// the kernel's default options as `/init`'s busybox `mount` gave them.
+const MOUNTS: [(&str, &str); 6] = [
+    ("proc", "/proc"),
+    ("sysfs", "/sys"),
+    ("devtmpfs", "/dev"),
+    ("devpts", "/dev/pts"),
+    ("tmpfs", "/dev/shm"),
+    ("tmpfs", "/tmp"),
+];
+
+/// Mounts the basics, loads the modules, then starts the DHCP exchange on
+/// a thread. The handle finishes when the network is up or DHCP gave up
+/// (bounded by udhcpc's retry count: about 4 seconds without an answer).
 pub(crate) fn start() -> JoinHandle<()> {
+    mount_basics();
+    // Phase marks on the console: `sluice run` times their arrival
+    // (SLUICE_BOOT_TIMES, `phases_ms`); the kernel's own clock beside it.
+    let uptime = fs::read_to_string("/proc/uptime").unwrap_or_default();
+    let uptime = uptime.split_whitespace().next().unwrap_or("?");
+    eprintln!("sluice-agent: start (guest uptime {uptime} s)");
     for m in MODULES {
         let path = format!("{MODULE_DIR}/{m}.ko");
         if !Path::new(&path).exists() {
             // Built into this kernel, or not needed.
             continue;
         }
-        run_quiet(&[BUSYBOX, "insmod", &path]);
+        if let Err(e) = load_module(&path) {
+            eprintln!("sluice-agent: loading {path}: {e}");
+        }
     }
-    run_quiet(&[BUSYBOX, "ip", "link", "set", "lo", "up"]);
+    eprintln!("sluice-agent: modules loaded");
     thread::spawn(|| {
+        run_quiet(&[BUSYBOX, "ip", "link", "set", "lo", "up"]);
         if !Path::new("/sys/class/net/eth0").exists() {
             eprintln!("sluice-agent: no eth0: the guest has no network");
             return;
@@ -54,10 +79,49 @@ pub(crate) fn start() -> JoinHandle<()> {
             "-s",
             DHCP_SCRIPT,
         ]);
-        if !ok {
+        if ok {
+            eprintln!("sluice-agent: network up");
+        } else {
             eprintln!("sluice-agent: DHCP got no lease: eth0 stays unconfigured");
         }
     })
+}
+
+/// Mounts [`MOUNTS`] (a mount that fails is reported; the session still
+/// starts, as a shell `/init` would go on) and sets the host name.
+fn mount_basics() {
+    use rustix::mount::{MountFlags, mount};
+    for dir in ["/proc", "/sys", "/dev", "/tmp", "/run", "/root"] {
+        let _ = fs::create_dir_all(dir);
+    }
+    for (fstype, target) in MOUNTS {
+        if target.starts_with("/dev/") {
+            // On the devtmpfs mounted just before.
+            let _ = fs::create_dir_all(target);
+        }
+        if let Err(e) = mount(
+            fstype,
+            target,
+            fstype,
+            MountFlags::empty(),
+            None::<&std::ffi::CStr>,
+        ) {
+            eprintln!("sluice-agent: mounting {fstype} on {target}: {e}");
+        }
+    }
+    if let Err(e) = rustix::system::sethostname(b"sluice") {
+        eprintln!("sluice-agent: setting the host name: {e}");
+    }
+}
+
+/// Loads one kernel module from its file (what busybox `insmod` does,
+/// without a process). A module already present is not an error.
+fn load_module(path: &str) -> std::io::Result<()> {
+    let file = fs::File::open(path)?;
+    match rustix::system::finit_module(&file, c"", 0) {
+        Ok(()) | Err(rustix::io::Errno::EXIST) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Runs a helper, logging its failure; returns whether it succeeded.

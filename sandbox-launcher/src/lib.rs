@@ -4,7 +4,8 @@
 //!
 //! Modules: [`image`] (the guest image and its cache), `gateway_inputs`
 //! (the policy, secrets and CA files as the gateway's jail sees them), `qemu` (accelerator
-//! choice and the QEMU command line), [`network_mode`] (`--network`: how the
+//! choice and the QEMU command line), `phases` (where a run's time goes),
+//! [`network_mode`] (`--network`: how the
 //! guest's link reaches the gateway), `spawn` (children that never outlive
 //! the launcher), [`run`] (`sluice run`), [`doctor`] (`sluice doctor`), [`policy_cmd`]
 //! (`sluice policy check|explain`), [`audit_cmd`] (`sluice audit`).
@@ -19,6 +20,7 @@ mod gateway_inputs;
 pub mod image;
 pub mod jail;
 pub mod network_mode;
+mod phases;
 pub mod policy_cmd;
 pub mod qemu;
 pub mod run;

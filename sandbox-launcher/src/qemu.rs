@@ -95,6 +95,25 @@ fn host_khz() -> u64 {
         })
 }
 
+/// Kernel command line items that skip boot work this guest never needs
+/// (docs/benchmarks.md "launcher boot phases" measured each):
+/// - `cryptomgr.notests`: the crypto self-tests of every algorithm
+///   registered at boot (about 0.2 s of TCG time in `crypto_algapi_init`).
+///   They check the kernel's own implementations against test vectors, which
+///   matters in FIPS mode; Debian's kernel does not boot in it here.
+/// - `initcall_blacklist=crypto_kdf108_init`: that initcall is only the
+///   SP800-108 KDF's self-test (about 0.09 s under TCG); the KDF itself is
+///   registered by nothing the guest uses.
+const BOOT_SHORTCUTS: &str = " cryptomgr.notests initcall_blacklist=crypto_kdf108_init";
+
+/// The TCG vCPU: QEMU's `max` without ERMS and FSRM. With them the kernel
+/// copies and clears memory with `rep movsb`/`rep stosb`, which TCG runs
+/// one byte per iteration; without them it uses 8-byte moves (`rep movsq`
+/// or unrolled loops): the 27 MB initramfs unpack, every zeroed page and
+/// every copy to user space get cheaper (about 0.25 s of QEMU CPU time to
+/// `/init`, docs/benchmarks.md).
+const TCG_CPU: &str = "max,-erms,-fsrm";
+
 /// What the VM is booted with.
 #[derive(Debug, Clone)]
 pub(crate) struct VmConfig {
@@ -113,6 +132,7 @@ pub(crate) struct VmConfig {
 /// [`CONSOLE_FD`] in the child.
 pub(crate) fn args(cfg: &VmConfig) -> Vec<String> {
     let mut append = String::from("console=ttyS0 rdinit=/init panic=-1");
+    append.push_str(BOOT_SHORTCUTS);
     // Every console byte costs a trap under TCG: keep the kernel quiet
     // unless the console is being watched.
     append.push_str(if cfg.verbose_console {
@@ -138,7 +158,7 @@ pub(crate) fn args(cfg: &VmConfig) -> Vec<String> {
         if cfg.accel.name == "kvm" {
             "host"
         } else {
-            "max"
+            TCG_CPU
         },
     ]);
     cmd.args([
@@ -214,4 +234,54 @@ pub fn find_qemu() -> Option<PathBuf> {
     std::env::split_paths(&path)
         .map(|d| d.join("qemu-system-x86_64"))
         .find(|p| p.is_file())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(accel: &'static str) -> VmConfig {
+        VmConfig {
+            qemu: PathBuf::from("/usr/bin/qemu-system-x86_64"),
+            accel: Accel {
+                name: accel,
+                reason: String::new(),
+            },
+            kernel: PathBuf::from("/cache/vmlinux"),
+            initrd: PathBuf::from("/cache/initramfs.cpio"),
+            memory_mib: 256,
+            cpus: 1,
+            verbose_console: false,
+            network: crate::network_mode::NetworkMode::Stream,
+        }
+    }
+
+    fn after<'a>(args: &'a [String], flag: &str) -> &'a str {
+        let i = args.iter().position(|a| a == flag).unwrap();
+        &args[i + 1]
+    }
+
+    #[test]
+    fn tcg_boots_with_the_shortcuts_and_without_byte_wise_string_ops() {
+        let args = args(&config("tcg"));
+        assert_eq!(after(&args, "-cpu"), "max,-erms,-fsrm");
+        let append = after(&args, "-append");
+        for item in [
+            "cryptomgr.notests",
+            "initcall_blacklist=crypto_kdf108_init",
+            "tsc=reliable",
+            "quiet",
+        ] {
+            assert!(append.split(' ').any(|a| a == item), "{item}: {append}");
+        }
+    }
+
+    #[test]
+    fn kvm_keeps_the_host_cpu_and_no_tsc_flags() {
+        let args = args(&config("kvm"));
+        assert_eq!(after(&args, "-cpu"), "host");
+        let append = after(&args, "-append");
+        assert!(append.contains("cryptomgr.notests"), "{append}");
+        assert!(!append.contains("tsc="), "{append}");
+    }
 }

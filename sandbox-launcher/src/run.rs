@@ -40,6 +40,7 @@ use crate::gateway_inputs::{FileView, jail_ids, secret_inputs, write_for_jail};
 use crate::image::{self, ImageOptions};
 use crate::jail::{self, CgroupLimits, FdMap, JailSpec, Layer};
 use crate::network_mode::{self, GuestNetwork, HeldNetwork, NetworkMode};
+use crate::phases::Phases;
 use crate::qemu::{self, AGENT_FD, CONSOLE_FD, NET_FD, VmConfig};
 use crate::spawn::{GatewayJail, Isolation, QemuJail, Sidecar, gateway_spec, qemu_spec};
 use sluice_floor::egress::EgressFloor;
@@ -255,6 +256,8 @@ pub fn main(args: RunArgs) -> i32 {
 /// One VM's run.
 struct Session {
     timings: Timings,
+    /// Every phase's mark, for `phases_ms` and `SLUICE_BOOT_TIMES`.
+    phases: Phases,
     children: Children,
     writer: Arc<Mutex<UnixStream>>,
     events: Receiver<Event>,
@@ -283,9 +286,9 @@ struct GatewayHandles {
     audit: Arc<Mutex<Vec<serde_json::Value>>>,
     audit_reader: Option<thread::JoinHandle<()>>,
     log: Arc<Mutex<Vec<u8>>>,
-    /// `Ok` once the gateway wrote its ready line; disconnected when it
+    /// When the gateway wrote its ready line; disconnected when it
     /// closed the pipe without one (it stopped first).
-    ready: Receiver<()>,
+    ready: Receiver<Instant>,
     /// Where the gateway writes the sandbox CA if the policy inspects a
     /// host (the gateway decides; no file otherwise).
     ca_out: PathBuf,
@@ -317,6 +320,7 @@ impl Session {
     /// Builds or finds the image, spawns the gateway and QEMU, each jailed.
     fn new(args: &RunArgs, interrupted: Arc<AtomicBool>) -> anyhow::Result<Session> {
         let start = Instant::now();
+        let phases = Phases::new(start);
         // Before any work: a run that would be refused says so at once.
         check_isolation(&args.allow_missing_isolation.iter().copied().collect())?;
         let mode = (!args.no_network)
@@ -331,6 +335,7 @@ impl Session {
             shared_cache: image::shared_cache_dir(),
         };
         let image = image::prepare(&opts, &mut |line| eprintln!("sluice: {line}"))?;
+        phases.mark("image_ready");
         let qemu_bin = qemu::find_qemu().ok_or_else(|| {
             anyhow!("qemu-system-x86_64 not found: install qemu-system-x86 (scripts/install-deps)")
         })?;
@@ -366,39 +371,18 @@ impl Session {
         let (agent_host, agent_guest) = UnixStream::pair().context("socketpair")?;
         let (console_host, console_guest) = UnixStream::pair().context("socketpair")?;
 
-        let mut children = Children::default();
-        let mut run_dir = None;
-        let gateway = if args.no_network {
-            // Hold the link open and discard what the guest sends: the
-            // guest sees a cable with nobody on it.
-            let net_host = UnixStream::from(net_gateway);
-            thread::spawn(move || {
-                let mut net_host = net_host;
-                let mut sink = [0u8; 65536];
-                while matches!(net_host.read(&mut sink), Ok(n) if n > 0) {}
-            });
+        // Before QEMU starts: a missing gateway is an error, not a boot.
+        let gateway_bin = if args.no_network {
             None
         } else {
-            let gw = find_gateway(args.gateway.as_deref()).ok_or_else(|| {
+            Some(find_gateway(args.gateway.as_deref()).ok_or_else(|| {
                 anyhow!(
                     "no sluice-gateway found (--gateway, SLUICE_GATEWAY, or next to sluice); \
                      pass --no-network to run without a network"
                 )
-            })?;
-            let dir = make_run_dir(&sandbox_id)?;
-            let (sidecar, handles) = spawn_gateway(
-                &gw,
-                args,
-                &dir.0,
-                &sandbox_id,
-                (net_gateway, held.as_ref()),
-                &iso,
-            )?;
-            run_dir = Some(dir);
-            children.gateway = Some(sidecar);
-            Some(handles)
+            })?)
         };
-
+        let mut children = Children::default();
         let cfg = VmConfig {
             qemu: qemu_bin,
             accel: accel.clone(),
@@ -442,12 +426,49 @@ impl Session {
         children.qemu = Some(qemu_child);
         drop((net_guest, agent_guest, console_guest, qemu_err_write));
         let qemu_started = Instant::now();
+        phases.mark("qemu_started");
+        let console = Arc::new(Mutex::new(Vec::new()));
+        spawn_console_reader(
+            console_host,
+            Arc::clone(&console),
+            args.debug,
+            phases.clone(),
+        );
+        // The gateway starts while the guest kernel boots (it is ready long
+        // before the guest's first DHCP packet, which waits in the link's
+        // socket buffer until then): its jail set-up is off the boot path.
+        // Its inputs are still checked before the guest can use the network;
+        // an error here kills QEMU like any other.
+        let mut run_dir = None;
+        let gateway = if let Some(gw) = gateway_bin {
+            let dir = make_run_dir(&sandbox_id)?;
+            let (sidecar, handles) = spawn_gateway(
+                &gw,
+                args,
+                &dir.0,
+                &sandbox_id,
+                (net_gateway, held.as_ref()),
+                &iso,
+            )?;
+            run_dir = Some(dir);
+            children.gateway = Some(sidecar);
+            phases.mark("gateway_started");
+            Some(handles)
+        } else {
+            // Hold the link open and discard what the guest sends: the
+            // guest sees a cable with nobody on it.
+            let net_host = UnixStream::from(net_gateway);
+            thread::spawn(move || {
+                let mut net_host = net_host;
+                let mut sink = [0u8; 65536];
+                while matches!(net_host.read(&mut sink), Ok(n) if n > 0) {}
+            });
+            None
+        };
+
         let deadline = args
             .timeout
             .map(|s| qemu_started + Duration::from_secs_f64(s.max(0.0)));
-
-        let console = Arc::new(Mutex::new(Vec::new()));
-        spawn_console_reader(console_host, Arc::clone(&console), args.debug);
 
         let reader = agent_host.try_clone().context("cloning the agent socket")?;
         let (tx, events) = mpsc::channel();
@@ -483,6 +504,7 @@ impl Session {
                 first_output: None,
                 exited: None,
             },
+            phases,
             writer: Arc::new(Mutex::new(agent_host)),
             events,
             interrupted,
@@ -517,7 +539,10 @@ impl Session {
                 return Err(Stop::Interrupted);
             }
             match gw.ready.recv_timeout(Duration::from_millis(100)) {
-                Ok(()) => break,
+                Ok(at) => {
+                    self.phases.mark_at("gateway_ready", at);
+                    break;
+                }
                 Err(RecvTimeoutError::Disconnected) => {
                     return Err(Stop::Failed(anyhow!(
                         "the gateway exited before it was ready{}",
@@ -635,6 +660,7 @@ impl Session {
             }
         }
         self.timings.hello = Some(Instant::now());
+        self.phases.mark("agent_hello");
         self.send(&Message::Hello { version: VERSION })?;
         self.install_ca()?;
 
@@ -653,6 +679,7 @@ impl Session {
         };
         self.send(&Message::Exec(exec))?;
         self.timings.exec_sent = Some(Instant::now());
+        self.phases.mark("command_sent");
         self.forward_stdin();
         let status = loop {
             match self.next()? {
@@ -667,6 +694,7 @@ impl Session {
             }
         };
         self.timings.exited = Some(Instant::now());
+        self.phases.mark("command_exited");
 
         let mut copy_failed = false;
         for spec in &args.copy_out {
@@ -696,6 +724,7 @@ impl Session {
     fn output(&mut self, err: bool, data: &[u8], json: bool) {
         if self.timings.first_output.is_none() {
             self.timings.first_output = Some(Instant::now());
+            self.phases.mark("first_output");
         }
         if json {
             let buf = if err {
@@ -816,9 +845,11 @@ impl Session {
     /// exit status.
     fn report(mut self, args: &RunArgs, outcome: Result<ExitStatus, Stop>) -> i32 {
         let end = Instant::now();
+        self.phases.mark("vm_stopped");
         // Both sidecars are gone (killed by the caller, waited for here):
         // the audit pipe has ended.
         self.children.kill_all();
+        self.phases.print_if_asked();
         let audit = match self.gateway.as_mut() {
             Some(g) => {
                 if let Some(r) = g.audit_reader.take() {
@@ -914,6 +945,7 @@ impl Session {
                     "run": t.exec_sent.and_then(|x| ms(x, t.exited)),
                     "total": ms(t.start, Some(end)),
                 },
+                "phases_ms": self.phases.to_json(),
                 "accelerator": self.accel.name,
                 "image_built": self.image_built,
                 "network": if self.gateway.is_some() { "sluice-gateway" } else { "none" },
@@ -950,15 +982,32 @@ fn parse_env(env: &[String]) -> anyhow::Result<Vec<(String, String)>> {
         .collect()
 }
 
-fn spawn_console_reader(console: UnixStream, keep: Arc<Mutex<Vec<u8>>>, debug: bool) {
+fn spawn_console_reader(
+    console: UnixStream,
+    keep: Arc<Mutex<Vec<u8>>>,
+    debug: bool,
+    phases: Phases,
+) {
     thread::spawn(move || {
         let mut console = console;
         let mut buf = [0u8; 4096];
+        // The line being received, for the guest's phase marks (bounded:
+        // only a line's start can be a mark).
+        let mut line = Vec::new();
         loop {
             let n = match console.read(&mut buf) {
                 Ok(0) | Err(_) => return,
                 Ok(n) => n,
             };
+            let at = Instant::now();
+            for &b in &buf[..n] {
+                if b == b'\n' {
+                    phases.console_line(&String::from_utf8_lossy(&line), at);
+                    line.clear();
+                } else if line.len() < 128 {
+                    line.push(b);
+                }
+            }
             if debug {
                 let _ = io::stderr().write_all(&buf[..n]);
             }
@@ -1052,14 +1101,14 @@ fn log_tail(log: &Mutex<Vec<u8>>) -> String {
 /// Reads the gateway's `--ready-fd` pipe: sends once when the ready line
 /// arrives; the sender is dropped (the receiver sees "disconnected") when
 /// the pipe closes without it, i.e. the gateway stopped before serving.
-fn spawn_ready_reader(pipe: io::PipeReader) -> Receiver<()> {
+fn spawn_ready_reader(pipe: io::PipeReader) -> Receiver<Instant> {
     let (tx, rx) = mpsc::channel();
     thread::spawn(move || {
         let mut line = String::new();
         let read = io::BufRead::read_line(&mut io::BufReader::new(pipe), &mut line);
         // A message sent before the sender drops is still received first.
         if read.is_ok() && line == "ready\n" {
-            let _ = tx.send(());
+            let _ = tx.send(Instant::now());
         }
     });
     rx

@@ -12,11 +12,16 @@
 //! `/sluice/bin/sluice-agent`, `/sluice/modules/*.ko`,
 //! `/sluice/udhcpc.script`.
 //!
+//! Finding an entry reads and packs every input; an index beside the
+//! entries (`fingerprint`) lets the next run find it by the inputs' file
+//! stamps alone.
+//!
 //! The initramfs is stored uncompressed: the guest kernel would spend longer
 //! decompressing gzip under TCG than it spends copying the larger archive.
 
 mod cpio;
 mod elf;
+mod fingerprint;
 
 use std::fs;
 use std::io::{self, Read, Write};
@@ -24,6 +29,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use cpio::{Archive, Node};
+use fingerprint::Inputs;
 
 /// Bumped whenever the layout below changes, so old cache entries are not
 /// reused.
@@ -36,17 +42,9 @@ const MODULES: [&str; 7] = sluice_agent_proto::GUEST_MODULES;
 const CLIENTS: [&str; 2] = ["/usr/bin/curl", "/usr/bin/openssl"];
 
 const INIT: &str = r#"#!/sluice/bin/busybox sh
-# sluice guest init: mount the basics, run the agent, power off when it exits.
+# sluice guest init: run the agent (it mounts /proc, /sys, /dev, /tmp and
+# sets the host name itself: no process per step), power off when it exits.
 B=/sluice/bin/busybox
-$B mkdir -p /proc /sys /dev /tmp /run /root
-$B mount -t proc proc /proc
-$B mount -t sysfs sysfs /sys
-$B mount -t devtmpfs devtmpfs /dev
-$B mkdir -p /dev/pts /dev/shm
-$B mount -t devpts devpts /dev/pts
-$B mount -t tmpfs tmpfs /dev/shm
-$B mount -t tmpfs tmpfs /tmp
-$B hostname sluice
 /sluice/bin/sluice-agent
 echo "sluice-init: agent exited with status $?"
 $B sync
@@ -247,9 +245,34 @@ pub fn prepare(opts: &ImageOptions, progress: &mut dyn FnMut(&str)) -> Result<Im
         }
         None => default_kernel()?,
     };
-    let archive = assemble(opts, &version)?;
+    // What selects the inputs before any is read; `ldd` follows the
+    // loader's environment.
+    let env = |v: &str| std::env::var(v).unwrap_or_default();
+    let index_keys = [
+        LAYOUT_VERSION.to_owned(),
+        vmlinuz.to_string_lossy().into_owned(),
+        version.clone(),
+        opts.agent.to_string_lossy().into_owned(),
+        env("LD_LIBRARY_PATH"),
+        env("LD_PRELOAD"),
+    ];
+    let index_keys: Vec<&str> = index_keys.iter().map(String::as_str).collect();
+    if opts.rootfs.is_none()
+        && let Some(image) = indexed(opts, &index_keys)
+    {
+        return Ok(image);
+    }
+    let mut inputs = Inputs::default();
+    let archive = assemble(opts, &version, &mut inputs)?;
     let initrd_bytes = archive.to_bytes();
+    inputs.record(&vmlinuz);
     let vmlinuz_bytes = fs::read(&vmlinuz).map_err(io_err("reading", &vmlinuz))?;
+    // Index the entry once it is found or built (below).
+    let remember = |hash: &str| {
+        if opts.rootfs.is_none() {
+            fingerprint::store(&opts.cache_dir, &index_keys, &inputs, hash);
+        }
+    };
 
     let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
     ctx.update(LAYOUT_VERSION.as_bytes());
@@ -264,6 +287,7 @@ pub fn prepare(opts: &ImageOptions, progress: &mut dyn FnMut(&str)) -> Result<Im
         let dir = shared.join(&hash);
         let (kernel, initrd) = (dir.join("vmlinux"), dir.join("initramfs.cpio"));
         if fs::File::open(&kernel).is_ok() && fs::File::open(&initrd).is_ok() {
+            remember(&hash);
             return Ok(Image {
                 kernel,
                 initrd,
@@ -280,6 +304,7 @@ pub fn prepare(opts: &ImageOptions, progress: &mut dyn FnMut(&str)) -> Result<Im
         built: false,
     };
     if image.kernel.is_file() && image.initrd.is_file() {
+        remember(&hash);
         return Ok(image);
     }
 
@@ -310,9 +335,33 @@ pub fn prepare(opts: &ImageOptions, progress: &mut dyn FnMut(&str)) -> Result<Im
     })();
     let _ = fs::remove_dir_all(&tmp);
     result?;
+    remember(&hash);
     Ok(Image {
         built: true,
         ..image
+    })
+}
+
+/// The entry an index names for these keys, when every input it records
+/// is unchanged and the entry's files open: the shared cache's index and
+/// entries first, as the slow path looks.
+fn indexed(opts: &ImageOptions, keys: &[&str]) -> Option<Image> {
+    let caches: Vec<&Path> = opts
+        .shared_cache
+        .iter()
+        .map(PathBuf::as_path)
+        .chain([opts.cache_dir.as_path()])
+        .collect();
+    let hash = caches.iter().find_map(|c| fingerprint::lookup(c, keys))?;
+    caches.iter().find_map(|c| {
+        let dir = c.join(&hash);
+        let (kernel, initrd) = (dir.join("vmlinux"), dir.join("initramfs.cpio"));
+        (fs::File::open(&kernel).is_ok() && fs::File::open(&initrd).is_ok()).then_some(Image {
+            kernel,
+            initrd,
+            dir,
+            built: false,
+        })
     })
 }
 
@@ -357,23 +406,30 @@ fn extract_vmlinux(vmlinuz: &[u8]) -> Result<Vec<u8>, ImageError> {
     Ok(out.stdout)
 }
 
-/// Lays out the initramfs tree.
-fn assemble(opts: &ImageOptions, version: &str) -> Result<Archive, ImageError> {
+/// Lays out the initramfs tree; every input file read (but a `--rootfs`
+/// tree's) is recorded in `inputs`.
+fn assemble(
+    opts: &ImageOptions,
+    version: &str,
+    inputs: &mut Inputs,
+) -> Result<Archive, ImageError> {
     let mut a = Archive::default();
     if let Some(root) = &opts.rootfs {
         add_tree(&mut a, root, root)?;
     } else {
-        add_default_userland(&mut a)?;
+        add_default_userland(&mut a, inputs)?;
     }
     let busybox = Path::new("/bin/busybox");
+    inputs.record(busybox);
     a.insert("sluice/bin/busybox", Node::File(0o755, read(busybox)?));
+    inputs.record(&opts.agent);
     a.insert(
         "sluice/bin/sluice-agent",
         Node::File(0o755, read(&opts.agent)?),
     );
     let moddir = PathBuf::from(format!("/lib/modules/{version}/kernel"));
     for m in MODULES {
-        if let Some(ko) = find_module(&moddir, m)? {
+        if let Some(ko) = find_module(&moddir, m, inputs)? {
             a.insert(&format!("sluice/modules/{m}.ko"), Node::File(0o644, ko));
         }
     }
@@ -395,7 +451,10 @@ fn read(p: &Path) -> Result<Vec<u8>, ImageError> {
 }
 
 /// busybox applets, curl, openssl, their libraries, CA bundle, /etc basics.
-fn add_default_userland(a: &mut Archive) -> Result<(), ImageError> {
+fn add_default_userland(a: &mut Archive, inputs: &mut Inputs) -> Result<(), ImageError> {
+    // What `ldd` reads besides the binaries and libraries themselves.
+    inputs.record(Path::new("/etc/ld.so.cache"));
+    inputs.record(Path::new("/etc/ld.so.preload"));
     let out = Command::new("/bin/busybox")
         .arg("--list-full")
         .output()
@@ -408,18 +467,22 @@ fn add_default_userland(a: &mut Archive) -> Result<(), ImageError> {
     }
     for client in CLIENTS {
         let p = Path::new(client);
+        inputs.record(p);
         a.insert(client, Node::File(0o755, read(p)?));
         for lib in shared_libraries(p)? {
+            inputs.record(&lib);
             let data = read(&lib)?;
             a.insert(&lib.to_string_lossy(), Node::File(0o755, data));
         }
     }
     let bundle = Path::new("/etc/ssl/certs/ca-certificates.crt");
+    inputs.record(bundle);
     a.insert(
         "etc/ssl/certs/ca-certificates.crt",
         Node::File(0o644, read(bundle)?),
     );
     let cnf = Path::new("/usr/lib/ssl/openssl.cnf");
+    inputs.record(cnf);
     if let Ok(data) = fs::read(cnf) {
         a.insert("usr/lib/ssl/openssl.cnf", Node::File(0o644, data));
     }
@@ -469,7 +532,7 @@ fn shared_libraries(bin: &Path) -> Result<Vec<PathBuf>, ImageError> {
 }
 
 /// `<name>.ko` under the kernel's module tree (uncompressing `.ko.xz`).
-fn find_module(dir: &Path, name: &str) -> Result<Option<Vec<u8>>, ImageError> {
+fn find_module(dir: &Path, name: &str, inputs: &mut Inputs) -> Result<Option<Vec<u8>>, ImageError> {
     let entries = match fs::read_dir(dir) {
         Ok(e) => e,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
@@ -479,7 +542,7 @@ fn find_module(dir: &Path, name: &str) -> Result<Option<Vec<u8>>, ImageError> {
         let path = entry.path();
         let Ok(ft) = entry.file_type() else { continue };
         if ft.is_dir() {
-            if let Some(found) = find_module(&path, name)? {
+            if let Some(found) = find_module(&path, name, inputs)? {
                 return Ok(Some(found));
             }
             continue;
@@ -487,9 +550,11 @@ fn find_module(dir: &Path, name: &str) -> Result<Option<Vec<u8>>, ImageError> {
         let file = entry.file_name();
         let file = file.to_string_lossy();
         if file == format!("{name}.ko") {
+            inputs.record(&path);
             return read(&path).map(Some);
         }
         if file == format!("{name}.ko.xz") {
+            inputs.record(&path);
             let out = Command::new("xz")
                 .arg("-dc")
                 .arg(&path)
