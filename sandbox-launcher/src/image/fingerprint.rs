@@ -4,9 +4,11 @@
 //! bytes, so finding it the slow way means reading and packing every input
 //! (about 35 MB, two `ldd` runs, a walk of the kernel's module tree) on
 //! every `sluice run`. Instead, once an entry is found or built, an index
-//! file beside it records every input file the archive was made from with
-//! its stamp (device, inode, size, modification and change times). The
-//! next run with the same kernel and agent paths stats those files; when
+//! file beside it records every input file the archive was made from (the
+//! launcher's own binary among them: it holds `/init` and the DHCP script)
+//! with its stamp (device, inode, size, modification and change times).
+//! The next run with the same kernel, agent and launcher paths stats those
+//! files; when
 //! every stamp matches and the entry's files are there, the entry is used
 //! as is. Any change to an input (a package upgrade, a rebuilt agent, an
 //! edited CA bundle) changes its change time or inode, misses the index and
@@ -23,7 +25,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 /// Bumped when the index format or what it records changes.
-const INDEX_VERSION: &str = "sluice-image-index-1";
+const INDEX_VERSION: &str = "sluice-image-index-2";
 
 /// The index files' directory inside a cache directory.
 const INDEX_DIR: &str = ".index";

@@ -54,17 +54,18 @@ $B reboot -f
 
 const UDHCPC_SCRIPT: &str = r#"#!/sluice/bin/busybox sh
 # udhcpc event script: address, default route, MTU and resolv.conf.
+# The guest's command waits for it: each busybox command is a process,
+# which costs tens of milliseconds under TCG, so as few as possible.
 B=/sluice/bin/busybox
 case "$1" in
   deconfig)
-    $B ip addr flush dev "$interface"
+    # The link's only address is the one the lease gives: up, nothing else.
     $B ip link set "$interface" up
     ;;
   bound|renew)
-    $B ip addr flush dev "$interface"
-    $B ip addr add "$ip/${mask:-24}" dev "$interface"
-    [ -n "$mtu" ] && $B ip link set "$interface" mtu "$mtu"
-    for r in $router; do $B ip route add default via "$r" dev "$interface"; break; done
+    # One ifconfig replaces the primary address and sets mask, MTU, up.
+    $B ifconfig "$interface" "$ip" netmask "${subnet:-255.255.255.0}" ${mtu:+mtu "$mtu"} up
+    for r in $router; do $B route add default gw "$r" dev "$interface"; break; done
     : > /etc/resolv.conf
     for d in $dns; do echo "nameserver $d" >> /etc/resolv.conf; done
     ;;
@@ -248,7 +249,14 @@ pub fn prepare(opts: &ImageOptions, progress: &mut dyn FnMut(&str)) -> Result<Im
     // What selects the inputs before any is read; `ldd` follows the
     // loader's environment.
     let env = |v: &str| std::env::var(v).unwrap_or_default();
+    // The launcher's own binary is an input too: it holds `/init`, the
+    // DHCP script and the `/etc` files, so a rebuilt launcher never reuses
+    // an older one's index. No index without it, nor with `--rootfs`.
+    let exe = std::env::current_exe().ok();
     let index_keys = [
+        exe.as_deref()
+            .map(|e| e.to_string_lossy().into_owned())
+            .unwrap_or_default(),
         LAYOUT_VERSION.to_owned(),
         vmlinuz.to_string_lossy().into_owned(),
         version.clone(),
@@ -257,19 +265,21 @@ pub fn prepare(opts: &ImageOptions, progress: &mut dyn FnMut(&str)) -> Result<Im
         env("LD_PRELOAD"),
     ];
     let index_keys: Vec<&str> = index_keys.iter().map(String::as_str).collect();
-    if opts.rootfs.is_none()
-        && let Some(image) = indexed(opts, &index_keys)
-    {
+    let use_index = opts.rootfs.is_none() && exe.is_some();
+    if use_index && let Some(image) = indexed(opts, &index_keys) {
         return Ok(image);
     }
     let mut inputs = Inputs::default();
+    if let Some(exe) = &exe {
+        inputs.record(exe);
+    }
     let archive = assemble(opts, &version, &mut inputs)?;
     let initrd_bytes = archive.to_bytes();
     inputs.record(&vmlinuz);
     let vmlinuz_bytes = fs::read(&vmlinuz).map_err(io_err("reading", &vmlinuz))?;
     // Index the entry once it is found or built (below).
     let remember = |hash: &str| {
-        if opts.rootfs.is_none() {
+        if use_index {
             fingerprint::store(&opts.cache_dir, &index_keys, &inputs, hash);
         }
     };
