@@ -16,7 +16,7 @@ use std::net::Ipv4Addr;
 use dhcproto::v4::{DhcpOption, Message, MessageType, Opcode, OptionCode};
 use dhcproto::{Decodable, Decoder};
 use sluice_gateway::config::{Config, DEFAULT_SUBNET};
-use sluice_gateway::dhcp::DhcpServer;
+use sluice_gateway::dhcp::{self, DhcpServer};
 
 /// One fuzz input (the libFuzzer target and the corpus replay call this).
 pub fn run(data: &[u8]) {
@@ -36,8 +36,14 @@ pub fn run(data: &[u8]) {
         let payload = &body[..len.min(body.len())];
         rest = &body[payload.len()..];
 
-        let req = Message::decode(&mut Decoder::new(payload)).ok();
-        let reply = server.handle(payload);
+        let req = dhcp::decode_request(payload);
+        let reply = match server.handle(payload) {
+            Ok(reply) => reply,
+            Err(_) => {
+                assert!(req.is_none(), "a decodable payload called malformed");
+                None
+            }
+        };
         let Some(reply) = reply else {
             assert_eq!(server.client_mac(), mac_seen, "a MAC set without a reply");
             assert_eq!(server.leased(), acked);

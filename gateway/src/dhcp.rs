@@ -29,6 +29,75 @@ pub struct DhcpReply {
     pub dst_ip: Ipv4Addr,
 }
 
+/// A DHCP payload that does not decode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(feature = "test-util"), expect(unreachable_pub))]
+pub struct Malformed;
+
+/// Where the options begin: the fixed BOOTP header (236 bytes) and the
+/// magic cookie (RFC 2131 section 3).
+const OPTIONS_AT: usize = 240;
+/// The option codes that carry no length.
+const PAD: u8 = 0;
+const END: u8 = 255;
+
+/// Decodes a guest's DHCP payload, refusing first any option whose length
+/// `dhcproto` only `debug_assert!`s (a debug build would panic on the guest's
+/// bytes; a release build would read past the option's stated length).
+#[cfg_attr(not(feature = "test-util"), expect(unreachable_pub))]
+pub fn decode_request(payload: &[u8]) -> Option<Message> {
+    if !asserted_lengths_hold(payload.get(OPTIONS_AT..).unwrap_or_default()) {
+        return None;
+    }
+    Message::decode(&mut Decoder::new(payload)).ok()
+}
+
+/// Walks the options as `dhcproto` does (a run of consecutive options with
+/// one code is one option, RFC 3396; pad and end take no length) and checks
+/// the lengths it asserts. A truncated option is left to the decoder, which
+/// refuses it.
+fn asserted_lengths_hold(mut opts: &[u8]) -> bool {
+    let mut run: Option<(u8, usize)> = None;
+    let run_ok = |run: Option<(u8, usize)>| run.is_none_or(|(code, len)| length_ok(code, len));
+    while let Some(&code) = opts.first() {
+        match code {
+            PAD => {
+                if !run_ok(run.take()) {
+                    return false;
+                }
+                opts = opts.get(1..).unwrap_or_default();
+                continue;
+            }
+            END => break,
+            _ => {}
+        }
+        let Some(&len) = opts.get(1) else { break };
+        run = match run {
+            Some((prev, total)) if prev == code => Some((code, total + usize::from(len))),
+            other if !run_ok(other) => return false,
+            _ => Some((code, usize::from(len))),
+        };
+        opts = opts.get(2 + usize::from(len)..).unwrap_or_default();
+    }
+    run_ok(run)
+}
+
+/// Whether an option of this code may have this (concatenated) length, for
+/// the codes whose length `dhcproto` asserts; every other code passes.
+fn length_ok(code: u8, len: usize) -> bool {
+    match OptionCode::from(code) {
+        OptionCode::RapidCommit => len == 0,
+        OptionCode::ClientNetworkInterface => len == 3,
+        OptionCode::BulkLeaseQueryBaseTime
+        | OptionCode::BulkLeasQueryStartTimeOfState
+        | OptionCode::BulkLeaseQueryQueryStartTime
+        | OptionCode::BulkLeaseQueryQueryEndTime => len == 4,
+        OptionCode::ClientFQDN => len >= 3,
+        OptionCode::BulkLeaseQueryStatusCode => len >= 1,
+        _ => true,
+    }
+}
+
 /// The DHCP server state.
 #[derive(Debug)]
 #[cfg_attr(not(feature = "test-util"), expect(unreachable_pub))]
@@ -69,11 +138,16 @@ impl DhcpServer {
         self.leased
     }
 
-    /// Handles one DHCP payload; `None` for anything that gets no answer
-    /// (malformed, not a request, another client, unknown type).
+    /// Handles one DHCP payload: `Err` for one that does not decode (the
+    /// caller drops and counts it), `Ok(None)` for one that gets no answer
+    /// (not a request, another client, an unknown type).
     #[cfg_attr(not(feature = "test-util"), expect(unreachable_pub))]
-    pub fn handle(&mut self, payload: &[u8]) -> Option<DhcpReply> {
-        let req = Message::decode(&mut Decoder::new(payload)).ok()?;
+    pub fn handle(&mut self, payload: &[u8]) -> Result<Option<DhcpReply>, Malformed> {
+        let req = decode_request(payload).ok_or(Malformed)?;
+        Ok(self.answer(&req))
+    }
+
+    fn answer(&mut self, req: &Message) -> Option<DhcpReply> {
         if req.opcode() != Opcode::BootRequest || req.hlen() != 6 {
             return None;
         }
@@ -176,6 +250,47 @@ mod tests {
         out
     }
 
+    /// A DISCOVER with `raw` (options as bytes) first among its options.
+    fn discover_with(raw: &[u8]) -> Vec<u8> {
+        let mut m = request(MessageType::Discover, MAC, None);
+        m.splice(OPTIONS_AT..OPTIONS_AT, raw.iter().copied());
+        m
+    }
+
+    #[test]
+    fn options_of_a_length_dhcproto_asserts_are_refused_not_decoded() {
+        let cfg = Config::new(DEFAULT_SUBNET, 1500).unwrap();
+        let base_time = u8::from(OptionCode::BulkLeaseQueryBaseTime);
+        let rapid = u8::from(OptionCode::RapidCommit);
+        let fqdn = u8::from(OptionCode::ClientFQDN);
+        let status = u8::from(OptionCode::BulkLeaseQueryStatusCode);
+        for raw in [
+            vec![base_time, 2, 0, 0],
+            vec![base_time, 0],
+            vec![rapid, 1, 0],
+            vec![fqdn, 2, 0, 0],
+            vec![status, 0],
+            // Two halves of one option (RFC 3396) sum to 6, not 4.
+            vec![base_time, 2, 0, 0, base_time, 4, 0, 0, 0, 0],
+            // A pad ends a run: the second option stands alone.
+            vec![base_time, 4, 0, 0, 0, 0, PAD, base_time, 3, 0, 0, 0],
+        ] {
+            let mut s = DhcpServer::new(&cfg);
+            assert_eq!(s.handle(&discover_with(&raw)), Err(Malformed), "{raw:?}");
+            assert_eq!(s.client_mac(), None);
+        }
+        for raw in [
+            vec![base_time, 4, 0, 0, 0, 1],
+            vec![base_time, 2, 0, 0, base_time, 2, 0, 1],
+            vec![rapid, 0],
+            vec![fqdn, 6, 0, 0, 0, 1, b'a', 0],
+        ] {
+            let mut s = DhcpServer::new(&cfg);
+            let offer = s.handle(&discover_with(&raw)).unwrap().unwrap();
+            assert_eq!(decode(&offer).opts().msg_type(), Some(MessageType::Offer));
+        }
+    }
+
     fn decode(r: &DhcpReply) -> Message {
         Message::decode(&mut Decoder::new(&r.payload)).unwrap()
     }
@@ -186,6 +301,7 @@ mod tests {
         let mut s = DhcpServer::new(&cfg);
         let offer = s
             .handle(&request(MessageType::Discover, MAC, None))
+            .unwrap()
             .unwrap();
         let m = decode(&offer);
         assert_eq!(m.opts().msg_type(), Some(MessageType::Offer));
@@ -198,6 +314,7 @@ mod tests {
                 MAC,
                 Some(Ipv4Addr::new(10, 0, 2, 15)),
             ))
+            .unwrap()
             .unwrap();
         let m = decode(&ack);
         assert_eq!(m.opts().msg_type(), Some(MessageType::Ack));
@@ -238,15 +355,13 @@ mod tests {
                 MAC,
                 Some(Ipv4Addr::new(10, 0, 2, 99)),
             ))
+            .unwrap()
             .unwrap();
         assert_eq!(decode(&nak).opts().msg_type(), Some(MessageType::Nak));
         assert_eq!(nak.dst_ip, Ipv4Addr::BROADCAST);
         let other = [2, 0, 0, 0, 0, 1];
-        assert!(
-            s.handle(&request(MessageType::Discover, other, None))
-                .is_none()
-        );
-        assert!(s.handle(b"garbage").is_none());
-        assert!(s.handle(&[]).is_none());
+        assert!(s.handle(&request(MessageType::Discover, other, None)) == Ok(None));
+        assert_eq!(s.handle(b"garbage"), Err(Malformed));
+        assert_eq!(s.handle(&[]), Err(Malformed));
     }
 }

@@ -503,8 +503,10 @@ impl Datapath {
     }
 
     pub(crate) fn on_dhcp(&mut self, payload: &[u8]) {
-        let Some(reply) = self.dhcp.handle(payload) else {
-            return;
+        let reply = match self.dhcp.handle(payload) {
+            Ok(Some(reply)) => reply,
+            Ok(None) => return,
+            Err(dhcp::Malformed) => return self.drop_frame(DropReason::Malformed),
         };
         if self.dhcp.leased() {
             self.guest_mac = self.dhcp.client_mac();

@@ -20,8 +20,8 @@ use sluice_launcher::jail::{
     self, CgroupLimits, FdMap, JailExit, JailSpec, Layer, NetNamespace, SeccompProfile,
 };
 
-mod rootless_user;
-use rootless_user::TEST_USER;
+mod common;
+use common::rootless_user::{self, TEST_USER};
 
 const BUSYBOX: &str = "/bin/busybox";
 const SIGSYS: i32 = 31;
@@ -145,16 +145,25 @@ fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
     }
 }
 
+/// Every place a jail's cgroup named `name` can be: v1's per-controller
+/// hierarchies, v2's root (and a hybrid host's `unified/`), and rootless on
+/// v2, below any ancestor of this process's own cgroup (the delegated one).
 fn cgroup_dirs(name: &str) -> Vec<PathBuf> {
     let root = Path::new("/sys/fs/cgroup");
-    // v1: one hierarchy per controller.
     let mut dirs: Vec<PathBuf> = ["memory", "pids", "cpu"]
         .iter()
         .map(|c| root.join(c).join(name))
         .collect();
-    // v2: the unified hierarchy at the root (and a hybrid host's `unified/`).
     dirs.push(root.join(name));
     dirs.push(root.join("unified").join(name));
+    let own = fs::read_to_string("/proc/self/cgroup").unwrap();
+    if let Some(path) = own.lines().find_map(|l| l.strip_prefix("0::")) {
+        let mut dir = root.to_path_buf();
+        for part in path.split('/').filter(|p| !p.is_empty()) {
+            dir.push(part);
+            dirs.push(dir.join(name));
+        }
+    }
     dirs
 }
 
@@ -185,6 +194,10 @@ fn assert_no_leftovers(name: &str, pid: u32) {
 fn probe_reports_every_layer_this_mode_needs() {
     let layers = jail::probe_layers();
     assert_eq!(layers.len(), Layer::ALL.len());
+    // Set where the caller knows this user has a delegated v2 subtree.
+    if std::env::var_os("SLJ_EXPECT_CGROUPS").is_some() {
+        assert!(cgroups_available(), "{layers:?}");
+    }
     for l in &layers {
         if off_by_design(&l.name) {
             assert!(!l.available, "{} on: {}", l.name, l.reason);
@@ -276,28 +289,47 @@ fn sleep_runs_with_every_layer_and_leaves_nothing_after_kill() {
     assert_no_leftovers(&spec.name, pid);
 }
 
-/// The jail's v1 cgroups hold `pid` and the limits of [`make_spec`].
+/// The jail's cgroups hold `pid` and the limits of [`make_spec`]: v1's
+/// three hierarchies where the host mounts them, else v2's one dir.
 fn check_cgroups(spec: &JailSpec, pid: u32) {
     let cgroups = fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
-    for ctrl in ["memory", "pids", "cpu"] {
-        let line = cgroups
-            .lines()
-            .find(|l| {
-                l.split(':')
-                    .nth(1)
-                    .is_some_and(|c| c.split(',').any(|x| x == ctrl))
-            })
-            .unwrap_or_else(|| panic!("no {ctrl} line in {cgroups}"));
-        assert!(line.ends_with(&format!("/{}", spec.name)), "{line}");
-    }
-    let [mem, pids, cpu, ..] = &cgroup_dirs(&spec.name)[..] else {
-        unreachable!()
+    let read = |p: PathBuf| {
+        fs::read_to_string(&p)
+            .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+            .trim()
+            .to_owned()
     };
-    let read = |p: PathBuf| fs::read_to_string(p).unwrap().trim().to_owned();
-    assert_eq!(read(mem.join("memory.limit_in_bytes")), MEMORY.to_string());
-    assert_eq!(read(pids.join("pids.max")), "64");
-    assert_eq!(read(cpu.join("cpu.cfs_quota_us")), "50000");
-    assert_eq!(read(mem.join("cgroup.procs")), pid.to_string());
+    let v1_line = |ctrl: &str| {
+        cgroups.lines().find(|l| {
+            l.split(':')
+                .nth(1)
+                .is_some_and(|c| c.split(',').any(|x| x == ctrl))
+        })
+    };
+    if v1_line("memory").is_some() {
+        for ctrl in ["memory", "pids", "cpu"] {
+            let line = v1_line(ctrl).unwrap_or_else(|| panic!("no {ctrl} line in {cgroups}"));
+            assert!(line.ends_with(&format!("/{}", spec.name)), "{line}");
+        }
+        let [mem, pids, cpu, ..] = &cgroup_dirs(&spec.name)[..] else {
+            unreachable!()
+        };
+        assert_eq!(read(mem.join("memory.limit_in_bytes")), MEMORY.to_string());
+        assert_eq!(read(pids.join("pids.max")), "64");
+        assert_eq!(read(cpu.join("cpu.cfs_quota_us")), "50000");
+        assert_eq!(read(mem.join("cgroup.procs")), pid.to_string());
+        return;
+    }
+    let path = cgroups
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .unwrap_or_else(|| panic!("neither a v1 memory line nor a v2 line in {cgroups}"));
+    assert!(path.ends_with(&format!("/{}", spec.name)), "{path}");
+    let dir = Path::new("/sys/fs/cgroup").join(path.trim_start_matches('/'));
+    assert_eq!(read(dir.join("memory.max")), MEMORY.to_string());
+    assert_eq!(read(dir.join("pids.max")), "64");
+    assert_eq!(read(dir.join("cpu.max")), "50000 100000");
+    assert_eq!(read(dir.join("cgroup.procs")), pid.to_string());
 }
 
 /// Only the jail's root and binds, all read-only; only stdio open; only
@@ -643,7 +675,10 @@ fn sigkill_of_the_launcher_leaves_nothing() {
         }
     };
     assert_eq!(status_field(pid, "Seccomp"), "2");
-    assert_eq!(cgroup_dirs(&name)[0].exists(), cgroups_available());
+    assert_eq!(
+        cgroup_dirs(&name).iter().any(|d| d.exists()),
+        cgroups_available()
+    );
     launcher.kill().unwrap();
     launcher.wait().unwrap();
     eventually("the helper to clean up", || {
@@ -936,6 +971,8 @@ fn rootless_jail_suite_passes_as_an_unprivileged_user() {
             "qemu_in_the_jail_opens_dev_kvm",
             "--skip",
             "jail_setup_cost_is_printed",
+            "--skip",
+            "cgroup_tests_pass_on_v2_",
         ])
         .env("SLJ_HELPER", &helper_copy)
         .env_remove("XDG_RUNTIME_DIR")
@@ -959,4 +996,131 @@ fn rootless_jail_suite_passes_as_an_unprivileged_user() {
         .unwrap_or(0);
     assert!(passed >= 10, "only {passed} passed:\n{text}");
     println!("{text}");
+}
+
+/// The tests of this suite that create cgroups, run in a guest.
+const CGROUP_TESTS: [&str; 4] = [
+    "sleep_runs_with_every_layer_and_leaves_nothing_after_kill",
+    "normal_exit_reports_code_and_leaves_nothing",
+    "cgroup_memory_and_pids_limits_bite",
+    "sigkill_of_the_launcher_leaves_nothing",
+];
+
+/// cgroup v2, which these v1 hosts cannot offer: the suite's cgroup tests
+/// run inside a `sluice run` guest, whose kernel has only v2 with every
+/// controller. First as root; then as uid 1000 in a subtree delegated the
+/// way systemd delegates `user@<uid>.service` (the dir and its
+/// `cgroup.procs`, `cgroup.subtree_control` and `cgroup.threads` owned by
+/// the user, the user's shell in a leaf below it), where the layer probe
+/// must also report every cgroup layer available. The guest has no `ldd`
+/// (a bash script) and no coreutils `sleep`: `sleep` is copied in, and a
+/// short `ldd` asks the dynamic loader (`--verify`, then `--list`), which
+/// is what `ldd` does.
+#[test]
+#[ignore = "needs root: run via scripts/test"]
+fn cgroup_tests_pass_on_v2_as_root_and_delegated_in_a_guest() {
+    assert!(!rootless(), "run as root: it boots a guest");
+    let Some(agent) = common::agent() else { return };
+    let dir = std::env::temp_dir().join(format!("slj-v2-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir(&dir).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    let ldd = dir.join("ldd");
+    fs::write(
+        &ldd,
+        "#!/bin/sh\n\
+         rtld=/lib64/ld-linux-x86-64.so.2\n\
+         $rtld --verify \"$1\" >/dev/null 2>&1 || { echo 'not a dynamic executable' >&2; exit 1; }\n\
+         exec $rtld --list \"$1\"\n",
+    )
+    .unwrap();
+    fs::set_permissions(&ldd, fs::Permissions::from_mode(0o755)).unwrap();
+    // The guest has the host's libc and busybox (whose `setpriv` cannot
+    // change ids): the helper and this suite also need the unwinder,
+    // util-linux's `setpriv` needs libcap-ng.
+    let lib = |program: &Path, prefix: &str| {
+        jail::library_deps(program)
+            .unwrap()
+            .into_iter()
+            .find(|p| {
+                p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with(prefix))
+            })
+            .unwrap_or_else(|| panic!("{} links no {prefix}", program.display()))
+    };
+    let setpriv = Path::new("/usr/bin/setpriv");
+    let libs = [lib(&helper(), "libgcc_s"), lib(setpriv, "libcap-ng")];
+    let tests = CGROUP_TESTS.join(" ");
+    let script = format!(
+        "set -e
+mount -t cgroup2 none /sys/fs/cgroup
+echo \"v2 controllers: $(cat /sys/fs/cgroup/cgroup.controllers)\"
+echo '+memory +pids +cpu' > /sys/fs/cgroup/cgroup.subtree_control
+cd /
+SLJ_HELPER=/x/sluice-jail /x/jail-suite --include-ignored --exact --test-threads=1 {tests}
+echo SLJ_ROOT_DONE
+d=/sys/fs/cgroup/user-1000.delegated
+mkdir $d $d/session
+for c in $d $d/session; do
+  chown 1000:1000 $c $c/cgroup.procs $c/cgroup.subtree_control $c/cgroup.threads
+done
+echo $$ > $d/session/cgroup.procs
+/x/setpriv --reuid=1000 --regid=1000 --clear-groups \\
+  env SLJ_HELPER=/x/sluice-jail SLJ_EXPECT_CGROUPS=1 \\
+  /x/jail-suite --include-ignored --exact --test-threads=1 \\
+  probe_reports_every_layer_this_mode_needs {tests}
+echo SLJ_USER_DONE
+"
+    );
+    let inner = dir.join("v2.sh");
+    fs::write(&inner, script).unwrap();
+    // The guest's root is the initramfs (rootfs), which pivot_root(2)
+    // refuses to leave: the tests run chrooted into a bind mount of it,
+    // moved over `/`, as an init's switch_root does.
+    let outer = "mkdir /newroot && mount -o rbind / /newroot && cd /newroot && \
+                 mount -o move . / && exec chroot . /bin/sh /x/v2.sh";
+    let copy = |host: &Path, guest: &str| format!("{}:{guest}", host.display());
+    let out = Command::new(common::SLUICE)
+        .env("SLUICE_AGENT", &agent)
+        .args(["run", "--memory", "512", "--timeout", "900"])
+        .args([
+            "--copy-in",
+            &copy(&std::env::current_exe().unwrap(), "/x/jail-suite"),
+        ])
+        .args(["--copy-in", &copy(&helper(), "/x/sluice-jail")])
+        .args(["--copy-in", &copy(&ldd, "/usr/bin/ldd")])
+        .args(["--copy-in", "/usr/bin/sleep:/usr/bin/sleep"])
+        .args(["--copy-in", &copy(&inner, "/x/v2.sh")])
+        .args(["--copy-in", &copy(setpriv, "/x/setpriv")])
+        .args(
+            libs.iter()
+                .flat_map(|l| ["--copy-in".to_owned(), copy(l, &l.display().to_string())]),
+        )
+        .args(["--", "sh", "-c", outer])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    fs::remove_dir_all(&dir).unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    println!("{text}");
+    assert!(out.status.success(), "the guest run failed:\n{text}");
+    assert!(
+        text.contains("v2 controllers: ") && text.contains("memory"),
+        "{text}"
+    );
+    // Both runs ran every test they were given: 4 as root, 5 as the user.
+    let passed: Vec<u32> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("test result: ok. "))
+        .filter_map(|r| r.split_whitespace().next()?.parse().ok())
+        .collect();
+    assert_eq!(passed, [4, 5], "{text}");
+    assert!(
+        text.contains("SLJ_ROOT_DONE") && text.contains("SLJ_USER_DONE"),
+        "{text}"
+    );
 }

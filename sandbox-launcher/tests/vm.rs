@@ -478,9 +478,9 @@ fn qemu_and_the_gateway_run_jailed_as(mode: Mode) {
         "--gateway={}",
         user.as_ref().map_or(&gateway, |u| &u.gateway).display()
     )];
-    if let Some(u) = &user
-        && cgroups_v1
-    {
+    // Rootless the user (started by `runuser` from this test's cgroup) has
+    // no cgroup delegated to it, on v1 or v2.
+    if let Some(u) = &user {
         // Without the flags: one line naming them, and no VM.
         let out = sluice_as_user(u, &m, &[&args[0], "--", "true"])
             .output()
@@ -488,8 +488,9 @@ fn qemu_and_the_gateway_run_jailed_as(mode: Mode) {
         let err = text(&out.stderr);
         assert_eq!(out.status.code(), Some(125), "{err}");
         assert_eq!(err.lines().count(), 1, "{err}");
+        let why = if cgroups_v1 { "cgroup v1" } else { "delegated" };
         assert!(
-            err.contains("--allow-missing-isolation cgroup-memory") && err.contains("cgroup v1"),
+            err.contains("--allow-missing-isolation cgroup-memory") && err.contains(why),
             "{err}"
         );
         for c in ["memory", "pids", "cpu"] {
@@ -541,7 +542,7 @@ fn qemu_and_the_gateway_run_jailed_as(mode: Mode) {
     );
 
     // cgroups: QEMU is in its own memory, pids and cpu cgroups, with limits
-    // (as root; rootless on this v1 host there are none). As root the
+    // (as root; rootless, without a delegated subtree, there are none). As root the
     // gateway has a gid of its own and its egress floor is in place; the
     // SIGKILL below leaves its removal to the jail's supervisor.
     if mode == Mode::Root {
@@ -569,27 +570,43 @@ fn qemu_and_the_gateway_run_jailed_as(mode: Mode) {
     );
 }
 
-/// QEMU's v1 cgroups (named after `launcher`) hold it, with limits.
+/// QEMU's cgroups (named after `launcher`) hold it, with limits: v1's
+/// per-controller hierarchies where the host mounts them, else v2's one dir.
 fn assert_qemu_cgroups(qemu: u32, launcher: u32) {
     let cgroups = fs::read_to_string(format!("/proc/{qemu}/cgroup")).unwrap();
     let name = format!("sluice-{launcher}-qemu");
-    for c in ["memory", "pids", "cpu"] {
+    let v1 = Path::new("/sys/fs/cgroup/memory/cgroup.clone_children").exists();
+    let (memory, pids) = if v1 {
+        for c in ["memory", "pids", "cpu"] {
+            assert!(
+                cgroups
+                    .lines()
+                    .any(|l| l.contains(c) && l.ends_with(&format!("/{name}"))),
+                "QEMU not in a {c} cgroup {name}: {cgroups}"
+            );
+        }
+        let root = Path::new("/sys/fs/cgroup");
+        (
+            root.join("memory")
+                .join(&name)
+                .join("memory.limit_in_bytes"),
+            root.join("pids").join(&name).join("pids.max"),
+        )
+    } else {
+        let path = cgroups
+            .lines()
+            .find_map(|l| l.strip_prefix("0::"))
+            .unwrap_or_else(|| panic!("QEMU in no v2 cgroup: {cgroups}"));
         assert!(
-            cgroups
-                .lines()
-                .any(|l| l.contains(c) && l.ends_with(&format!("/{name}"))),
-            "QEMU not in a {c} cgroup {name}: {cgroups}"
+            path.ends_with(&format!("/{name}")),
+            "QEMU in {path}, not {name}"
         );
-    }
-    let limit: u64 = fs::read_to_string(format!(
-        "/sys/fs/cgroup/memory/{name}/memory.limit_in_bytes"
-    ))
-    .unwrap()
-    .trim()
-    .parse()
-    .unwrap();
+        let dir = Path::new("/sys/fs/cgroup").join(path.trim_start_matches('/'));
+        (dir.join("memory.max"), dir.join("pids.max"))
+    };
+    let limit: u64 = fs::read_to_string(memory).unwrap().trim().parse().unwrap();
     assert!(limit > 256 << 20 && limit < 2 << 30, "memory limit {limit}");
-    let pids_max = fs::read_to_string(format!("/sys/fs/cgroup/pids/{name}/pids.max")).unwrap();
+    let pids_max = fs::read_to_string(pids).unwrap();
     assert_ne!(pids_max.trim(), "max");
 }
 
