@@ -261,7 +261,8 @@ unsafe extern "C" fn each_object(
     }
     // SAFETY: `dlpi_phdr` points at `dlpi_phnum` program headers of the
     // object, which stay mapped while it is loaded (all of ours are).
-    let headers = unsafe { std::slice::from_raw_parts(info.dlpi_phdr, usize::from(info.dlpi_phnum)) };
+    let headers =
+        unsafe { std::slice::from_raw_parts(info.dlpi_phdr, usize::from(info.dlpi_phnum)) };
     for h in headers {
         if h.p_type != libc::PT_LOAD || h.p_flags & libc::PF_W != 0 {
             continue;
