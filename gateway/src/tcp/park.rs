@@ -290,7 +290,7 @@ impl Datapath {
         let probe = self.parking.probe.add(self.sockets.remove(handle));
         let due = self.iface.poll_at(now, &self.parking.probe);
         let sock = match self.parking.probe.remove(probe) {
-            Socket::Tcp(sock) if !due.is_some_and(|at| at < now + PARK_MIN_QUIET) => sock,
+            Socket::Tcp(sock) if due.is_none_or(|at| at >= now + PARK_MIN_QUIET) => sock,
             // Due soon (or, impossibly, not a TCP socket): back in the set.
             other => {
                 let handle = self.sockets.add(other);
