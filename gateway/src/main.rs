@@ -31,6 +31,10 @@ use sluice_secrets::SecretStore;
 #[global_allocator]
 static ALLOC: pages::PageAlloc = pages::PageAlloc;
 
+/// When start-up's text pages are unmapped ([`pages::unmap_startup_text`]):
+/// after the listener is bound and the first accept waits.
+const STARTUP_TEXT_AFTER: std::time::Duration = std::time::Duration::from_secs(2);
+
 fn main() -> anyhow::Result<()> {
     pin_mmap_threshold();
     let args = GatewayArgs::parse();
@@ -312,6 +316,12 @@ fn serve_jailed(
             gateway = %cfg.gateway_ip, guest = %cfg.guest_ip, mtu = cfg.mtu,
             upstreams = ?cfg.dns_upstreams, "sluice-gateway starting"
         );
+        // Start-up is over once the loop waits for its guest; its code
+        // need not stay counted in the idle gateway's RSS (pages.rs).
+        tokio::spawn(async {
+            tokio::time::sleep(STARTUP_TEXT_AFTER).await;
+            pages::unmap_startup_text();
+        });
         serve_with_reload(cfg, decider, audit, source, reload, ready).await?;
         Ok(())
     })

@@ -218,6 +218,82 @@ pub(crate) fn release(buf: &mut [u8]) {
     }
 }
 
+/// Unmaps (from this process's page tables only) the read-only file pages
+/// of the program and its libraries: the code and read-only data of every
+/// loadable segment without write permission. Called once start-up is
+/// over: start-up code (argument parsing, policy compilation, the jail,
+/// TLS set-up) is spread over the binary, and the kernel maps 64 KiB
+/// around each page touched (fault-around), so an idle gateway kept ~4.5 MB
+/// of text it no longer runs counted in its RSS. What the idle loop runs
+/// is mapped again on its next fault from the page cache; nothing is read
+/// from disk that is still cached, and no byte changes: a private file
+/// mapping that was never written reads back as the file.
+pub(crate) fn unmap_startup_text() {
+    // SAFETY: `dl_iterate_phdr` calls `each` once per loaded object with a
+    // valid `dl_phdr_info` for the duration of the call.
+    unsafe {
+        libc::dl_iterate_phdr(Some(each_object), ptr::null_mut());
+    }
+}
+
+/// `dl_iterate_phdr`'s callback: drops the pages of `info`'s read-only
+/// loadable segments.
+unsafe extern "C" fn each_object(
+    info: *mut libc::dl_phdr_info,
+    _size: usize,
+    _data: *mut libc::c_void,
+) -> libc::c_int {
+    // SAFETY: glibc passes a valid, live `dl_phdr_info` (see the caller).
+    let Some(info) = (unsafe { info.as_ref() }) else {
+        return 0;
+    };
+    // The vDSO is the kernel's mapping, not a file's.
+    // SAFETY: `dlpi_name` is null or a NUL-terminated string glibc owns.
+    if !info.dlpi_name.is_null()
+        && unsafe { std::ffi::CStr::from_ptr(info.dlpi_name) }
+            .to_bytes()
+            .starts_with(b"linux-vdso")
+    {
+        return 0;
+    }
+    if info.dlpi_phdr.is_null() {
+        return 0;
+    }
+    // SAFETY: `dlpi_phdr` points at `dlpi_phnum` program headers of the
+    // object, which stay mapped while it is loaded (all of ours are).
+    let headers =
+        unsafe { std::slice::from_raw_parts(info.dlpi_phdr, usize::from(info.dlpi_phnum)) };
+    for h in headers {
+        if h.p_type != libc::PT_LOAD || h.p_flags & libc::PF_W != 0 {
+            continue;
+        }
+        let (Ok(base), Ok(vaddr), Ok(len)) = (
+            usize::try_from(info.dlpi_addr),
+            usize::try_from(h.p_vaddr),
+            usize::try_from(h.p_memsz),
+        ) else {
+            continue;
+        };
+        let begin = base.wrapping_add(vaddr);
+        // Whole pages inside the segment only: a page shared with a
+        // writable neighbour is never touched.
+        let start = begin.next_multiple_of(PAGE);
+        let end = begin.wrapping_add(len) / PAGE * PAGE;
+        if end <= start {
+            continue;
+        }
+        // SAFETY: [start, end) is inside a segment mapped without write
+        // permission and never written (PT_LOAD without PF_W: no
+        // relocations are applied there), so MADV_DONTNEED only drops
+        // page-table entries; the next access maps the same file bytes
+        // again. No Rust reference can observe a difference.
+        unsafe {
+            libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED);
+        }
+    }
+    0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -128,6 +128,8 @@ impl Datapath {
         // Reset: abort the guest sides, emit the RSTs, then audit and drop.
         let mut held_syns = Vec::new();
         for (id, _) in &revoked {
+            // A parked flow's socket must be in the set to be reset.
+            self.unpark(*id);
             let Some(flow) = self.flows.get(id) else {
                 continue;
             };

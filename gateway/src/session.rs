@@ -37,6 +37,7 @@ use crate::link::{GuestLink, LinkFailure, Received};
 use crate::packet::{self, Addresses, Class, DropReason};
 use crate::publish::Published;
 use crate::stack::TX_HIGH_WATER;
+use crate::tcp::park::Parking;
 use crate::tcp::{Flow, FlowState};
 use crate::udp::UdpFlows;
 
@@ -199,6 +200,9 @@ pub struct Datapath {
     pub(crate) flows: HashMap<u64, Flow>,
     pub(crate) by_key: HashMap<FlowKey, u64>,
     pub(crate) next_id: u64,
+    /// Which flows are active and what brings a parked one back
+    /// ([`crate::tcp::park`]).
+    pub(crate) parking: Parking,
     /// Published ports ([`crate::publish`]).
     pub(crate) published: Published,
     /// Forwarded guest UDP flows ([`crate::udp`]).
@@ -216,6 +220,7 @@ impl std::fmt::Debug for Datapath {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Datapath")
             .field("flows", &self.flows.len())
+            .field("parked", &self.parking.parked())
             .finish_non_exhaustive()
     }
 }
@@ -256,6 +261,7 @@ impl Datapath {
             flows: HashMap::new(),
             by_key: HashMap::new(),
             next_id: 1,
+            parking: Parking::default(),
             published: Published::default(),
             udp: UdpFlows::new(udp_limits),
             udp_swept: epoch,
@@ -334,6 +340,8 @@ impl Datapath {
                     return SessionEnd::Shutdown;
                 }
             }
+            // Parked flows with something to do come back first.
+            self.unpark_due();
             // 3. Host <-> smoltcp copies, inspection, DNS-over-TCP, closes;
             // datagrams from forwarded UDP flows.
             self.pump_flows();
@@ -378,8 +386,13 @@ impl Datapath {
                 .iface
                 .poll_delay(now, &self.sockets)
                 .map(|d| Duration::from_micros(d.total_micros()));
+            let parked = self
+                .parking
+                .next_timer(now)
+                .map(|d| Duration::from_micros(d.total_micros()));
             let mut delay = delay
                 .unwrap_or(Duration::from_secs(1))
+                .min(parked.unwrap_or(Duration::MAX))
                 .min(self.next_inspect_deadline());
             if !self.flows.is_empty() {
                 // The next sweep is due within a second (an idle flow with
@@ -425,6 +438,9 @@ impl Datapath {
                 if self.poll_hosts(cx) {
                     ready = true;
                 }
+                if self.parking.poll_ready(cx) {
+                    ready = true;
+                }
                 if want_read && self.udp.poll_ready(cx) {
                     ready = true;
                 }
@@ -440,8 +456,11 @@ impl Datapath {
 
     pub(crate) fn next_inspect_deadline(&self) -> Duration {
         let now = Instant::now();
-        self.flows
-            .values()
+        // Inspected flows are never parked.
+        self.parking
+            .active
+            .iter()
+            .filter_map(|id| self.flows.get(id))
             .filter_map(|f| match f.state {
                 FlowState::Inspecting { deadline, .. } => {
                     Some(deadline.saturating_duration_since(now))

@@ -100,6 +100,7 @@ impl Datapath {
     }
 
     pub(crate) fn ingress(&mut self, frame: &[u8]) {
+        self.unpark_for_frame(frame);
         let now = self.now();
         let mut dev = GuestDevice {
             rx: Some(frame),

@@ -837,3 +837,48 @@ async fn idle_send_rings_are_given_back_once_drained() {
     tokio::time::sleep(Duration::from_millis(2500)).await;
     assert_eq!(RELEASED.lock().unwrap().len(), 1);
 }
+
+#[tokio::test]
+async fn a_parked_flow_comes_back_for_its_host_and_for_its_guest() {
+    use crate::packet::tests::tcp_segment;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let dst = SocketAddrV4::new(Ipv4Addr::LOCALHOST, listener.local_addr().unwrap().port());
+    let (mut guest, _audit, _task) = start(Arc::new(TestDecider));
+    let a = SocketAddrV4::new(Ipv4Addr::new(10, 0, 2, 15), 1001);
+    guest
+        .send(&[tcp_frame(a, dst, TcpControl::Syn, 100, None)])
+        .await;
+    let (_, _, control, isn, _) = guest.recv_tcp().await;
+    assert_eq!(control, TcpControl::Syn);
+    let ack = Some(isn.wrapping_add(1));
+    guest
+        .send(&[tcp_frame(a, dst, TcpControl::None, 101, ack)])
+        .await;
+    let (mut host, _) = listener.accept().await.unwrap();
+    // Quiet for more than two sweeps: the flow is parked (its socket out
+    // of smoltcp's set). A segment smoltcp found no socket for would be
+    // answered with a RST; a host write nobody waits for would never come.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    host.write_all(b"down").await.unwrap();
+    let (_, _, control, seq, _) = guest.recv_tcp().await;
+    assert_eq!(control, TcpControl::None, "the host's bytes, not a reset");
+    assert_eq!(seq, isn.wrapping_add(1));
+    let ack = Some(seq.wrapping_add(4));
+    guest
+        .send(&[tcp_segment(a, dst, TcpControl::None, 101, ack, &[])])
+        .await;
+    // Parked again, then the guest speaks first.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    guest
+        .send(&[tcp_segment(a, dst, TcpControl::Psh, 101, ack, b"up")])
+        .await;
+    let mut got = [0u8; 2];
+    tokio::time::timeout(Duration::from_secs(30), host.read_exact(&mut got))
+        .await
+        .expect("the guest's bytes reached the host")
+        .unwrap();
+    assert_eq!(&got, b"up");
+    let (_, _, control, _, acked) = guest.recv_tcp().await;
+    assert_ne!(control, TcpControl::Rst);
+    assert_eq!(acked, Some(103), "the guest's bytes acknowledged");
+}

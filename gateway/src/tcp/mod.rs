@@ -24,6 +24,7 @@ use crate::flow::{Admission, Transport};
 
 pub(crate) mod handoff;
 mod inspect;
+pub(crate) mod park;
 mod splice;
 mod table;
 
@@ -75,6 +76,12 @@ pub(crate) struct Flow {
     pub(crate) down_at_release: u64,
     /// `down` at the last sweep: unchanged since means idle.
     pub(crate) down_at_sweep: u64,
+    /// The flow's socket while it is parked ([`park`]): out of smoltcp's
+    /// socket set, and the handle in `state` stale until it is unparked.
+    pub(crate) parked: Option<Box<tcp::Socket<'static>>>,
+    /// The waker a parked flow registers with its host stream, made at
+    /// its first parking.
+    pub(crate) waker: Option<std::task::Waker>,
 }
 
 impl Flow {

@@ -17,7 +17,10 @@ impl Datapath {
     /// to do; true when one is ready now.
     pub(crate) fn poll_hosts(&mut self, cx: &mut std::task::Context<'_>) -> bool {
         let mut ready = false;
-        for flow in self.flows.values() {
+        for id in &self.parking.active {
+            let Some(flow) = self.flows.get(id) else {
+                continue;
+            };
             if let FlowState::Open {
                 handle,
                 host,
@@ -45,33 +48,42 @@ impl Datapath {
     /// resident memory until the host sends again. The receive ring is kept:
     /// out-of-order guest data may wait in its free space, which smoltcp
     /// does not expose.
+    ///
+    /// An idle flow that is quiet is then parked ([`super::park`]); only
+    /// active flows are swept (a parked one's ring was given back when it
+    /// was parked, if it held anything).
     pub(crate) fn release_idle_buffers(&mut self) {
         let release = self.cfg.release_pages;
-        for flow in self.flows.values_mut() {
+        let ids: Vec<u64> = self.parking.active.iter().copied().collect();
+        for id in ids {
+            let Some(flow) = self.flows.get_mut(&id) else {
+                continue;
+            };
             let FlowState::Open { handle, .. } = &flow.state else {
                 continue;
             };
             let idle = flow.down == flow.down_at_sweep;
             flow.down_at_sweep = flow.down;
-            if !idle || flow.down == flow.down_at_release {
+            if !idle {
                 continue;
             }
             let sock = self.sockets.get_mut::<tcp::Socket<'_>>(*handle);
-            if sock.send_queue() > 0 {
-                continue;
-            }
             // `send` on an empty ring offers all of it (smoltcp rewinds an
             // empty ring to its start); nothing is enqueued.
-            if sock
-                .send(|free| {
-                    release(free);
-                    (0, ())
-                })
-                .is_ok()
+            if flow.down != flow.down_at_release
+                && sock.send_queue() == 0
+                && sock
+                    .send(|free| {
+                        release(free);
+                        (0, ())
+                    })
+                    .is_ok()
             {
                 flow.down_at_release = flow.down;
             }
+            self.park_if_quiet(id);
         }
+        self.compact_sockets();
     }
 }
 

@@ -136,8 +136,11 @@ impl Datapath {
                 admission: None,
                 down_at_release: 0,
                 down_at_sweep: 0,
+                parked: None,
+                waker: None,
             },
         );
+        self.parking.activate(id);
         self.by_key.insert(key, id);
         id
     }
@@ -324,8 +327,10 @@ impl Datapath {
     /// Copies between host sockets and smoltcp buffers ([`super::splice`]);
     /// advances inspection ([`super::inspect`]) and DNS-over-TCP
     /// ([`crate::dns::session`]).
+    /// Only active flows are pumped: a parked one has nothing to move
+    /// ([`super::park`]).
     pub(crate) fn pump_flows(&mut self) {
-        let ids: Vec<u64> = self.flows.keys().copied().collect();
+        let ids: Vec<u64> = self.parking.active.iter().copied().collect();
         for id in ids {
             let Some(flow) = self.flows.get_mut(&id) else {
                 continue;
@@ -373,6 +378,11 @@ impl Datapath {
         };
         self.dns.table_mut().unpin(id);
         self.by_key.remove(&flow.key);
+        if !self.parking.active.remove(&id) {
+            // Parked: its socket is not in the set and goes with the flow.
+            self.parking.unparked_gone();
+            return;
+        }
         let handle = match flow.state {
             FlowState::Open { handle, .. }
             | FlowState::Inspecting { handle, .. }
@@ -387,6 +397,7 @@ impl Datapath {
 
     /// Resets every flow (guest side RST; host side closed) and audits the closes.
     pub(crate) fn close_all(&mut self, end: FlowEnd) {
+        self.unpark_all();
         let ids: Vec<u64> = self.flows.keys().copied().collect();
         for id in ids {
             if let Some(f) = self.flows.get_mut(&id) {
