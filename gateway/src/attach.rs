@@ -20,11 +20,17 @@
 //!    kernel gives it no link-local address and sends the guest no
 //!    solicitations), then set IFACE up: only now, with the floor in place,
 //!    can the guest's frames flow.
-//! 4. Fork the floor keeper: a child that holds the floor and removes it
-//!    when the gateway asks on exit (normal end, SIGTERM, SIGINT, or a
-//!    failure after the floor was installed). If the gateway dies without
-//!    asking (SIGKILL, a crash) the keeper leaves the floor in place: the
-//!    guest then has no network at all, which is the safe state.
+//! 4. Fork the floor keeper: a child that holds the floor and, when the
+//!    gateway asks on exit (normal end, SIGTERM, SIGINT, or a failure
+//!    after the floor was installed), sets IFACE down and then removes the
+//!    floor, in the namespace it was installed in and no other
+//!    ([`IngressFloor::remove`]): the guest, which may outlive the
+//!    gateway, gets no network through the namespace's kernel either way.
+//!    If the gateway dies without asking (SIGKILL, a crash) the keeper
+//!    leaves the floor in place: the guest then has no network at all,
+//!    which is the safe state. `main` calls [`attach`] before it reads the
+//!    policy or any secret, and the keeper empties its copy of the
+//!    environment first thing: the unjailed keeper holds no secret.
 //!
 //! Any failure in 1 to 3 leaves nothing behind: the socket closes, a
 //! half-installed floor is removed by the floor crate (and the floor of

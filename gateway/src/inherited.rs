@@ -99,21 +99,37 @@ fn expect_socket(
     domain: AddressFamily,
     kind: Option<SocketType>,
 ) -> anyhow::Result<()> {
-    let what = match kind {
-        Some(k) => format!("a {domain:?} {k:?} socket"),
-        None => format!("a {domain:?} socket"),
-    };
+    let want = describe(domain, kind);
     let found = sockopt::socket_domain(sock)
         .and_then(|d| Ok((d, sockopt::socket_type(sock)?)))
-        .map_err(|e| anyhow::anyhow!("--fd {fd} {mode}: not a socket ({e}); want {what}"))?;
+        .map_err(|e| anyhow::anyhow!("--fd {fd} {mode}: not a socket ({e}); want {want}"))?;
     if found.0 != domain || kind.is_some_and(|k| k != found.1) {
         bail!(
-            "--fd {fd} {mode}: a {:?} {:?} socket; want {what}",
-            found.0,
-            found.1
+            "--fd {fd} {mode}: {}; want {want}",
+            describe(found.0, Some(found.1))
         );
     }
     Ok(())
+}
+
+/// "a unix datagram socket", "a packet socket", ... for messages.
+fn describe(domain: AddressFamily, kind: Option<SocketType>) -> String {
+    let family = match domain {
+        AddressFamily::UNIX => "unix".to_owned(),
+        AddressFamily::PACKET => "packet".to_owned(),
+        AddressFamily::INET => "inet".to_owned(),
+        AddressFamily::INET6 => "inet6".to_owned(),
+        other => format!("family-{}", other.as_raw()),
+    };
+    let kind = match kind {
+        None => String::new(),
+        Some(SocketType::STREAM) => " stream".to_owned(),
+        Some(SocketType::DGRAM) => " datagram".to_owned(),
+        Some(SocketType::SEQPACKET) => " seqpacket".to_owned(),
+        Some(SocketType::RAW) => " raw".to_owned(),
+        Some(other) => format!(" type-{}", other.as_raw()),
+    };
+    format!("a {family}{kind} socket")
 }
 
 /// Takes ownership of the inherited descriptor `fd`, given by `flag`, and

@@ -348,6 +348,26 @@ fn bad_input_fails_with_one_line_and_leaves_nothing_behind() -> Result<()> {
         let t = tables(&ns)?;
         ensure!(!t.contains("sluice_floor"), "{iface}: left {t}");
     }
+    // No `nft` to be found (masked by an empty bind mount in a mount
+    // namespace of the gateway's own): one line that says so, nothing left.
+    let out = host
+        .cmd("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg(r#"mount --bind /dev/null /usr/sbin/nft && exec "$0" "$@""#)
+        .arg(bin_path("sluice-gateway")?)
+        .args(["--attach", "x1", "--netns", &path, "--mtu", "1500"])
+        .args(["--dns-upstream", "192.0.2.53"])
+        .output()
+        .context("running sluice-gateway without nft")?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("Error")).collect();
+    ensure!(out.status.code() == Some(1), "without nft: {stderr}");
+    ensure!(
+        errors.len() == 1 && errors[0].contains("install the nftables package"),
+        "without nft: want one line naming the missing nft, got {errors:?}"
+    );
+    let t = tables(&ns)?;
+    ensure!(!t.contains("sluice_floor"), "without nft: left {t}");
     // Control: with the programs detached, the same interfaces pass the
     // check and fail only at the next one (the MTU).
     drop((tcx_in, tcx_out));
