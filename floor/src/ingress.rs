@@ -255,7 +255,12 @@ fn cut_link(iface: &str) -> Result<(), FloorError> {
         .iter()
         .map(|d| Path::new(d).join("ip"))
         .find(|p| p.is_file())
-        .ok_or_else(|| failed(format!("`ip` (iproute2) not found in {}", IP_DIRS.join(", "))))?;
+        .ok_or_else(|| {
+            failed(format!(
+                "`ip` (iproute2) not found in {}",
+                IP_DIRS.join(", ")
+            ))
+        })?;
     let out = std::process::Command::new(&ip)
         .args(["link", "set", "dev", iface, "down"])
         .stdin(std::process::Stdio::null())

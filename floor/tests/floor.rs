@@ -172,8 +172,8 @@ fn the_ingress_floor_silences_the_kernel_while_a_packet_socket_reads_every_frame
     assert!(!g.tables().contains("sluice_floor"), "{}", g.tables());
     // Removal cut the link first: with the rules gone the kernel still
     // hears nothing from the guest (fail closed).
-    let link = String::from_utf8(run(&["ip", "-n", &g.0, "-o", "link", "show", "g0"]).stdout)
-        .unwrap();
+    let link =
+        String::from_utf8(run(&["ip", "-n", &g.0, "-o", "link", "show", "g0"]).stdout).unwrap();
     assert!(link.contains("state DOWN"), "{link}");
     assert!(
         !kernel_answers(&p, "10.99.0.1"),
@@ -216,8 +216,8 @@ fn the_ingress_floor_is_removed_only_from_the_namespace_it_was_installed_in() {
     // Nothing was touched in either: g keeps its floor, other's g0 stays up.
     assert!(g.tables().contains(&table_name("g0")), "{}", g.tables());
     other_floor_free(&other);
-    let up = String::from_utf8(run(&["ip", "-n", &other.0, "-o", "link", "show", "g0"]).stdout)
-        .unwrap();
+    let up =
+        String::from_utf8(run(&["ip", "-n", &other.0, "-o", "link", "show", "g0"]).stdout).unwrap();
     assert!(up.contains(",UP"), "{up}");
 }
 

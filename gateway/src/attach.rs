@@ -242,7 +242,9 @@ pub(crate) fn bypasses(iface: &str, index: u32) -> anyhow::Result<Option<String>
         let n = tcx_programs(index, attach_type)
             .with_context(|| format!("asking the kernel for tcx {hook} programs"))?;
         if n > 0 {
-            return Ok(Some(format!("{n} tcx {hook} program(s) attached (bpf links)")));
+            return Ok(Some(format!(
+                "{n} tcx {hook} program(s) attached (bpf links)"
+            )));
         }
     }
     Ok(None)

@@ -43,7 +43,14 @@ fn an_fd_that_was_not_passed_is_refused_before_anything_is_opened() {
     // fd 3 is closed: the audit log, opened later, would get number 3.
     let (code, errors) = run(
         None,
-        &["--fd", "3", "--audit", audit_arg, "--dns-upstream", "192.0.2.1"],
+        &[
+            "--fd",
+            "3",
+            "--audit",
+            audit_arg,
+            "--dns-upstream",
+            "192.0.2.1",
+        ],
     );
     assert_eq!(code, Some(1), "{errors:?}");
     assert!(
@@ -51,7 +58,10 @@ fn an_fd_that_was_not_passed_is_refused_before_anything_is_opened() {
         "{errors:?}"
     );
     // Refused before the audit log was opened: it does not exist.
-    assert!(!audit.exists(), "the audit log was opened before --fd was taken");
+    assert!(
+        !audit.exists(),
+        "the audit log was opened before --fd was taken"
+    );
 }
 
 #[test]

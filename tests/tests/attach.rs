@@ -107,7 +107,10 @@ fn attach_serves_dhcp_dns_and_policy_and_removes_its_floor_on_sigterm() -> Resul
     // has an address (and routes) for it.
     let vm = vm(&w)?;
     let link = vm.sh_ok(&format!("ip -o link show dev {VM_IFACE}"), 30)?;
-    ensure!(link.contains("state DOWN"), "{VM_IFACE} after the end: {link}");
+    ensure!(
+        link.contains("state DOWN"),
+        "{VM_IFACE} after the end: {link}"
+    );
     vm.ip(&["addr", "add", &format!("{gateway}/24"), "dev", VM_IFACE])?;
     let ping = format!("ip neigh flush all; busybox ping -c 3 -w 10 {gateway}");
     let out = w.guest_sh(&ping, 30)?;
@@ -250,7 +253,10 @@ fn memory_holds(pid: u32, needle: &[u8]) -> Result<bool> {
         let Some((start, end)) = range.split_once('-') else {
             continue;
         };
-        let (start, end) = (u64::from_str_radix(start, 16)?, u64::from_str_radix(end, 16)?);
+        let (start, end) = (
+            u64::from_str_radix(start, 16)?,
+            u64::from_str_radix(end, 16)?,
+        );
         let len = usize::try_from(end - start)?;
         // Unreadable (guards) and the kernel's own pages are skipped.
         if !perms.starts_with('r') || line.ends_with("[vvar]") || line.ends_with("[vsyscall]") {

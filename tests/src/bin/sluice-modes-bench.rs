@@ -53,7 +53,11 @@ struct Cell {
 
 fn main() -> Result<()> {
     let a = Args::parse();
-    ensure!(a.agent.is_file(), "--agent {}: no such file", a.agent.display());
+    ensure!(
+        a.agent.is_file(),
+        "--agent {}: no such file",
+        a.agent.display()
+    );
     let sluice = bin_path("sluice")?;
     let gateway = bin_path("sluice-gateway")?;
     let world = World::builder().connect_guest(false).start()?;
@@ -132,7 +136,13 @@ fn one_run(
         .arg(sluice)
         .arg("run")
         .arg(format!("--gateway={}", gateway.display()))
-        .args(["--network", mode, "--json", "--memory", &a.memory.to_string()])
+        .args([
+            "--network",
+            mode,
+            "--json",
+            "--memory",
+            &a.memory.to_string(),
+        ])
         .arg("--policy")
         .arg(policy)
         .args(["--", "sh", "-c", &script])
