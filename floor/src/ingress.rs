@@ -1,12 +1,22 @@
 //! The ingress floor: in the VM's namespace, nothing the guest sends
 //! reaches the kernel's stack, and nothing is forwarded.
+//!
+//! Removal fails closed: it first sets the interface down (a TAP that is
+//! down refuses its VMM's writes, a veth that is down receives nothing
+//! from its peer), and only then deletes the rules. So a VM that outlives
+//! the gateway's normal end still has no network through the namespace's
+//! kernel, wherever that namespace routes or bridges; whoever attaches
+//! next installs its floor before it sets the interface up again. If the
+//! interface cannot be set down, the rules stay. Removal acts only in the
+//! namespace the floor was installed in, known by identity (the device and
+//! inode of its nsfs file), not by the path, which may since name another.
 
 use std::path::{Path, PathBuf};
 
 use nftables::schema::{Chain, NfCmd, NfListObject, NfObject, Table};
 use nftables::types::{NfChainPolicy, NfChainType, NfFamily, NfHook};
 
-use crate::netns::run_in;
+use crate::netns::{NsId, run_in_id, run_in_same};
 use crate::nft::{self, FloorError};
 
 /// Priority of our chains: before anything else on the same hook.
@@ -18,6 +28,8 @@ const WHAT: &str = "ingress floor";
 #[derive(Debug)]
 pub struct IngressFloor {
     netns: Option<PathBuf>,
+    /// The namespace `netns` named when the floor was installed.
+    ns_id: Option<NsId>,
     iface: String,
     table: String,
     removed: bool,
@@ -139,7 +151,7 @@ impl IngressFloor {
     pub fn install(netns: Option<&Path>, iface: &str) -> Result<Self, FloorError> {
         check_iface(iface)?;
         let table = table_name(iface);
-        run_in(netns, || {
+        let ((), ns_id) = run_in_id(netns, || {
             // nft accepts a netdev chain for a device that does not exist
             // (it binds when one appears): check first.
             let probe = rustix::net::socket(
@@ -167,6 +179,7 @@ impl IngressFloor {
         })?;
         Ok(Self {
             netns: netns.map(Path::to_owned),
+            ns_id,
             iface: iface.to_owned(),
             table,
             removed: false,
@@ -184,7 +197,9 @@ impl IngressFloor {
     /// # Errors
     /// As for [`Self::install`].
     pub fn check(&self) -> Result<(), FloorError> {
-        run_in(self.netns.as_deref(), || verify(&self.iface, &self.table))
+        run_in_same(self.netns.as_deref(), self.ns_id, || {
+            verify(&self.iface, &self.table)
+        })
     }
 
     /// Leaves the floor installed and forgets it: for a namespace nobody
@@ -196,11 +211,15 @@ impl IngressFloor {
         self.removed = true;
     }
 
-    /// Removes the floor. A namespace that is already gone (the VM ended)
-    /// took the rules with it: that is success.
+    /// Sets the interface down, then removes the floor (module docs). A
+    /// namespace that is already gone (the VM ended) took the rules with
+    /// it, an interface already gone took the guest's link: both are
+    /// success.
     ///
     /// # Errors
-    /// `nft` failed for another reason.
+    /// The path now names another namespace than the floor's (nothing is
+    /// touched), the interface could not be set down (the rules stay), or
+    /// `nft` failed.
     pub fn remove(mut self) -> Result<(), FloorError> {
         self.removed = true;
         self.delete()
@@ -212,11 +231,50 @@ impl IngressFloor {
         {
             return Ok(());
         }
-        run_in(self.netns.as_deref(), || {
+        run_in_same(self.netns.as_deref(), self.ns_id, || {
+            cut_link(&self.iface)?;
             nft::delete_table(WHAT, NfFamily::NetDev, &self.table)?;
             nft::delete_table(WHAT, NfFamily::INet, &self.table)
         })
     }
+}
+
+/// Where `ip` is looked for (absolute paths only: a caller's `PATH` is not
+/// trusted to name it, and may be empty).
+const IP_DIRS: [&str; 4] = ["/usr/sbin", "/sbin", "/usr/bin", "/bin"];
+
+/// Sets `iface` (in the calling thread's namespace) down with iproute2's
+/// `ip`: the guest's link goes before its floor does. An interface that is
+/// gone needs nothing.
+fn cut_link(iface: &str) -> Result<(), FloorError> {
+    let failed = |message: String| FloorError::LinkDown {
+        iface: iface.to_owned(),
+        message,
+    };
+    let ip = IP_DIRS
+        .iter()
+        .map(|d| Path::new(d).join("ip"))
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            failed(format!(
+                "`ip` (iproute2) not found in {}",
+                IP_DIRS.join(", ")
+            ))
+        })?;
+    let out = std::process::Command::new(&ip)
+        .args(["link", "set", "dev", iface, "down"])
+        .stdin(std::process::Stdio::null())
+        .env_clear()
+        .output()
+        .map_err(|e| failed(format!("running {}: {e}", ip.display())))?;
+    if out.status.success() {
+        return Ok(());
+    }
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if stderr.contains("Cannot find device") {
+        return Ok(());
+    }
+    Err(failed(nft::one_line(&stderr)))
 }
 
 impl Drop for IngressFloor {

@@ -48,12 +48,21 @@ pub enum FloorError {
         /// Which namespace (a path, or "this network namespace").
         netns: String,
     },
+    /// The guest's interface could not be set down before its floor's
+    /// removal: the floor stays.
+    #[error("cannot set `{iface}` down before removing its floor ({message}); the floor stays")]
+    LinkDown {
+        /// The interface.
+        iface: String,
+        /// Why.
+        message: String,
+    },
     /// An argument that cannot be used (an interface name too long, say).
     #[error("{0}")]
     Invalid(String),
 }
 
-fn one_line(s: &str) -> String {
+pub(crate) fn one_line(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 

@@ -170,10 +170,60 @@ fn the_ingress_floor_silences_the_kernel_while_a_packet_socket_reads_every_frame
     std::mem::forget(floor);
     again.remove().unwrap();
     assert!(!g.tables().contains("sluice_floor"), "{}", g.tables());
+    // Removal cut the link first: with the rules gone the kernel still
+    // hears nothing from the guest (fail closed).
+    let link =
+        String::from_utf8(run(&["ip", "-n", &g.0, "-o", "link", "show", "g0"]).stdout).unwrap();
+    assert!(link.contains("state DOWN"), "{link}");
+    assert!(
+        !kernel_answers(&p, "10.99.0.1"),
+        "the kernel answered after the floor's removal"
+    );
+    // Control: the same probe once the link is set up again is answered.
+    ok(&["ip", "-n", &g.0, "link", "set", "g0", "up"]);
     assert!(
         (0..5).any(|_| kernel_answers(&p, "10.99.0.1")),
-        "the kernel answers again after removal"
+        "the kernel answers with the link up and no floor"
     );
+}
+
+#[test]
+fn the_ingress_floor_is_removed_only_from_the_namespace_it_was_installed_in() {
+    if !is_root() && sluice_test_skip::may_skip("root", "nft and namespaces need root") {
+        return;
+    }
+    let (g, _p) = pair("id");
+    let other = Netns::new("idx");
+    ok(&[
+        "ip", "-n", &other.0, "link", "add", "g0", "type", "veth", "peer", "name", "g1",
+    ]);
+    ok(&["ip", "-n", &other.0, "link", "set", "g0", "up"]);
+    // A path that names g's namespace now and other's later (as a
+    // /run/netns name deleted and made again would).
+    let link = std::env::temp_dir().join(format!("sfl-id-{}", std::process::id()));
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(g.path(), &link).unwrap();
+    let floor = IngressFloor::install(Some(&link), "g0").unwrap();
+    std::fs::remove_file(&link).unwrap();
+    std::os::unix::fs::symlink(other.path(), &link).unwrap();
+    other_floor_free(&other);
+    let e = floor.check().unwrap_err();
+    assert!(e.to_string().contains("now names another namespace"), "{e}");
+    let e = floor.remove().unwrap_err();
+    let _ = std::fs::remove_file(&link);
+    assert!(matches!(e, FloorError::Netns { .. }), "{e}");
+    assert!(!e.to_string().contains('\n'), "{e}");
+    // Nothing was touched in either: g keeps its floor, other's g0 stays up.
+    assert!(g.tables().contains(&table_name("g0")), "{}", g.tables());
+    other_floor_free(&other);
+    let up =
+        String::from_utf8(run(&["ip", "-n", &other.0, "-o", "link", "show", "g0"]).stdout).unwrap();
+    assert!(up.contains(",UP"), "{up}");
+}
+
+/// `ns` holds no floor table.
+fn other_floor_free(ns: &Netns) {
+    assert!(!ns.tables().contains("sluice_floor"), "{}", ns.tables());
 }
 
 #[test]

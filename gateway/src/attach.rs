@@ -9,8 +9,8 @@
 //!    (a TAP or veth: not `lo`, not a tun), has no packet socket bound to
 //!    it already (`/proc/thread-self/net/packet`: another gateway, or a
 //!    capture), nothing that sees its frames before the floor does (an XDP
-//!    program, a `clsact` or `ingress` qdisc, a master such as a bridge or
-//!    a bond: [`bypasses`]), and carries the MTU the
+//!    program, a `clsact` or `ingress` qdisc, a tcx program, a master such
+//!    as a bridge or a bond: [`bypasses`]), and carries the MTU the
 //!    gateway advertises; open a non-blocking packet socket with
 //!    `PACKET_VNET_HDR` and `PACKET_IGNORE_OUTGOING` and bind it to IFACE.
 //!    The socket stays bound to that namespace's interface after the
@@ -20,11 +20,17 @@
 //!    kernel gives it no link-local address and sends the guest no
 //!    solicitations), then set IFACE up: only now, with the floor in place,
 //!    can the guest's frames flow.
-//! 4. Fork the floor keeper: a child that holds the floor and removes it
-//!    when the gateway asks on exit (normal end, SIGTERM, SIGINT, or a
-//!    failure after the floor was installed). If the gateway dies without
-//!    asking (SIGKILL, a crash) the keeper leaves the floor in place: the
-//!    guest then has no network at all, which is the safe state.
+//! 4. Fork the floor keeper: a child that holds the floor and, when the
+//!    gateway asks on exit (normal end, SIGTERM, SIGINT, or a failure
+//!    after the floor was installed), sets IFACE down and then removes the
+//!    floor, in the namespace it was installed in and no other
+//!    ([`IngressFloor::remove`]): the guest, which may outlive the
+//!    gateway, gets no network through the namespace's kernel either way.
+//!    If the gateway dies without asking (SIGKILL, a crash) the keeper
+//!    leaves the floor in place: the guest then has no network at all,
+//!    which is the safe state. `main` calls [`attach`] before it reads the
+//!    policy or any secret, and the keeper empties its copy of the
+//!    environment first thing: the unjailed keeper holds no secret.
 //!
 //! Any failure in 1 to 3 leaves nothing behind: the socket closes, a
 //! half-installed floor is removed by the floor crate (and the floor of
@@ -148,9 +154,9 @@ fn open_in_namespace(iface: &str, netns: &Path, mtu: u16) -> anyhow::Result<Owne
             where_()
         );
     }
-    if let Some(what) = bypasses(iface)? {
+    if let Some(what) = bypasses(iface, index)? {
         bail!(
-            "{} has {what}, which sees the guest's frames before the floor: remove it or attach to an interface without one",
+            "{} has {what}, which sees the guest's frames outside the floor: remove it or attach to an interface without one",
             where_()
         );
     }
@@ -215,19 +221,92 @@ fn iproute2_json(name: &str, args: &[&str]) -> anyhow::Result<serde_json::Value>
         .with_context(|| format!("parsing the JSON of {} {}", tool.display(), args.join(" ")))
 }
 
-/// What on `iface` (in the calling thread's namespace) would see the
-/// guest's frames before the floor's netdev ingress hook, if anything: an
-/// XDP program (runs in the driver, before everything), a `clsact` or
-/// `ingress` qdisc (tc ingress runs before netfilter's netdev ingress: a
-/// `mirred` redirect, as Kata's default `tcfilter` model installs, would
-/// carry the frames past the floor), or a master (a bridge or bond takes
-/// the frames in its rx handler). Read from `ip -d -j link show` and
-/// `tc -j qdisc show`. Not seen: tcx programs attached through bpf links
-/// without a qdisc (iproute2 does not list them).
-pub(crate) fn bypasses(iface: &str) -> anyhow::Result<Option<String>> {
+/// What on `iface` (index `index`, in the calling thread's namespace)
+/// would see the guest's frames before the floor's netdev ingress hook, or
+/// the gateway's before the guest, if anything: an XDP program (runs in the
+/// driver, before everything), a `clsact` or `ingress` qdisc (tc ingress
+/// runs before netfilter's netdev ingress: a `mirred` redirect, as Kata's
+/// default `tcfilter` model installs, would carry the frames past the
+/// floor), a tcx program (the qdisc-less tc of kernel 6.6 and later,
+/// attached through a bpf link: iproute2 lists none, so the kernel is
+/// asked, [`tcx_programs`]), or a master (a bridge or bond takes the frames
+/// in its rx handler). The rest is read from `ip -d -j link show` and
+/// `tc -j qdisc show`.
+pub(crate) fn bypasses(iface: &str, index: u32) -> anyhow::Result<Option<String>> {
     let link = iproute2_json("ip", &["-d", "-j", "link", "show", "dev", iface])?;
     let qdiscs = iproute2_json("tc", &["-j", "qdisc", "show", "dev", iface])?;
-    Ok(bypass_in(&link, &qdiscs))
+    if let Some(found) = bypass_in(&link, &qdiscs) {
+        return Ok(Some(found));
+    }
+    for (attach_type, hook) in [(BPF_TCX_INGRESS, "ingress"), (BPF_TCX_EGRESS, "egress")] {
+        let n = tcx_programs(index, attach_type)
+            .with_context(|| format!("asking the kernel for tcx {hook} programs"))?;
+        if n > 0 {
+            return Ok(Some(format!(
+                "{n} tcx {hook} program(s) attached (bpf links)"
+            )));
+        }
+    }
+    Ok(None)
+}
+
+/// `<linux/bpf.h>`: the `bpf(2)` command and the tcx attach types.
+const BPF_PROG_QUERY: libc::c_int = 16;
+const BPF_TCX_INGRESS: u32 = 46;
+const BPF_TCX_EGRESS: u32 = 47;
+
+/// The `query` member of `union bpf_attr` (`<linux/bpf.h>`, kernel 6.6).
+#[repr(C)]
+#[derive(Default)]
+struct BpfProgQuery {
+    target_ifindex: u32,
+    attach_type: u32,
+    query_flags: u32,
+    attach_flags: u32,
+    prog_ids: u64,
+    prog_cnt: u32,
+    _pad: u32,
+    prog_attach_flags: u64,
+    link_ids: u64,
+    link_attach_flags: u64,
+    revision: u64,
+}
+
+/// How many tcx programs of `attach_type` interface `index` (in the
+/// calling thread's namespace: the kernel resolves the index in the
+/// caller's) carries: `bpf(BPF_PROG_QUERY)` with no id buffer, which
+/// answers the count alone. A kernel older than 6.6 has no tcx and refuses
+/// the attach type (`EINVAL`), one without `bpf(2)` has no programs
+/// (`ENOSYS`): none. Any other refusal (`EPERM` under a seccomp filter or
+/// without `CAP_NET_ADMIN`) is an error: what cannot be checked is not
+/// assumed absent.
+fn tcx_programs(index: u32, attach_type: u32) -> std::io::Result<u32> {
+    let mut attr = BpfProgQuery {
+        target_ifindex: index,
+        attach_type,
+        ..BpfProgQuery::default()
+    };
+    let size = u32::try_from(size_of::<BpfProgQuery>()).unwrap_or(u32::MAX);
+    // SAFETY: BPF_PROG_QUERY reads `size` bytes of `attr`, a repr(C)
+    // mirror of the kernel's `query` member that lives across the call,
+    // and writes only its `prog_cnt`, `attach_flags` and `revision` (no id
+    // buffers are given: their pointers are null and the count zero).
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_PROG_QUERY,
+            (&raw mut attr).cast::<libc::c_void>(),
+            size,
+        )
+    };
+    if rc == 0 {
+        return Ok(attr.prog_cnt);
+    }
+    let e = std::io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::EINVAL | libc::ENOSYS) => Ok(0),
+        _ => Err(e),
+    }
 }
 
 /// [`bypasses`] on the tools' parsed output.
@@ -442,6 +521,7 @@ fn keeper_main(floor: IngressFloor, mut channel: UnixStream) -> ! {
         }
         libc::syscall(libc::SYS_close_range, (keep + 1) as u32, u32::MAX, 0u32);
     }
+    scrub_environment();
     let mut request = [0u8; REMOVE.len()];
     let asked = channel.read_exact(&mut request).is_ok() && request == REMOVE;
     let code = if asked {
@@ -459,6 +539,44 @@ fn keeper_main(floor: IngressFloor, mut channel: UnixStream) -> ! {
     // SAFETY: `_exit` ends the process without running the gateway's
     // destructors or atexit handlers, which belong to the parent.
     unsafe { libc::_exit(code) }
+}
+
+unsafe extern "C" {
+    /// The C library's environment (`environ(7)`).
+    static mut environ: *mut *mut libc::c_char;
+}
+
+/// Overwrites every environment string of this process with zeros and
+/// empties the environment: a secret the policy reads from an environment
+/// variable (`env:` source) was in the gateway's environment at exec, and
+/// the keeper, which is never jailed, must hold no secret (the keeper is
+/// forked before the gateway reads any secret file, so the environment is
+/// the only copy it could hold). The `nft` and `ip` it runs then get an
+/// empty environment too (the floor crate finds them by absolute path).
+fn scrub_environment() {
+    // SAFETY: the keeper is single-threaded (forked from a single-threaded
+    // gateway), so nothing reads the environment concurrently. `environ`
+    // is the C library's NULL-terminated array of pointers to
+    // NUL-terminated strings; each string is writable (on the initial
+    // stack, or a heap copy made by setenv) and `strlen` bytes long before
+    // its NUL. Emptying the array (its first entry NULL) leaves a valid,
+    // empty environment.
+    unsafe {
+        let env = environ;
+        if env.is_null() {
+            return;
+        }
+        let mut p = env;
+        while !(*p).is_null() {
+            let s = *p;
+            let len = libc::strlen(s);
+            for i in 0..len {
+                std::ptr::write_volatile(s.add(i), 0);
+            }
+            p = p.add(1);
+        }
+        *env = std::ptr::null_mut();
+    }
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 
 #[allow(unsafe_code)]
 mod attach;
+mod inherited;
 #[allow(unsafe_code)]
 mod pages;
 
@@ -22,6 +23,8 @@ use sluice_gateway::link::GuestLink;
 use sluice_gateway::metrics::{Metrics, MetricsAddr, MetricsListener};
 use sluice_gateway::reload::ReloadSource;
 use sluice_gateway::{GuestSource, ReadySignal, serve_with_reload};
+
+use crate::inherited::{GuestFd, Inherited};
 use sluice_intercept::{Interceptor, InterceptorConfig};
 use sluice_policy::{CompileOptions, CompiledPolicy};
 use sluice_secrets::SecretStore;
@@ -38,16 +41,6 @@ const STARTUP_TEXT_AFTER: std::time::Duration = std::time::Duration::from_secs(2
 fn main() -> anyhow::Result<()> {
     pin_mmap_threshold();
     let args = GatewayArgs::parse();
-    // Taken first: whatever fails from here on closes it unwritten, which the
-    // launcher reads as "stopped before ready".
-    if args.ready_fd.is_some() && args.ready_fd == args.fd {
-        bail!("--ready-fd and --fd must be different descriptors");
-    }
-    if let Some(MetricsAddr::Fd(m)) = args.metrics
-        && (Some(m) == args.fd || Some(m) == args.ready_fd)
-    {
-        bail!("--metrics fd:{m} must differ from --fd and --ready-fd");
-    }
     match (&args.dgram, args.fd) {
         (Some(Some(_)), Some(_)) => bail!(
             "--dgram PATH and --fd exclude each other (use --fd N --dgram for an inherited socket)"
@@ -62,8 +55,10 @@ fn main() -> anyhow::Result<()> {
             "--dgram-peer-uid applies to --dgram PATH only (an inherited socket has its one peer)"
         );
     }
-    let ready = match args.ready_fd {
-        Some(fd) => ReadySignal::new(std::fs::File::from(adopt_fd(fd, "--ready-fd")?)),
+    // Before anything opens a file or a socket (`inherited` module docs).
+    let mut inherited = Inherited::take(&args)?;
+    let ready = match inherited.ready.take() {
+        Some(fd) => ReadySignal::new(std::fs::File::from(fd)),
         None => ReadySignal::default(),
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
@@ -75,8 +70,41 @@ fn main() -> anyhow::Result<()> {
         LogFormat::Human => builder.init(),
         LogFormat::Json => builder.json().init(),
     }
+    let cfg = Config::new(&args.subnet, args.mtu)?;
 
-    let mut cfg = Config::new(&args.subnet, args.mtu)?;
+    // Attached, and the floor keeper forked, before the policy, its
+    // secrets or anything else is read: the keeper is never jailed and
+    // must hold nothing secret (docs/attach.md). Entering the namespace,
+    // running nft and forking are also what the jail forbids.
+    let (guest, keeper) = match (&args.attach, &args.netns) {
+        (Some(iface), Some(netns)) => {
+            let allow = args.allow_missing_isolation.contains(&Isolation::Nftables);
+            let a = attach::attach(iface, netns, cfg.mtu, allow)?;
+            (Some(GuestFd::Packet(a.socket)), a.keeper)
+        }
+        _ => (inherited.guest.take(), None),
+    };
+    let served = prepare_and_serve(&args, cfg, guest, inherited.metrics.take(), ready);
+    // On every end but a kill or a crash: the keeper cuts the guest's link
+    // and then removes the floor (docs/attach.md).
+    if let Some(keeper) = keeper {
+        let removed = keeper.remove();
+        served?;
+        return removed;
+    }
+    served
+}
+
+/// Reads the policy, its secrets and the rest of the configuration, then
+/// serves the guest on `guest` (or on the `--socket`/`--dgram` path) until
+/// the end.
+fn prepare_and_serve(
+    args: &GatewayArgs,
+    mut cfg: Config,
+    guest: Option<GuestFd>,
+    metrics_fd: Option<std::os::fd::OwnedFd>,
+    ready: ReadySignal,
+) -> anyhow::Result<()> {
     cfg.publish = args.publish.clone();
     cfg.max_flows = args.max_flows.max(1);
     cfg.udp.max_flows = args.max_udp_flows;
@@ -173,7 +201,10 @@ fn main() -> anyhow::Result<()> {
     let metrics = match &args.metrics {
         Some(addr) => {
             let listener = match addr {
-                MetricsAddr::Fd(fd) => MetricsListener::adopt(adopt_fd(*fd, "--metrics")?),
+                MetricsAddr::Fd(fd) => MetricsListener::adopt(
+                    metrics_fd
+                        .with_context(|| format!("--metrics fd:{fd}: not adopted at start"))?,
+                ),
                 _ => MetricsListener::bind(addr),
             }
             .with_context(|| format!("--metrics {addr}"))?;
@@ -217,27 +248,17 @@ fn main() -> anyhow::Result<()> {
         }
     };
 
-    // Before the jail: entering the namespace, running nft and forking the
-    // floor keeper are what it forbids.
-    let (mut attached, keeper) = match (&args.attach, &args.netns) {
-        (Some(iface), Some(netns)) => {
-            let allow = args.allow_missing_isolation.contains(&Isolation::Nftables);
-            let a = attach::attach(iface, netns, cfg.mtu, allow)?;
-            (Some(a.socket), a.keeper)
-        }
-        _ => (None, None),
-    };
     // `always` answers write the overlay beside the policy: its directory
     // then stays writable (docs/approval.md says what that costs).
     let overlay_dir = match (policy_always, &args.policy) {
         (true, Some(p)) => Some(policy_dir(p)),
         _ => None,
     };
-    let served = serve_jailed(
-        &args,
+    serve_jailed(
+        args,
         secret_dirs,
         overlay_dir,
-        &mut attached,
+        guest,
         cfg,
         decider,
         audit,
@@ -245,14 +266,7 @@ fn main() -> anyhow::Result<()> {
         reload,
         ready,
         metrics,
-    );
-    // On every end but a kill or a crash: the floor goes (docs/attach.md).
-    if let Some(keeper) = keeper {
-        let removed = keeper.remove();
-        served?;
-        return removed;
-    }
-    served
+    )
 }
 
 /// Restricts the gateway and serves the guest until the end.
@@ -261,7 +275,7 @@ fn serve_jailed(
     args: &GatewayArgs,
     secret_dirs: Vec<PathBuf>,
     overlay_dir: Option<PathBuf>,
-    attached: &mut Option<std::os::fd::OwnedFd>,
+    guest: Option<GuestFd>,
     cfg: Config,
     decider: Arc<dyn Decider>,
     audit: AuditSink,
@@ -285,14 +299,19 @@ fn serve_jailed(
                 }
             });
         }
-        let source = if let Some(sock) = attached.take() {
-            GuestSource::Connected(
+        let source = match guest {
+            Some(GuestFd::Packet(sock)) => GuestSource::Connected(
                 GuestLink::packet(sock).context("registering the packet socket")?,
-            )
-        } else {
-            match (&args.socket, args.fd, &args.dgram) {
-                (Some(path), _, _) => GuestSource::Socket(path.clone()),
-                (None, _, Some(Some(path))) => GuestSource::Dgram {
+            ),
+            Some(GuestFd::Dgram(sock)) => {
+                GuestSource::Connected(GuestLink::dgram(tokio_dgram(sock)?))
+            }
+            Some(GuestFd::Stream(sock)) => {
+                GuestSource::Connected(GuestLink::stream(tokio_stream(sock)?))
+            }
+            None => match (&args.socket, &args.dgram) {
+                (Some(path), _) => GuestSource::Socket(path.clone()),
+                (None, Some(Some(path))) => GuestSource::Dgram {
                     path: path.clone(),
                     peer_uids: if args.dgram_peer_uid.is_empty() {
                         vec![rustix::process::geteuid().as_raw(), 0]
@@ -300,17 +319,8 @@ fn serve_jailed(
                         args.dgram_peer_uid.clone()
                     },
                 },
-                (None, Some(fd), Some(None)) => {
-                    GuestSource::Connected(GuestLink::dgram(adopt_dgram(fd)?))
-                }
-                (None, Some(fd), None) if args.packet => {
-                    GuestSource::Connected(GuestLink::packet(adopt_packet(fd)?)?)
-                }
-                (None, Some(fd), None) => {
-                    GuestSource::Connected(GuestLink::stream(adopt_stream(fd)?))
-                }
                 _ => bail!("one of --socket, --fd, --dgram PATH or --attach is required"),
-            }
+            },
         };
         tracing::info!(
             gateway = %cfg.gateway_ip, guest = %cfg.guest_ip, mtu = cfg.mtu,
@@ -482,57 +492,20 @@ fn raise_nofile(max_flows: usize) {
     }
 }
 
-/// Takes ownership of the inherited descriptor `fd`, given by `flag`.
-#[allow(unsafe_code)]
-fn adopt_fd(fd: i32, flag: &str) -> anyhow::Result<std::os::fd::OwnedFd> {
-    use std::os::fd::{FromRawFd, OwnedFd};
-    if fd < 3 {
-        bail!("{flag} {fd}: refusing to adopt a standard stream");
-    }
-    // Check the fd is open before taking ownership of it (by fcntl, not
-    // /proc: the jailed gateway has no /proc).
-    // SAFETY: F_GETFD on an integer only reads the descriptor table.
-    if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
-        bail!("{flag} {fd}: not an open file descriptor");
-    }
-    // SAFETY: `fd` is >= 3, open (checked above), was inherited from the parent
-    // for this purpose, and nothing else in this process owns or closes it
-    // (main adopts each flag's fd once); the OwnedFd becomes its only owner.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-/// Adopts the inherited packet socket `fd` (`--fd N --packet`): bound by
-/// the caller to the guest's interface, with the options `--attach` sets.
-fn adopt_packet(fd: i32) -> anyhow::Result<std::os::fd::OwnedFd> {
-    let sock = adopt_fd(fd, "--fd")?;
-    match rustix::net::sockopt::socket_domain(&sock) {
-        Ok(d) if d == rustix::net::AddressFamily::PACKET => {}
-        Ok(d) => bail!("--fd {fd} --packet: not a packet socket ({d:?})"),
-        Err(e) => bail!("--fd {fd} --packet: not a socket ({e})"),
-    }
-    rustix::io::ioctl_fionbio(&sock, true)
-        .with_context(|| format!("--fd {fd}: setting it non-blocking"))?;
-    Ok(sock)
-}
-
-/// Adopts the inherited datagram socket `fd` (`--fd N --dgram`).
-fn adopt_dgram(fd: i32) -> anyhow::Result<tokio::net::UnixDatagram> {
-    let std_sock = std::os::unix::net::UnixDatagram::from(adopt_fd(fd, "--fd")?);
+/// The inherited datagram socket (`--fd N --dgram`) on the runtime.
+fn tokio_dgram(sock: std::os::fd::OwnedFd) -> anyhow::Result<tokio::net::UnixDatagram> {
+    let std_sock = std::os::unix::net::UnixDatagram::from(sock);
     std_sock
         .set_nonblocking(true)
         .context("setting --fd non-blocking")?;
-    tokio::net::UnixDatagram::from_std(std_sock)
-        .with_context(|| format!("--fd {fd}: not a datagram socket"))
+    tokio::net::UnixDatagram::from_std(std_sock).context("--fd: registering the datagram socket")
 }
 
-/// Adopts the inherited stream socket `fd` (`--fd`).
-fn adopt_stream(fd: i32) -> anyhow::Result<tokio::net::UnixStream> {
-    use std::os::fd::AsRawFd;
-    let std_stream = std::os::unix::net::UnixStream::from(adopt_fd(fd, "--fd")?);
+/// The inherited stream socket (`--fd N`) on the runtime.
+fn tokio_stream(sock: std::os::fd::OwnedFd) -> anyhow::Result<tokio::net::UnixStream> {
+    let std_stream = std::os::unix::net::UnixStream::from(sock);
     std_stream
         .set_nonblocking(true)
         .context("setting --fd non-blocking")?;
-    let raw = std_stream.as_raw_fd();
-    tokio::net::UnixStream::from_std(std_stream)
-        .with_context(|| format!("--fd {raw}: not a stream socket"))
+    tokio::net::UnixStream::from_std(std_stream).context("--fd: registering the stream socket")
 }

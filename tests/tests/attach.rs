@@ -90,6 +90,7 @@ fn attach_serves_dhcp_dns_and_policy_and_removes_its_floor_on_sigterm() -> Resul
         "no deny record: {audit:?}"
     );
 
+    let gateway = lease.router.context("no router")?;
     let st = w
         .sidecar()
         .context("no sidecar")?
@@ -100,6 +101,29 @@ fn attach_serves_dhcp_dns_and_policy_and_removes_its_floor_on_sigterm() -> Resul
         !left.contains(&floor_table(VM_IFACE)),
         "the floor outlived a SIGTERM: {left}"
     );
+    // The end was fail-closed: the keeper set the interface down before it
+    // removed the rules, so the guest, which outlives the gateway, reaches
+    // nothing through the VM namespace's kernel even where that namespace
+    // has an address (and routes) for it.
+    let vm = vm(&w)?;
+    let link = vm.sh_ok(&format!("ip -o link show dev {VM_IFACE}"), 30)?;
+    ensure!(
+        link.contains("state DOWN"),
+        "{VM_IFACE} after the end: {link}"
+    );
+    vm.ip(&["addr", "add", &format!("{gateway}/24"), "dev", VM_IFACE])?;
+    let ping = format!("ip neigh flush all; busybox ping -c 3 -w 10 {gateway}");
+    let out = w.guest_sh(&ping, 30)?;
+    ensure!(
+        !out.status.success(),
+        "the namespace's kernel answered the guest after a normal end: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    // Control: with the link up again (no floor now) the same ping is
+    // answered, so the check above can fail.
+    vm.ip(&["link", "set", VM_IFACE, "up"])?;
+    w.guest_ok(&ping, 30)
+        .context("with the link up the kernel should answer")?;
     Ok(())
 }
 
@@ -145,6 +169,110 @@ fn after_sigkill_the_floor_stays_and_the_kernel_answers_the_guest_nothing() -> R
     w.guest_ok(&ping, 30)
         .context("without the floor the kernel should answer")?;
     Ok(())
+}
+
+#[test]
+#[ignore = "needs root: run via scripts/test"]
+fn the_floor_keeper_holds_no_secret_the_gateway_holds() -> Result<()> {
+    // A value found nowhere but in the gateway's environment (an `env:`
+    // secret) and, once loaded, in its secret store.
+    let value = format!("kp-{}-{}-s3cr3t", unique_name(), std::process::id());
+    let policy = format!(
+        r#"
+version: 1
+id: e2e-attach-keeper
+allow:
+  - domain: "{ORIGIN_NAME}"
+    ports: [80, 443]
+internal:
+  - "198.51.100.0/24"
+  - "203.0.113.0/24"
+inspect:
+  - "{ORIGIN_NAME}"
+secrets:
+  - name: tok
+    placeholder: sluice-ph-keeper-token
+    env: SLUICE_E2E_KEEPER_SECRET
+    hosts: ["{ORIGIN_NAME}"]
+"#
+    );
+    let mut w = World::builder()
+        .transport(Transport::Attach)
+        .policy(&policy)
+        .sidecar_env("SLUICE_E2E_KEEPER_SECRET", &value)
+        .start()?;
+    let gateway = w.sidecar_pid().context("no gateway pid")?;
+    let kids = Command::new("pgrep")
+        .args(["-P", &gateway.to_string()])
+        .output()
+        .context("pgrep")?;
+    let kids = String::from_utf8_lossy(&kids.stdout).into_owned();
+    let keeper: u32 = match kids.split_whitespace().collect::<Vec<_>>().as_slice() {
+        [one] => one.parse()?,
+        other => anyhow::bail!("want one keeper child of the gateway, found {other:?}"),
+    };
+    // Control: the scan finds the value where it is (the gateway loaded it).
+    ensure!(
+        memory_holds(gateway, value.as_bytes())?,
+        "the scan does not find the secret in the gateway itself"
+    );
+    ensure!(
+        !memory_holds(keeper, value.as_bytes())?,
+        "the unjailed floor keeper (pid {keeper}) holds the secret value"
+    );
+    let env = std::fs::read(format!("/proc/{keeper}/environ"))?;
+    ensure!(
+        env.iter().all(|b| *b == 0),
+        "the keeper's environment is not empty: {}",
+        String::from_utf8_lossy(&env)
+    );
+    // With its environment gone the keeper still finds `ip` and `nft`: a
+    // normal end removes the floor.
+    let st = w
+        .sidecar()
+        .context("no sidecar")?
+        .signal_and_wait(libc::SIGTERM, Duration::from_secs(60))?;
+    ensure!(st.code() == Some(0), "exit {st}\n{}", w.sidecar_log());
+    let left = tables(vm(&w)?)?;
+    ensure!(!left.contains(&floor_table(VM_IFACE)), "left: {left}");
+    Ok(())
+}
+
+/// Whether `needle` is anywhere in the readable memory of process `pid`
+/// (its mappings, read through `/proc/PID/mem`; root reads any process).
+fn memory_holds(pid: u32, needle: &[u8]) -> Result<bool> {
+    use std::os::unix::fs::FileExt as _;
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))?;
+    let mem = std::fs::File::open(format!("/proc/{pid}/mem"))?;
+    let mut scanned = 0usize;
+    for line in maps.lines() {
+        let mut cols = line.split_whitespace();
+        let (Some(range), Some(perms)) = (cols.next(), cols.next()) else {
+            continue;
+        };
+        let Some((start, end)) = range.split_once('-') else {
+            continue;
+        };
+        let (start, end) = (
+            u64::from_str_radix(start, 16)?,
+            u64::from_str_radix(end, 16)?,
+        );
+        let len = usize::try_from(end - start)?;
+        // Unreadable (guards) and the kernel's own pages are skipped.
+        if !perms.starts_with('r') || line.ends_with("[vvar]") || line.ends_with("[vsyscall]") {
+            continue;
+        }
+        let mut buf = vec![0u8; len];
+        if mem.read_exact_at(&mut buf, start).is_err() {
+            continue;
+        }
+        scanned += len;
+        if buf.windows(needle.len()).any(|w| w == needle) {
+            return Ok(true);
+        }
+    }
+    ensure!(scanned > 0, "nothing of process {pid} could be read");
+    Ok(false)
 }
 
 /// Whether a process other than the test's still holds the world's
@@ -198,9 +326,17 @@ fn bad_input_fails_with_one_line_and_leaves_nothing_behind() -> Result<()> {
     ns.sh_ok("tc qdisc add dev x2 clsact", 30)?;
     ns.ip(&["link", "add", "slbr", "type", "bridge"])?;
     ns.ip(&["link", "set", "x3", "master", "slbr"])?;
+    // tcx programs (kernel 6.6 and later: attached through bpf links, no
+    // qdisc, not listed by iproute2), one on each hook.
+    ns.ip(&["link", "add", "x4", "type", "veth", "peer", "name", "x5"])?;
+    ns.ip(&["link", "add", "x6", "type", "veth", "peer", "name", "x7"])?;
+    let tcx_in = tcx::attach(&path, "x4", tcx::INGRESS)?;
+    let tcx_out = tcx::attach(&path, "x6", tcx::EGRESS)?;
 
-    let cases: [(&str, &str, u16, &str); 7] = [
+    let cases: [(&str, &str, u16, &str); 9] = [
         ("x2", path.as_str(), 1500, "`clsact` qdisc"),
+        ("x4", path.as_str(), 1500, "1 tcx ingress program"),
+        ("x6", path.as_str(), 1500, "1 tcx egress program"),
         ("x3", path.as_str(), 1500, "a master (`slbr`"),
         ("nope", path.as_str(), 1500, "no interface `nope`"),
         ("lo", path.as_str(), 1500, "not a layer-2"),
@@ -217,6 +353,36 @@ fn bad_input_fails_with_one_line_and_leaves_nothing_behind() -> Result<()> {
         );
         let t = tables(&ns)?;
         ensure!(!t.contains("sluice_floor"), "{iface}: left {t}");
+    }
+    // No `nft` to be found (masked by an empty bind mount in a mount
+    // namespace of the gateway's own): one line that says so, nothing left.
+    let out = host
+        .cmd("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg(r#"mount --bind /dev/null /usr/sbin/nft && exec "$0" "$@""#)
+        .arg(bin_path("sluice-gateway")?)
+        .args(["--attach", "x1", "--netns", &path, "--mtu", "1500"])
+        .args(["--dns-upstream", "192.0.2.53"])
+        .output()
+        .context("running sluice-gateway without nft")?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("Error")).collect();
+    ensure!(out.status.code() == Some(1), "without nft: {stderr}");
+    ensure!(
+        errors.len() == 1 && errors[0].contains("install the nftables package"),
+        "without nft: want one line naming the missing nft, got {errors:?}"
+    );
+    let t = tables(&ns)?;
+    ensure!(!t.contains("sluice_floor"), "without nft: left {t}");
+    // Control: with the programs detached, the same interfaces pass the
+    // check and fail only at the next one (the MTU).
+    drop((tcx_in, tcx_out));
+    for iface in ["x4", "x6"] {
+        let (code, errors) = attach_once(&host, iface, &path, 65520)?;
+        ensure!(
+            code == Some(1) && errors.len() == 1 && errors[0].contains("exceeds the MTU"),
+            "{iface} without its tcx program: exit {code:?}, {errors:?}"
+        );
     }
 
     // Already attached: a first gateway serves x0; a second is refused and
@@ -450,4 +616,107 @@ fn a_frame_the_packet_socket_cannot_read_is_dropped_and_counted_and_the_gateway_
     ensure!(!t.contains("sluice_floor"), "left behind: {t}");
     let _ = std::fs::remove_file(&log);
     Ok(())
+}
+
+/// A real tcx program on a real interface, through the `bpf(2)` syscall
+/// (no bpftool or compiler needed): a two-instruction classifier
+/// (`r0 = TC_ACT_OK; exit`) loaded as `BPF_PROG_TYPE_SCHED_CLS` and
+/// attached with `BPF_LINK_CREATE` to the tcx hook, as Cilium and other
+/// tcx users do. The link (and the program with it) goes when its
+/// descriptor closes.
+mod tcx {
+    use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
+
+    use anyhow::{Context as _, Result, ensure};
+
+    /// `<linux/bpf.h>` `enum bpf_attach_type`.
+    pub(super) const INGRESS: u32 = 46;
+    pub(super) const EGRESS: u32 = 47;
+    const BPF_PROG_LOAD: libc::c_long = 5;
+    const BPF_LINK_CREATE: libc::c_long = 28;
+    const BPF_PROG_TYPE_SCHED_CLS: u32 = 3;
+
+    /// The start of `union bpf_attr` for `BPF_PROG_LOAD`.
+    #[repr(C)]
+    #[derive(Default)]
+    struct ProgLoad {
+        prog_type: u32,
+        insn_cnt: u32,
+        insns: u64,
+        license: u64,
+        log_level: u32,
+        log_size: u32,
+        log_buf: u64,
+        kern_version: u32,
+        prog_flags: u32,
+        prog_name: [u8; 16],
+        prog_ifindex: u32,
+        expected_attach_type: u32,
+    }
+
+    /// `union bpf_attr` for `BPF_LINK_CREATE` with its `tcx` member.
+    #[repr(C)]
+    #[derive(Default)]
+    struct LinkCreate {
+        prog_fd: u32,
+        target_ifindex: u32,
+        attach_type: u32,
+        flags: u32,
+        relative_fd: u32,
+        _pad: u32,
+        expected_revision: u64,
+    }
+
+    fn bpf<T>(cmd: libc::c_long, attr: &mut T, what: &str) -> Result<OwnedFd> {
+        let size = u32::try_from(size_of::<T>())?;
+        // SAFETY: `attr` is a repr(C) mirror of the start of `union
+        // bpf_attr` for `cmd`, `size` bytes long, alive across the call;
+        // the pointers it holds (instructions, license) point at data that
+        // outlives the call.
+        #[allow(unsafe_code)]
+        let rc = unsafe { libc::syscall(libc::SYS_bpf, cmd, std::ptr::from_mut(attr), size) };
+        ensure!(rc >= 0, "{what}: {}", std::io::Error::last_os_error());
+        let fd = i32::try_from(rc)?;
+        // SAFETY: the kernel returned a new descriptor that nothing else owns.
+        #[allow(unsafe_code)]
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+
+    /// Attaches the program to `iface` in the namespace at `netns` on the
+    /// tcx hook `attach_type`; the link lives as long as the returned fd.
+    pub(super) fn attach(netns: &str, iface: &str, attach_type: u32) -> Result<OwnedFd> {
+        let (netns, iface) = (netns.to_owned(), iface.to_owned());
+        std::thread::spawn(move || -> Result<OwnedFd> {
+            let ns = std::fs::File::open(&netns).with_context(|| netns.clone())?;
+            // SAFETY: setns only changes this thread's namespace; `ns` is open.
+            #[allow(unsafe_code)]
+            let rc = unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) };
+            ensure!(rc == 0, "setns: {}", std::io::Error::last_os_error());
+            let name = std::ffi::CString::new(iface.clone())?;
+            // SAFETY: `name` is a NUL-terminated string alive across the call.
+            #[allow(unsafe_code)]
+            let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
+            ensure!(index != 0, "no interface {iface}");
+            // r0 = 0 (TC_ACT_OK); exit.
+            let insns: [u64; 2] = [0xb7, 0x95];
+            let license = b"GPL\0";
+            let mut load = ProgLoad {
+                prog_type: BPF_PROG_TYPE_SCHED_CLS,
+                insn_cnt: 2,
+                insns: insns.as_ptr() as u64,
+                license: license.as_ptr() as u64,
+                ..ProgLoad::default()
+            };
+            let prog = bpf(BPF_PROG_LOAD, &mut load, "loading a tc classifier")?;
+            let mut link = LinkCreate {
+                prog_fd: u32::try_from(prog.as_raw_fd())?,
+                target_ifindex: index,
+                attach_type,
+                ..LinkCreate::default()
+            };
+            bpf(BPF_LINK_CREATE, &mut link, "attaching it to a tcx hook")
+        })
+        .join()
+        .map_err(|_| anyhow::anyhow!("the tcx thread panicked"))?
+    }
 }

@@ -59,12 +59,15 @@ impl NetworkMode {
     }
 }
 
-/// The modes in order of preference when `--network` is not given, from
-/// docs/benchmarks.md "Transports (issue 13)" at the gateway's MTU
-/// (65520): stream and attach (what `tap` uses) within that run's noise of
-/// each other, datagram behind both on downloads (1.90 against 4.32 and
-/// 4.00 Gbit/s with 4 streams); stream first as it needs no root, no
-/// namespace and no nftables.
+/// The modes in order of preference when `--network` is not given,
+/// measured: docs/benchmarks.md "Network modes, under QEMU"
+/// (`benches/network-modes.sh`: whole `sluice run`s, 200 MB each way,
+/// three alternating rounds) puts the three within about 1% of each other
+/// (the guest's CPU, not the link, bounds them under TCG), so the tie goes
+/// to stream, which needs no root, no namespace and no nftables; then tap
+/// and dgram as the harness figures of "Transports (issue 13)" order them
+/// at the gateway's MTU (65520: datagram behind on downloads, 1.90 against
+/// 4.32 and 4.00 Gbit/s with 4 streams).
 pub(crate) const PREFERENCE: [NetworkMode; 3] =
     [NetworkMode::Stream, NetworkMode::Tap, NetworkMode::Dgram];
 

@@ -1,0 +1,156 @@
+//! The descriptors the gateway inherits (`--fd N`, `--ready-fd N`,
+//! `--metrics fd:N`), validated and owned first thing in `main`.
+//!
+//! Why first: a number is only a name for whatever the descriptor table
+//! holds under it. Anything the gateway opens before adopting N (the
+//! policy, the audit log, a probe socket, `/proc`) takes the lowest free
+//! number; had the parent closed N, or passed it with `FD_CLOEXEC` so
+//! that it never arrived, the gateway would then adopt its own file as
+//! the guest's link, and two owners would close it. So each is checked
+//! (open, of the kind its flag needs), marked close-on-exec (the `ip`,
+//! `tc` and `nft` the gateway runs at start inherit none), and owned
+//! before anything else runs.
+
+use std::os::fd::{FromRawFd as _, OwnedFd};
+
+use anyhow::{Context as _, bail};
+use rustix::net::{AddressFamily, SocketType, sockopt};
+use sluice_gateway::args::GatewayArgs;
+use sluice_gateway::metrics::MetricsAddr;
+
+/// The guest's link as handed over: which transport its descriptor is.
+#[derive(Debug)]
+pub(crate) enum GuestFd {
+    /// An `AF_PACKET` socket bound to the guest's interface (`--fd N
+    /// --packet`, or the one `--attach` opens).
+    Packet(OwnedFd),
+    /// A connected unix datagram socket (`--fd N --dgram`).
+    Dgram(OwnedFd),
+    /// A connected unix stream socket (`--fd N`).
+    Stream(OwnedFd),
+}
+
+/// Every inherited descriptor, owned.
+#[derive(Debug, Default)]
+pub(crate) struct Inherited {
+    /// `--ready-fd`.
+    pub(crate) ready: Option<OwnedFd>,
+    /// `--metrics fd:N`.
+    pub(crate) metrics: Option<OwnedFd>,
+    /// `--fd`.
+    pub(crate) guest: Option<GuestFd>,
+}
+
+impl Inherited {
+    /// Checks and takes every descriptor `args` names.
+    ///
+    /// # Errors
+    /// Two flags naming one descriptor, a standard stream, a closed
+    /// descriptor, or one that is not the kind of socket its flag needs.
+    pub(crate) fn take(args: &GatewayArgs) -> anyhow::Result<Self> {
+        if args.ready_fd.is_some() && args.ready_fd == args.fd {
+            bail!("--ready-fd and --fd must be different descriptors");
+        }
+        let metrics_fd = match args.metrics {
+            Some(MetricsAddr::Fd(m)) => Some(m),
+            _ => None,
+        };
+        if let Some(m) = metrics_fd
+            && (Some(m) == args.fd || Some(m) == args.ready_fd)
+        {
+            bail!("--metrics fd:{m} must differ from --fd and --ready-fd");
+        }
+        let mut taken = Self::default();
+        // Taken first: whatever fails from here on closes it unwritten,
+        // which the launcher reads as "stopped before ready".
+        if let Some(fd) = args.ready_fd {
+            taken.ready = Some(adopt_fd(fd, "--ready-fd")?);
+        }
+        if let Some(fd) = metrics_fd {
+            taken.metrics = Some(adopt_fd(fd, "--metrics")?);
+        }
+        if let Some(fd) = args.fd {
+            let sock = adopt_fd(fd, "--fd")?;
+            taken.guest = Some(if args.packet {
+                expect_socket(&sock, fd, "--packet", AddressFamily::PACKET, None)?;
+                rustix::io::ioctl_fionbio(&sock, true)
+                    .with_context(|| format!("--fd {fd}: setting it non-blocking"))?;
+                GuestFd::Packet(sock)
+            } else if matches!(args.dgram, Some(None)) {
+                let dgram = Some(SocketType::DGRAM);
+                expect_socket(&sock, fd, "--dgram", AddressFamily::UNIX, dgram)?;
+                GuestFd::Dgram(sock)
+            } else {
+                let stream = Some(SocketType::STREAM);
+                expect_socket(&sock, fd, "(stream)", AddressFamily::UNIX, stream)?;
+                GuestFd::Stream(sock)
+            });
+        }
+        Ok(taken)
+    }
+}
+
+/// Refuses `sock` (`--fd fd`, for `mode`) unless it is a socket of
+/// `domain` (and of type `kind`, when given).
+fn expect_socket(
+    sock: &OwnedFd,
+    fd: i32,
+    mode: &str,
+    domain: AddressFamily,
+    kind: Option<SocketType>,
+) -> anyhow::Result<()> {
+    let want = describe(domain, kind);
+    let found = sockopt::socket_domain(sock)
+        .and_then(|d| Ok((d, sockopt::socket_type(sock)?)))
+        .map_err(|e| anyhow::anyhow!("--fd {fd} {mode}: not a socket ({e}); want {want}"))?;
+    if found.0 != domain || kind.is_some_and(|k| k != found.1) {
+        bail!(
+            "--fd {fd} {mode}: {}; want {want}",
+            describe(found.0, Some(found.1))
+        );
+    }
+    Ok(())
+}
+
+/// "a unix datagram socket", "a packet socket", ... for messages.
+fn describe(domain: AddressFamily, kind: Option<SocketType>) -> String {
+    let family = match domain {
+        AddressFamily::UNIX => "unix".to_owned(),
+        AddressFamily::PACKET => "packet".to_owned(),
+        AddressFamily::INET => "inet".to_owned(),
+        AddressFamily::INET6 => "inet6".to_owned(),
+        other => format!("family-{}", other.as_raw()),
+    };
+    let kind = match kind {
+        None => String::new(),
+        Some(SocketType::STREAM) => " stream".to_owned(),
+        Some(SocketType::DGRAM) => " datagram".to_owned(),
+        Some(SocketType::SEQPACKET) => " seqpacket".to_owned(),
+        Some(SocketType::RAW) => " raw".to_owned(),
+        Some(other) => format!(" type-{}", other.as_raw()),
+    };
+    format!("a {family}{kind} socket")
+}
+
+/// Takes ownership of the inherited descriptor `fd`, given by `flag`, and
+/// marks it close-on-exec.
+#[allow(unsafe_code)]
+fn adopt_fd(fd: i32, flag: &str) -> anyhow::Result<OwnedFd> {
+    if fd < 3 {
+        bail!("{flag} {fd}: refusing to adopt a standard stream");
+    }
+    // Check the fd is open before taking ownership of it.
+    // SAFETY: F_GETFD on an integer only reads the descriptor table.
+    if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+        bail!("{flag} {fd}: not an open file descriptor");
+    }
+    // SAFETY: `fd` is >= 3, open (checked above), was inherited from the
+    // parent for this purpose, nothing in this process has opened anything
+    // yet (main calls this first), and each flag's number is adopted once
+    // (`Inherited::take` refuses two flags naming one): the OwnedFd becomes
+    // its only owner.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    rustix::io::fcntl_setfd(&owned, rustix::io::FdFlags::CLOEXEC)
+        .with_context(|| format!("{flag} {fd}: marking it close-on-exec"))?;
+    Ok(owned)
+}
