@@ -91,6 +91,7 @@ fn main() -> anyhow::Result<()> {
     cfg.approval = config::ApprovalSetup {
         socket: args.approval_socket.clone(),
         policy_path: args.policy.clone(),
+        overlay_socket: args.approval_overlay_socket.clone(),
     };
     let mut options = CompileOptions::default();
     options.host_addresses = host_addresses();
@@ -224,9 +225,10 @@ fn main() -> anyhow::Result<()> {
         _ => (None, None),
     };
     // `always` answers write the overlay beside the policy: its directory
-    // then stays writable (docs/approval.md says what that costs).
-    let overlay_dir = match (policy_always, &args.policy) {
-        (true, Some(p)) => Some(policy_dir(p)),
+    // then stays writable (docs/approval.md says what that costs), unless
+    // the entries go to the launcher, which writes the overlay itself.
+    let overlay_dir = match (policy_always, &args.policy, &args.approval_overlay_socket) {
+        (true, Some(p), None) => Some(policy_dir(p)),
         _ => None,
     };
     let served = serve_jailed(

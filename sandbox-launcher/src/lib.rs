@@ -11,6 +11,7 @@
 
 use std::io::Write as _;
 
+mod approved;
 mod ask;
 pub mod audit_cmd;
 pub mod doctor;
