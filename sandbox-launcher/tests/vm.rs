@@ -801,7 +801,10 @@ fn answer_in_tmux(
     guest: Option<(&str, &str)>,
 ) -> (String, String) {
     use sluice_e2e::wait_until;
-    let (out, exit) = (dir.join(format!("{tag}-out.txt")), dir.join(format!("{tag}-exit.txt")));
+    let (out, exit) = (
+        dir.join(format!("{tag}-out.txt")),
+        dir.join(format!("{tag}-exit.txt")),
+    );
     let quoted = |w: &str| format!("'{}'", w.replace('\'', r"'\''"));
     let line: Vec<String> = words.iter().map(|w| quoted(w)).collect();
     let sh = dir.join(format!("{tag}.sh"));
@@ -1080,23 +1083,38 @@ fn an_always_answer_writes_the_overlay_beside_the_policy_and_the_next_run_does_n
          {fetch} >/dev/null || echo later-failed; i=$((i+1)); done"
     );
     let prompt = format!("wants to reach {ORIGIN2_NAME} (TCP 443)");
-    let (output, code) = answer_in_tmux(&dir, "always", &run(&audit, &[], script), (&prompt, "a"), None);
+    let (output, code) = answer_in_tmux(
+        &dir,
+        "always",
+        &run(&audit, &[], script),
+        (&prompt, "a"),
+        None,
+    );
     assert_eq!(code, "0", "launcher: {output}");
     assert!(
-        output.contains("hello from sluice-test-origin\nasked=0") && !output.contains("later-failed"),
+        output.contains("hello from sluice-test-origin\nasked=0")
+            && !output.contains("later-failed"),
         "the approved fetches failed: {output}"
     );
     assert!(
-        output.contains(&format!("{ORIGIN2_NAME} approved always: added to {}", overlay.display())),
+        output.contains(&format!(
+            "{ORIGIN2_NAME} approved always: added to {}",
+            overlay.display()
+        )),
         "the launcher did not say where it wrote: {output}"
     );
     let text_of = fs::read_to_string(&overlay).unwrap();
     assert!(
-        text_of.contains(&format!("domain: \"{ORIGIN2_NAME}\"")) && text_of.contains("ports: [443]"),
+        text_of.contains(&format!("domain: \"{ORIGIN2_NAME}\""))
+            && text_of.contains("ports: [443]"),
         "{text_of}"
     );
     let meta = fs::metadata(&overlay).unwrap();
-    assert_eq!(meta.permissions().mode() & 0o777, 0o644, "the policy's mode");
+    assert_eq!(
+        meta.permissions().mode() & 0o777,
+        0o644,
+        "the policy's mode"
+    );
     let loaded =
         sluice_policy::load_file(&policy, &sluice_policy::CompileOptions::default()).unwrap();
     assert_eq!(
@@ -1118,10 +1136,12 @@ fn an_always_answer_writes_the_overlay_beside_the_policy_and_the_next_run_does_n
         "no `always` record followed by the overlay's reload: {lines:#?}"
     );
     assert!(
-        lines[reloaded.unwrap_or_default()..].iter().any(|l| l["kind"] == "connection"
-            && l["decision"] == "allow"
-            && l["reason"] == "allowlisted"
-            && l["sni"] == ORIGIN2_NAME),
+        lines[reloaded.unwrap_or_default()..]
+            .iter()
+            .any(|l| l["kind"] == "connection"
+                && l["decision"] == "allow"
+                && l["reason"] == "allowlisted"
+                && l["sni"] == ORIGIN2_NAME),
         "after the reload the name is not allowed as listed: {lines:#?}"
     );
 
@@ -1147,7 +1167,9 @@ fn an_always_answer_writes_the_overlay_beside_the_policy_and_the_next_run_does_n
         v["approval"]
     );
     assert!(
-        !audit_records(&audit).iter().any(|l| l["kind"] == "approval"),
+        !audit_records(&audit)
+            .iter()
+            .any(|l| l["kind"] == "approval"),
         "an approval record in the second run"
     );
     drop(world);

@@ -643,7 +643,10 @@ fn webhook_backend_over_mutual_tls_and_a_wrong_or_missing_client_cert_denies() -
     };
     let requests = |log: &PathBuf| -> Result<Vec<serde_json::Value>> {
         match std::fs::read_to_string(log) {
-            Ok(t) => Ok(t.lines().map(serde_json::from_str).collect::<Result<_, _>>()?),
+            Ok(t) => Ok(t
+                .lines()
+                .map(serde_json::from_str)
+                .collect::<Result<_, _>>()?),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
             Err(e) => Err(e.into()),
         }
