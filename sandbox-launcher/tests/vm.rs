@@ -1123,7 +1123,7 @@ fn an_always_answer_writes_the_overlay_beside_the_policy_and_the_next_run_does_n
         "the overlay loads with the policy"
     );
     let lines = audit_records(&audit);
-    let at = |pred: &dyn Fn(&serde_json::Value) -> bool| lines.iter().position(|l| pred(l));
+    let at = |pred: &dyn Fn(&serde_json::Value) -> bool| lines.iter().position(pred);
     let approved = at(&|l| {
         l["kind"] == "approval"
             && l["approval"]["name"] == ORIGIN2_NAME
