@@ -8,7 +8,9 @@
 //! - [`wire`]: the question and the answer, as JSON, with their bounds;
 //! - [`backend`]: the webhook, unix-socket and terminal backends;
 //! - [`broker`]: one sandbox's questions: asked once per name, bounded in
-//!   number and rate, and the standing decisions with their lifetimes.
+//!   number and rate, and the standing decisions with their lifetimes;
+//! - [`handoff`]: an `always` entry handed to the launcher, which writes
+//!   the overlay beside the policy for a gateway that may not.
 //!
 //! What may be asked at all (a plain allowlist miss, never a platform,
 //! deny-list or private destination) is the policy's decision, not this
@@ -20,6 +22,7 @@
 
 pub mod backend;
 pub mod broker;
+pub mod handoff;
 pub mod wire;
 
 pub use backend::{Backend, BackendError};

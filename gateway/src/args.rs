@@ -199,6 +199,13 @@ pub struct GatewayArgs {
     /// prompt there. The policy's `terminal` backend needs it.
     #[arg(long)]
     pub approval_socket: Option<PathBuf>,
+    /// Hand each `always` approval to the process serving this unix socket
+    /// (one JSON line each way) instead of writing the policy's
+    /// `.approved.yaml` overlay itself: `sluice run` serves it, validates
+    /// the entry and writes the overlay beside the policy, so the gateway's
+    /// jail keeps the policy's directory read-only (docs/approval.md).
+    #[arg(long)]
+    pub approval_overlay_socket: Option<PathBuf>,
 }
 
 fn parse_upstream_arg(s: &str) -> Result<SocketAddr, config::ConfigError> {
@@ -237,6 +244,7 @@ impl GatewayArgs {
             udp_idle_secs: crate::udp::DEFAULT_UDP_IDLE.as_secs(),
             flow_buffer_kib: config::DEFAULT_FLOW_BUFFER / 1024,
             approval_socket: None,
+            approval_overlay_socket: None,
         }
     }
 
@@ -297,6 +305,9 @@ impl GatewayArgs {
         flag("flow-buffer-kib", self.flow_buffer_kib.to_string().into());
         if let Some(path) = &self.approval_socket {
             flag("approval-socket", path.into());
+        }
+        if let Some(path) = &self.approval_overlay_socket {
+            flag("approval-overlay-socket", path.into());
         }
         for uid in &self.dgram_peer_uid {
             flag("dgram-peer-uid", uid.to_string().into());
@@ -361,6 +372,8 @@ mod tests {
         a.max_udp_flows = 9;
         a.udp_idle_secs = 11;
         a.flow_buffer_kib = 128;
+        a.approval_socket = Some("/run/approve.sock".into());
+        a.approval_overlay_socket = Some("/run/approved.sock".into());
         a.metrics = Some("127.0.0.1:9464".parse().expect("addr"));
         assert_eq!(parse(a.to_argv()), a);
         a.metrics = Some("unix:/run/sluice/m.sock".parse().expect("path"));

@@ -158,6 +158,10 @@ pub struct ApprovalSetup {
     /// The policy file, beside which `allow_always` writes its overlay
     /// (`None`: no policy file, `always` counts as `allow_sandbox`).
     pub policy_path: Option<PathBuf>,
+    /// The socket `allow_always` entries are handed to instead of writing
+    /// the overlay (`--approval-overlay-socket`: `sluice run`'s launcher
+    /// writes it beside the policy after validating the entry).
+    pub overlay_socket: Option<PathBuf>,
 }
 
 /// Everything the datapath needs to know, fixed for the process lifetime.

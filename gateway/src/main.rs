@@ -123,6 +123,7 @@ fn prepare_and_serve(
     cfg.approval = config::ApprovalSetup {
         socket: args.approval_socket.clone(),
         policy_path: args.policy.clone(),
+        overlay_socket: args.approval_overlay_socket.clone(),
     };
     let mut options = CompileOptions::default();
     options.host_addresses = host_addresses();
@@ -249,9 +250,10 @@ fn prepare_and_serve(
     };
 
     // `always` answers write the overlay beside the policy: its directory
-    // then stays writable (docs/approval.md says what that costs).
-    let overlay_dir = match (policy_always, &args.policy) {
-        (true, Some(p)) => Some(policy_dir(p)),
+    // then stays writable (docs/approval.md says what that costs), unless
+    // the entries go to the launcher, which writes the overlay itself.
+    let overlay_dir = match (policy_always, &args.policy, &args.approval_overlay_socket) {
+        (true, Some(p), None) => Some(policy_dir(p)),
         _ => None,
     };
     serve_jailed(

@@ -92,6 +92,16 @@ pub fn append(policy: &Path, entry: &Approved<'_>) -> Result<bool, OverlayError>
         source,
     };
     let origin = path.display().to_string();
+    // Never through a symlink: the overlay is read and replaced only as a
+    // file of the policy's own directory.
+    match std::fs::symlink_metadata(&path) {
+        Ok(m) if !m.file_type().is_file() => {
+            return Err(io(std::io::Error::other(
+                "is not a regular file (a symlink?); left as it is",
+            )));
+        }
+        _ => {}
+    }
     let mut text = match std::fs::read_to_string(&path) {
         Ok(text) => {
             let raw = validate(&text, &origin).map_err(OverlayError::Invalid)?;
@@ -144,13 +154,33 @@ pub fn append(policy: &Path, entry: &Approved<'_>) -> Result<bool, OverlayError>
             .unwrap_or_default(),
         std::process::id()
     ));
-    let mut f = std::fs::File::create(&tmp).map_err(io)?;
-    let written = f.write_all(text.as_bytes()).and_then(|()| f.sync_all());
+    // A new file (never one a symlink points at), readable by whoever may
+    // read the policy: its mode and, where allowed, its owner.
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&tmp)
+        .map_err(io)?;
+    let written = like_policy(&f, policy)
+        .and_then(|()| f.write_all(text.as_bytes()))
+        .and_then(|()| f.sync_all());
     if let Err(e) = written.and_then(|()| std::fs::rename(&tmp, &path)) {
         let _ = std::fs::remove_file(&tmp);
         return Err(io(e));
     }
     Ok(true)
+}
+
+/// Gives `f` the policy file's permission bits (read and write only) and,
+/// when this process may, its owner and group: the overlay is read by
+/// whoever reads the policy (a jailed gateway, for one).
+fn like_policy(f: &std::fs::File, policy: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+    let meta = std::fs::metadata(policy)?;
+    f.set_permissions(std::fs::Permissions::from_mode(meta.mode() & 0o666))?;
+    // Only root may give a file away; anyone else keeps it as their own.
+    let _ = std::os::unix::fs::fchown(f, Some(meta.uid()), Some(meta.gid()));
+    Ok(())
 }
 
 /// Parses, checks and compiles an overlay on its own; its raw form.
@@ -302,6 +332,26 @@ mod tests {
             "{text}"
         );
         assert_eq!(text.matches("domain:").count(), 2);
+    }
+
+    #[test]
+    fn a_symlinked_overlay_is_never_written_through_and_modes_follow_the_policy() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let d = dir("link");
+        let policy = d.join("p.yaml");
+        std::fs::write(&policy, "version: 1\nid: p\n").unwrap();
+        std::fs::set_permissions(&policy, std::fs::Permissions::from_mode(0o640)).unwrap();
+        let elsewhere = d.join("elsewhere.yaml");
+        std::os::unix::fs::symlink(&elsewhere, overlay_path(&policy)).unwrap();
+        assert!(append(&policy, &entry("x.example.org")).is_err());
+        assert!(!elsewhere.exists(), "written through the symlink");
+        std::fs::remove_file(overlay_path(&policy)).unwrap();
+        assert!(append(&policy, &entry("x.example.org")).unwrap());
+        let mode = std::fs::metadata(overlay_path(&policy))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o640);
     }
 
     #[test]

@@ -5,15 +5,22 @@
 //! a time. With no terminal, or under `--json` (whose stdout is a result
 //! document, not a conversation), every question is denied at once and the
 //! run's summary says so and why.
+//!
+//! The guest command's stdin is forwarded from the launcher's (`run`).
+//! When that stdin is the controlling terminal itself, the terminal has
+//! one reader, the stdin forwarder, and the prompt owns the keys while a
+//! question waits ([`Keys`]): they go to the prompt then, never to the
+//! guest, and to the guest otherwise.
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 
 use anyhow::Context;
-use sluice_approval::backend::terminal::{Mode, Served, serve};
+use sluice_approval::backend::terminal::{Mode, Served, serve_routed};
 
 /// The socket's name in the run dir.
 const SOCKET: &str = "approve.sock";
@@ -26,6 +33,33 @@ pub(crate) struct AskServer {
     served: Arc<Mutex<Served>>,
     /// Why questions are denied without a prompt (`None`: prompted).
     auto_deny: Option<String>,
+    /// The prompt's input when stdin is the terminal (taken by the stdin
+    /// forwarder).
+    keys: Option<Keys>,
+}
+
+/// The terminal's keys, when the guest's stdin is the same terminal: the
+/// stdin forwarder reads the terminal and, while [`Keys::pending`], writes
+/// what it read to `to_prompt` (the prompt's input) instead of the guest.
+#[derive(Debug)]
+pub(crate) struct Keys {
+    pending: Arc<AtomicBool>,
+    /// The write end of the pipe the prompt reads.
+    pub(crate) to_prompt: fs::File,
+}
+
+impl Keys {
+    /// Whether a prompt is shown and waits for its key.
+    pub(crate) fn pending(&self) -> bool {
+        self.pending.load(Ordering::SeqCst)
+    }
+}
+
+/// Whether stdin is this process's controlling terminal (what `/dev/tty`
+/// opens): then the guest's stdin and the prompt would read the same keys.
+fn stdin_is_the_terminal() -> bool {
+    let stdin = std::io::stdin();
+    rustix::termios::isatty(&stdin) && rustix::termios::tcgetpgrp(&stdin).is_ok()
 }
 
 impl AskServer {
@@ -59,6 +93,29 @@ impl AskServer {
                 .map_err(|e| format!("no terminal ({e})"))
         };
         let auto_deny = tty.as_ref().err().cloned();
+        // One reader of the terminal: the prompt reads a pipe the stdin
+        // forwarder fills while a question waits.
+        let (input, keys) = match &tty {
+            Ok(_) if stdin_is_the_terminal() => {
+                let (r, w) = std::io::pipe().context("--ask: a pipe for the prompt's keys")?;
+                let pending = Arc::new(AtomicBool::new(false));
+                (
+                    Some(fs::File::from(std::os::fd::OwnedFd::from(r))),
+                    Some((
+                        Keys {
+                            pending: Arc::clone(&pending),
+                            to_prompt: fs::File::from(std::os::fd::OwnedFd::from(w)),
+                        },
+                        pending,
+                    )),
+                )
+            }
+            _ => (None, None),
+        };
+        let pending = keys
+            .as_ref()
+            .map_or_else(|| Arc::new(AtomicBool::new(false)), |(_, p)| Arc::clone(p));
+        let keys = keys.map(|(k, _)| k);
         let served = Arc::new(Mutex::new(Served::default()));
         let keep = Arc::clone(&served);
         thread::Builder::new()
@@ -75,7 +132,10 @@ impl AskServer {
                         return;
                     };
                     let mode = match tty.and_then(|f| {
-                        let r = f.try_clone().map_err(|e| e.to_string())?;
+                        let r = match input {
+                            Some(pipe) => pipe,
+                            None => f.try_clone().map_err(|e| e.to_string())?,
+                        };
                         Ok((r, f))
                     }) {
                         Ok((r, w)) => Mode::Prompt(
@@ -84,7 +144,7 @@ impl AskServer {
                         ),
                         Err(why) => Mode::AutoDeny(why),
                     };
-                    serve(listener, mode, keep).await;
+                    serve_routed(listener, mode, keep, &pending).await;
                 });
             })
             .context("--ask: starting the prompt thread")?;
@@ -92,7 +152,14 @@ impl AskServer {
             socket,
             served,
             auto_deny,
+            keys,
         })
+    }
+
+    /// The prompt's side of the terminal's keys, when the guest's stdin is
+    /// that terminal (once: the stdin forwarder takes it).
+    pub(crate) fn take_keys(&mut self) -> Option<Keys> {
+        self.keys.take()
     }
 
     /// The run summary's part: questions prompted and auto-denied, and why.

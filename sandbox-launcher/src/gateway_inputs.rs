@@ -28,7 +28,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 
 use anyhow::{Context, anyhow, bail};
-use sluice_policy::{CompiledPolicy, SecretSource};
+use sluice_policy::{ApprovalBackend, CompiledPolicy, SecretSource};
 
 /// The uid and gid both jails run as: 65534 (nobody/nogroup) as root,
 /// the caller's own rootless (`jail::default_ids`).
@@ -225,6 +225,86 @@ pub(crate) fn secret_inputs(policy: &CompiledPolicy) -> anyhow::Result<SecretInp
     Ok(out)
 }
 
+/// What the gateway's jail must bind read-only for the policy's approval
+/// backend (docs/approval.md), when the policy's own backend answers (not
+/// under `--ask`): a `unix` backend's socket directory (a local UI that
+/// restarts makes a new socket there; connecting to a socket on a
+/// read-only mount works), or the socket alone when its directory is unfit
+/// to bind whole; a webhook's token and TLS files, as secret files are.
+///
+/// # Errors
+/// The socket is neither present nor in a directory that can be bound; a
+/// webhook file fails [`FileView::of_secret`].
+pub(crate) fn approval_inputs(policy: &CompiledPolicy) -> anyhow::Result<Vec<PathBuf>> {
+    let mut read = Vec::new();
+    match policy.approval().map(|a| &a.backend) {
+        Some(ApprovalBackend::Unix(socket)) => {
+            let dir = socket.parent().unwrap_or(Path::new("/"));
+            match dir_fit(dir) {
+                Ok(dir) => read.push(dir),
+                Err(why) if socket.exists() => {
+                    eprintln!(
+                        "sluice: approval socket {}: binding the socket alone into the \
+                         gateway's jail ({why}): a socket made anew there is not seen",
+                        socket.display()
+                    );
+                    read.push(socket.clone());
+                }
+                Err(why) => bail!(
+                    "approval socket {}: it does not exist yet and its directory cannot be \
+                     bound into the gateway's jail ({why})",
+                    socket.display()
+                ),
+            }
+        }
+        Some(ApprovalBackend::Webhook {
+            bearer_token_file,
+            client_cert,
+            client_key,
+            ca,
+            ..
+        }) => {
+            for path in [bearer_token_file, client_cert, client_key, ca]
+                .into_iter()
+                .flatten()
+            {
+                let view = FileView::of_secret(path)
+                    .with_context(|| format!("approval webhook file {}", path.display()))?;
+                if !read.contains(&view.bind) {
+                    read.push(view.bind);
+                }
+            }
+        }
+        Some(ApprovalBackend::Terminal) | None => {}
+    }
+    Ok(read)
+}
+
+/// `dir` resolved, when it may be bound whole (as [`dir_unfit`] judges a
+/// file's directory, without the file); otherwise why not.
+fn dir_fit(dir: &Path) -> Result<PathBuf, String> {
+    let real = fs::canonicalize(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    if real == Path::new("/") {
+        return Err("it is in /".to_owned());
+    }
+    let meta = fs::metadata(&real).map_err(|e| format!("{}: {e}", real.display()))?;
+    if meta.permissions().mode() & 0o002 != 0 {
+        return Err(format!(
+            "its directory {} is world-writable, a shared directory whose other files the \
+             gateway must not see",
+            real.display()
+        ));
+    }
+    let (uid, gid) = jail_ids();
+    if !readable_by(&meta, (uid, gid), 0o1) {
+        return Err(format!(
+            "its directory {} is not searchable by uid {uid}/gid {gid}",
+            real.display()
+        ));
+    }
+    Ok(real)
+}
+
 /// Writes a file of the run dir that the jailed gateway reads (mode 0644;
 /// the run dir itself is 0700 and owned by the jail's uid: 65534 as root,
 /// the caller rootless).
@@ -365,5 +445,46 @@ mod tests {
                 .unwrap();
         let e = secret_inputs(&policy).unwrap_err();
         assert!(format!("{e:#}").contains("VC_GI_SECRET_UNSET_0"), "{e:#}");
+    }
+    #[test]
+    fn the_approval_backends_files_are_bound_and_a_socket_nowhere_is_an_error() {
+        let compile = |yaml: String| {
+            sluice_policy::from_yaml_str(&yaml, "test", &sluice_policy::CompileOptions::default())
+                .unwrap()
+        };
+        let ask = |backend: String| {
+            compile(format!(
+                "version: 1\nid: a\nunlisted: ask\napproval:\n  backend:\n{backend}\n"
+            ))
+        };
+        // A unix socket in a private directory: the directory, even before
+        // the socket exists.
+        let t = tmp("ask-sock");
+        let sock = t.0.join("ui.sock");
+        let read = approval_inputs(&ask(format!("    unix: {}", sock.display()))).unwrap();
+        assert_eq!(read, vec![fs::canonicalize(&t.0).unwrap()]);
+        // In a shared directory: the socket alone, or an error without one.
+        let shared = tmp("ask-shared");
+        fs::set_permissions(&shared.0, fs::Permissions::from_mode(0o1777)).unwrap();
+        let sock = shared.0.join("ui.sock");
+        let policy = ask(format!("    unix: {}", sock.display()));
+        assert!(approval_inputs(&policy).is_err());
+        let _listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        assert_eq!(approval_inputs(&policy).unwrap(), vec![sock.clone()]);
+        // A webhook's files, as secret files.
+        let token = t.0.join("token");
+        file(&token, 0o644);
+        let read = approval_inputs(&ask(format!(
+            "    webhook:\n      url: https://hook.example.com/ask\n      bearer_token_file: {}",
+            token.display()
+        )))
+        .unwrap();
+        assert_eq!(read, vec![t.0.clone()]);
+        // The terminal binds nothing.
+        assert!(
+            approval_inputs(&ask("    terminal".into()))
+                .unwrap()
+                .is_empty()
+        );
     }
 }

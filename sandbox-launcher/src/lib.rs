@@ -12,6 +12,7 @@
 
 use std::io::Write as _;
 
+mod approved;
 mod ask;
 pub mod audit_cmd;
 pub mod doctor;

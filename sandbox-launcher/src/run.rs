@@ -36,7 +36,7 @@ use sluice_agent_proto::{
 };
 
 use crate::egress_floor;
-use crate::gateway_inputs::{FileView, jail_ids, secret_inputs, write_for_jail};
+use crate::gateway_inputs::{FileView, approval_inputs, jail_ids, secret_inputs, write_for_jail};
 use crate::image::{self, ImageOptions};
 use crate::jail::{self, CgroupLimits, FdMap, JailSpec, Layer};
 use crate::network_mode::{self, GuestNetwork, HeldNetwork, NetworkMode};
@@ -680,7 +680,12 @@ impl Session {
         self.send(&Message::Exec(exec))?;
         self.timings.exec_sent = Some(Instant::now());
         self.phases.mark("command_sent");
-        self.forward_stdin();
+        let keys = self
+            .gateway
+            .as_mut()
+            .and_then(|g| g.ask.as_mut())
+            .and_then(crate::ask::AskServer::take_keys);
+        self.forward_stdin(keys);
         let status = loop {
             match self.next()? {
                 Message::Stdout(d) => self.output(false, &d, args.json),
@@ -746,25 +751,47 @@ impl Session {
         }
     }
 
-    /// Forwards the launcher's stdin to the command until EOF.
-    fn forward_stdin(&self) {
+    /// Forwards the launcher's stdin to the command until EOF. With `keys`
+    /// (`--ask`, stdin is the terminal the prompt uses), what is read while
+    /// a question waits goes to the prompt instead, and the terminal is
+    /// still read after the guest's EOF, for later prompts, until it ends.
+    fn forward_stdin(&self, keys: Option<crate::ask::Keys>) {
         let writer = Arc::clone(&self.writer);
         thread::spawn(move || {
             let mut stdin = io::stdin().lock();
             let mut buf = vec![0u8; CHUNK];
+            let mut guest_open = true;
             loop {
-                let msg = match stdin.read(&mut buf) {
+                let read = stdin.read(&mut buf);
+                if let (Some(k), Ok(n @ 1..)) = (&keys, &read)
+                    && k.pending()
+                {
+                    if (&k.to_prompt).write_all(&buf[..*n]).is_err() {
+                        return;
+                    }
+                    continue;
+                }
+                let msg = match read {
                     Ok(0) | Err(_) => Message::StdinEof,
                     Ok(n) => Message::Stdin(buf[..n].to_vec()),
                 };
                 let eof = msg == Message::StdinEof;
+                if !guest_open {
+                    // Keys typed with no question pending after the
+                    // guest's EOF are dropped; the terminal's end ends it.
+                    if eof {
+                        return;
+                    }
+                    continue;
+                }
                 let sent = writer
                     .lock()
                     .map(|mut w| write_frame(&mut *w, &msg).is_ok())
                     .unwrap_or(false);
-                if eof || !sent {
+                if !sent || (eof && keys.is_none()) {
                     return;
                 }
+                guest_open = !eof;
             }
         });
     }
@@ -1280,6 +1307,12 @@ fn spawn_gateway(
             let compiled = sluice_policy::load_file(&view.path, &compile)
                 .map_err(|e| anyhow!("invalid policy {}:\n{e}", view.path.display()))?;
             read.push(view.bind);
+            // A file bound alone hides its overlay: bind that too (a new
+            // one appears only for the next run; approved.rs).
+            let overlay = sluice_policy::overlay::overlay_path(&view.path);
+            if view.file_only.is_some() && overlay.is_file() {
+                read.push(overlay);
+            }
             (view.path, compiled)
         }
         None => {
@@ -1312,6 +1345,9 @@ fn spawn_gateway(
         );
     }
     read.extend(secrets.read);
+    if !args.ask {
+        read.extend(approval_inputs(&compiled)?);
+    }
     // The gateway decides whether the policy needs a sandbox CA (it inspects
     // a host: a bound secret or `inspect:`) and writes it before it serves.
     let ca_out = run_dir.join("ca.pem");
@@ -1348,6 +1384,12 @@ fn spawn_gateway(
     } else {
         None
     };
+    // `always` answers are written beside the policy by the launcher: the
+    // gateway's jail keeps the policy's directory read-only (approved.rs).
+    if let Some(policy) = args.policy.as_ref().and(gw_args.policy.clone()) {
+        let writer = crate::approved::OverlayWriter::start(run_dir, policy, sandbox_id.to_owned())?;
+        gw_args.approval_overlay_socket = Some(writer.socket);
+    }
     let argv = gw_args
         .to_argv()
         .into_iter()

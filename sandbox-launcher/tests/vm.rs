@@ -804,84 +804,39 @@ fn https_from_the_guest_allowed_and_denied_through_the_gateway() {
     drop(world);
 }
 
-/// `sluice run --ask` (issue 17): the launcher's prompt on its controlling
-/// terminal, a real pty (a tmux server of the test's own), decides a name
-/// the policy does not list. The guest's fetch of it waits on the prompt,
-/// which names the exact host and the port an approval opens; the key `o`
-/// (allow once) sent through tmux lets it through, and the audit's
-/// `approval` record says the terminal decided and for how long. The same
-/// run under `--json` (stdout is a result, not a conversation) denies
-/// without a prompt: the fetch fails and the result says how many were
-/// denied and why.
-#[test]
-#[ignore = "needs root: run via scripts/test"]
-fn ask_prompts_on_the_terminal_and_json_auto_denies() {
-    use sluice_e2e::{ORIGIN_NAME, ORIGIN2_NAME, World, wait_until};
-    let Some(agent) = agent() else { return };
-    let Some(gateway) = gateway_bin() else { return };
-    if Command::new("tmux").arg("-V").output().is_err() {
-        sluice_test_skip::may_skip("tmux", "tmux is not installed (scripts/install-deps)");
-        return;
-    }
-    let world = World::builder().connect_guest(false).start().unwrap();
-    let dir = world.dir().to_path_buf();
-    let policy = dir.join("ask-policy.yaml");
-    fs::write(
-        &policy,
-        format!(
-            "version: 1\nid: la-vm-ask\nunlisted: ask\napproval:\n  backend: terminal\n  \
-             timeout: 300\nallow:\n  - domain: {ORIGIN_NAME}\n{}",
-            world_policy_tail()
-        ),
-    )
-    .unwrap();
-    let script = format!(
-        "curl -sS --max-time 280 --cacert /tmp/ca.pem https://{ORIGIN2_NAME}/; echo asked=$?"
+/// Runs the command line `words` in a detached tmux session on a private
+/// server, waits for `prompt` on its screen, types `key` and Enter, and
+/// waits for the command's end: its output (stdout and stderr, to a file)
+/// and exit code. Its stdin is /dev/null, or with `guest` = (`after`,
+/// `line`) the terminal itself (the one the prompt reads, `/dev/tty`):
+/// once the output shows `after`, `line` and Enter are typed for the guest.
+fn answer_in_tmux(
+    dir: &Path,
+    tag: &str,
+    words: &[String],
+    (prompt, key): (&str, &str),
+    guest: Option<(&str, &str)>,
+) -> (String, String) {
+    use sluice_e2e::wait_until;
+    let (out, exit) = (
+        dir.join(format!("{tag}-out.txt")),
+        dir.join(format!("{tag}-exit.txt")),
     );
-    let run_args = |audit: &Path| -> Vec<String> {
-        vec![
-            format!("--net=/run/netns/{}", world.host.name()),
-            SLUICE.to_owned(),
-            "run".to_owned(),
-            format!("--gateway={}", gateway.display()),
-            "--policy".to_owned(),
-            policy.display().to_string(),
-            "--audit".to_owned(),
-            audit.display().to_string(),
-            "--ask".to_owned(),
-            "--copy-in".to_owned(),
-            format!("{}:/tmp/ca.pem", world.ca_pem().display()),
-        ]
-    };
-
-    // On a terminal: the prompt, then the key.
-    let audit = dir.join("ask-audit.jsonl");
-    let (out, exit) = (dir.join("ask-out.txt"), dir.join("ask-exit.txt"));
-    let m = mark();
     let quoted = |w: &str| format!("'{}'", w.replace('\'', r"'\''"));
-    let mut words = vec![
-        "env".to_owned(),
-        format!("SLUICE_AGENT={}", agent.display()),
-        format!("SLV_TEST_MARK={m}"),
-        "nsenter".to_owned(),
-    ];
-    words.extend(run_args(&audit));
-    words.extend(["--", "sh", "-c", &script].map(str::to_owned));
     let line: Vec<String> = words.iter().map(|w| quoted(w)).collect();
-    let sh = dir.join("ask.sh");
+    let sh = dir.join(format!("{tag}.sh"));
     fs::write(
         &sh,
         format!(
-            // stdin from /dev/null: the guest's stdin is not the terminal
-            // the prompt reads (/dev/tty).
-            "{} </dev/null >{} 2>&1\necho $? >{}\n",
+            "{}{} >{} 2>&1\necho $? >{}\n",
             line.join(" "),
+            if guest.is_some() { "" } else { " </dev/null" },
             out.display(),
             exit.display()
         ),
     )
     .unwrap();
-    let server = format!("{m}-tmux");
+    let server = format!("{}-tmux", mark());
     let tmux = |args: &[&str]| -> String {
         let o = Command::new("tmux")
             .args(["-L", &server])
@@ -908,26 +863,109 @@ fn ask_prompts_on_the_terminal_and_json_auto_denies() {
             .map(|o| text(&o.stdout))
             .unwrap_or_default()
     };
-    let prompt = format!("wants to reach {ORIGIN2_NAME} (TCP 443)");
     let shown = wait_until("the prompt", Duration::from_secs(240), || {
-        screen().contains(&prompt) || exit.exists()
+        screen().contains(prompt) || exit.exists()
     });
     let pane = screen();
     assert!(
-        shown.is_ok() && pane.contains(&prompt),
+        shown.is_ok() && pane.contains(prompt),
         "no prompt on the terminal:\n{pane}\nlauncher: {}",
         fs::read_to_string(&out).unwrap_or_default()
     );
-    tmux(&["send-keys", "o", "Enter"]);
+    tmux(&["send-keys", key, "Enter"]);
+    if let Some((after, line)) = guest {
+        let output = || fs::read_to_string(&out).unwrap_or_default();
+        wait_until("the guest's output", Duration::from_secs(300), || {
+            output().contains(after) || exit.exists()
+        })
+        .unwrap();
+        assert!(output().contains(after), "launcher: {}", output());
+        tmux(&["send-keys", line, "Enter"]);
+    }
     wait_until("the run's end", Duration::from_secs(300), || exit.exists()).unwrap();
     let _ = Command::new("tmux")
         .args(["-L", &server, "kill-server"])
         .output();
-    let output = fs::read_to_string(&out).unwrap();
-    assert_eq!(
-        fs::read_to_string(&exit).unwrap().trim(),
-        "0",
-        "launcher: {output}"
+    (
+        fs::read_to_string(&out).unwrap(),
+        fs::read_to_string(&exit).unwrap().trim().to_owned(),
+    )
+}
+
+/// `sluice run --ask` (issue 17): the launcher's prompt on its controlling
+/// terminal, a real pty (a tmux server of the test's own), decides a name
+/// the policy does not list. The guest's fetch of it waits on the prompt,
+/// which names the exact host and the port an approval opens; the key `o`
+/// (allow once) sent through tmux lets it through, and the audit's
+/// `approval` record says the terminal decided and for how long. The same
+/// run under `--json` (stdout is a result, not a conversation) denies
+/// without a prompt: the fetch fails and the result says how many were
+/// denied and why.
+#[test]
+#[ignore = "needs root: run via scripts/test"]
+fn ask_prompts_on_the_terminal_and_json_auto_denies() {
+    use sluice_e2e::{ORIGIN_NAME, ORIGIN2_NAME, World};
+    let Some(agent) = agent() else { return };
+    let Some(gateway) = gateway_bin() else { return };
+    if Command::new("tmux").arg("-V").output().is_err() {
+        sluice_test_skip::may_skip("tmux", "tmux is not installed (scripts/install-deps)");
+        return;
+    }
+    let world = World::builder().connect_guest(false).start().unwrap();
+    let dir = world.dir().to_path_buf();
+    let policy = dir.join("ask-policy.yaml");
+    fs::write(
+        &policy,
+        format!(
+            "version: 1\nid: la-vm-ask\nunlisted: ask\napproval:\n  backend: terminal\n  \
+             timeout: 300\nallow:\n  - domain: {ORIGIN_NAME}\n{}",
+            world_policy_tail()
+        ),
+    )
+    .unwrap();
+    let fetch =
+        format!("curl -sS --max-time 280 --cacert /tmp/ca.pem https://{ORIGIN2_NAME}/ </dev/null");
+    let script = format!("{fetch}; echo asked=$?; read -r line; echo \"guest-read=[$line]\"");
+    let run_args = |audit: &Path| -> Vec<String> {
+        vec![
+            format!("--net=/run/netns/{}", world.host.name()),
+            SLUICE.to_owned(),
+            "run".to_owned(),
+            format!("--gateway={}", gateway.display()),
+            "--policy".to_owned(),
+            policy.display().to_string(),
+            "--audit".to_owned(),
+            audit.display().to_string(),
+            "--ask".to_owned(),
+            "--copy-in".to_owned(),
+            format!("{}:/tmp/ca.pem", world.ca_pem().display()),
+        ]
+    };
+
+    // On a terminal: the prompt, then the key.
+    let audit = dir.join("ask-audit.jsonl");
+    let mut words = vec![
+        "env".to_owned(),
+        format!("SLUICE_AGENT={}", agent.display()),
+        format!("SLV_TEST_MARK={}", mark()),
+        "nsenter".to_owned(),
+    ];
+    words.extend(run_args(&audit));
+    words.extend(["--", "sh", "-c", &script].map(str::to_owned));
+    let prompt = format!("wants to reach {ORIGIN2_NAME} (TCP 443)");
+    let (output, code) = answer_in_tmux(
+        &dir,
+        "ask",
+        &words,
+        (&prompt, "o"),
+        Some(("asked=", "typed-for-the-guest")),
+    );
+    assert_eq!(code, "0", "launcher: {output}");
+    // The terminal is also the guest's stdin: the key went to the prompt
+    // only, the later line to the guest only.
+    assert!(
+        output.contains("guest-read=[typed-for-the-guest]"),
+        "the guest's stdin: {output}"
     );
     assert!(
         output.contains("hello from sluice-test-origin\nasked=0"),
@@ -992,6 +1030,165 @@ fn ask_prompts_on_the_terminal_and_json_auto_denies() {
         "no denied approval record"
     );
     assert_no_leftovers(&m, nsenter);
+    drop(world);
+}
+
+/// Issue 17, point 3 under `sluice run`: an `always` answer at the `--ask`
+/// prompt puts the name into `POLICY.approved.yaml` beside the policy. The
+/// gateway's jail keeps the policy's directory read-only, so the launcher
+/// writes the file after validating the entry. The file is a valid overlay
+/// with the policy's mode, and the running gateway reloads it: later
+/// fetches in the same run are allowed as listed (`allowlisted`), not by
+/// the approval. A second run with the same policy reaches the name
+/// without asking, under `--json`, which would deny any question.
+#[test]
+#[ignore = "needs root: run via scripts/test"]
+fn an_always_answer_writes_the_overlay_beside_the_policy_and_the_next_run_does_not_ask() {
+    use std::os::unix::fs::PermissionsExt as _;
+
+    use sluice_e2e::{ORIGIN_NAME, ORIGIN2_NAME, World};
+    let Some(agent) = agent() else { return };
+    let Some(gateway) = gateway_bin() else { return };
+    if Command::new("tmux").arg("-V").output().is_err() {
+        sluice_test_skip::may_skip("tmux", "tmux is not installed (scripts/install-deps)");
+        return;
+    }
+    let world = World::builder().connect_guest(false).start().unwrap();
+    let dir = world.dir().to_path_buf();
+    // A directory the jail's uid may search: it is bound whole, so the
+    // running gateway sees the overlay appear.
+    let policy_dir = dir.join("always-policy");
+    fs::create_dir(&policy_dir).unwrap();
+    fs::set_permissions(&policy_dir, fs::Permissions::from_mode(0o755)).unwrap();
+    let policy = policy_dir.join("policy.yaml");
+    fs::write(
+        &policy,
+        format!(
+            "version: 1\nid: la-vm-always\nunlisted: ask\napproval:\n  backend: terminal\n  \
+             always: true\n  timeout: 300\nallow:\n  - domain: {ORIGIN_NAME}\n{}",
+            world_policy_tail()
+        ),
+    )
+    .unwrap();
+    fs::set_permissions(&policy, fs::Permissions::from_mode(0o644)).unwrap();
+    let overlay = policy_dir.join("policy.approved.yaml");
+    let fetch = format!("curl -sS --max-time 280 --cacert /tmp/ca.pem https://{ORIGIN2_NAME}/");
+    let run = |audit: &Path, flags: &[&str], script: String| -> Vec<String> {
+        let mut words = vec![
+            "env".to_owned(),
+            format!("SLUICE_AGENT={}", agent.display()),
+            format!("SLV_TEST_MARK={}", mark()),
+            "nsenter".to_owned(),
+            format!("--net=/run/netns/{}", world.host.name()),
+            SLUICE.to_owned(),
+            "run".to_owned(),
+            format!("--gateway={}", gateway.display()),
+            "--audit".to_owned(),
+            audit.display().to_string(),
+            "--ask".to_owned(),
+        ];
+        words.extend(flags.iter().map(|f| (*f).to_owned()));
+        words.extend(run_args(&[], &policy, &world.ca_pem(), script));
+        words
+    };
+
+    // First run: asked, answered `a`. The later fetches give the gateway's
+    // reload poll (every 500 ms) twenty seconds to load the overlay.
+    let audit = dir.join("always-audit.jsonl");
+    let script = format!(
+        "{fetch}; echo asked=$?; i=0; while [ $i -lt 20 ]; do sleep 1; \
+         {fetch} >/dev/null || echo later-failed; i=$((i+1)); done"
+    );
+    let prompt = format!("wants to reach {ORIGIN2_NAME} (TCP 443)");
+    let (output, code) = answer_in_tmux(
+        &dir,
+        "always",
+        &run(&audit, &[], script),
+        (&prompt, "a"),
+        None,
+    );
+    assert_eq!(code, "0", "launcher: {output}");
+    assert!(
+        output.contains("hello from sluice-test-origin\nasked=0")
+            && !output.contains("later-failed"),
+        "the approved fetches failed: {output}"
+    );
+    assert!(
+        output.contains(&format!(
+            "{ORIGIN2_NAME} approved always: added to {}",
+            overlay.display()
+        )),
+        "the launcher did not say where it wrote: {output}"
+    );
+    let text_of = fs::read_to_string(&overlay).unwrap();
+    assert!(
+        text_of.contains(&format!("domain: \"{ORIGIN2_NAME}\""))
+            && text_of.contains("ports: [443]"),
+        "{text_of}"
+    );
+    let meta = fs::metadata(&overlay).unwrap();
+    assert_eq!(
+        meta.permissions().mode() & 0o777,
+        0o644,
+        "the policy's mode"
+    );
+    let loaded =
+        sluice_policy::load_file(&policy, &sluice_policy::CompileOptions::default()).unwrap();
+    assert_eq!(
+        loaded.check_name(ORIGIN2_NAME).decision,
+        sluice_policy::Decision::Allow,
+        "the overlay loads with the policy"
+    );
+    let lines = audit_records(&audit);
+    let at = |pred: &dyn Fn(&serde_json::Value) -> bool| lines.iter().position(pred);
+    let approved = at(&|l| {
+        l["kind"] == "approval"
+            && l["approval"]["name"] == ORIGIN2_NAME
+            && l["approval"]["decision"] == "allow_always"
+            && l["approval"]["lasts"] == "always"
+    });
+    let reloaded = at(&|l| l["kind"] == "policy_reload" && l["reason"] == "reload_applied");
+    assert!(
+        approved.is_some() && reloaded.is_some_and(|r| Some(r) > approved),
+        "no `always` record followed by the overlay's reload: {lines:#?}"
+    );
+    assert!(
+        lines[reloaded.unwrap_or_default()..]
+            .iter()
+            .any(|l| l["kind"] == "connection"
+                && l["decision"] == "allow"
+                && l["reason"] == "allowlisted"
+                && l["sni"] == ORIGIN2_NAME),
+        "after the reload the name is not allowed as listed: {lines:#?}"
+    );
+
+    // Second run, same policy: no question (under --json one would be
+    // denied at once), the name is listed.
+    let audit = dir.join("always-again-audit.jsonl");
+    let words = run(&audit, &["--json"], format!("{fetch}; echo asked=$?"));
+    let out = Command::new(&words[0])
+        .args(&words[1..])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "stderr: {stderr}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        v["stdout"].as_str().is_some_and(|s| s.contains("asked=0")),
+        "the second run did not reach it: {v}\n{stderr}"
+    );
+    assert!(
+        v["approval"]["prompted"] == 0 && v["approval"]["auto_denied"] == 0,
+        "the second run asked: {}",
+        v["approval"]
+    );
+    assert!(
+        !audit_records(&audit)
+            .iter()
+            .any(|l| l["kind"] == "approval"),
+        "an approval record in the second run"
+    );
     drop(world);
 }
 

@@ -8,6 +8,8 @@
 //! a hostile name cannot move the cursor or rewrite the prompt. Input that
 //! is not a key is asked again, three times at most, then denied.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use tokio::io::{AsyncBufRead, AsyncWrite, AsyncWriteExt};
 
 use super::BackendError;
@@ -142,8 +144,24 @@ pub enum Mode<R, W> {
 /// the question and every later one.
 pub async fn serve<R, W>(
     listener: tokio::net::UnixListener,
+    mode: Mode<R, W>,
+    served: std::sync::Arc<std::sync::Mutex<Served>>,
+) where
+    R: AsyncBufRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    serve_routed(listener, mode, served, &AtomicBool::new(false)).await;
+}
+
+/// As [`serve`], and `pending` is true exactly while a prompt is shown and
+/// waits for its key: a caller whose terminal is also another reader's
+/// input (the guest's stdin under `sluice run --ask`) routes the keys typed
+/// meanwhile to the prompt's input, and to the other reader otherwise.
+pub async fn serve_routed<R, W>(
+    listener: tokio::net::UnixListener,
     mut mode: Mode<R, W>,
     served: std::sync::Arc<std::sync::Mutex<Served>>,
+    pending: &AtomicBool,
 ) where
     R: AsyncBufRead + Unpin,
     W: AsyncWrite + Unpin,
@@ -157,7 +175,10 @@ pub async fn serve<R, W>(
                 match mode {
                     Mode::Prompt(input, out) => {
                         *prompted = true;
-                        match prompt(&q, input, out).await {
+                        pending.store(true, Ordering::SeqCst);
+                        let asked = prompt(&q, input, out).await;
+                        pending.store(false, Ordering::SeqCst);
+                        match asked {
                             Ok(a) => a,
                             Err(e) => {
                                 *failed = Some(e.to_string());

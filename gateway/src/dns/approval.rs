@@ -15,6 +15,12 @@
 //! (the address gate, SNI and Host checks, interception) is the decider's,
 //! exactly as for a listed name.
 //!
+//! An honoured `allow_always` is written to the policy's overlay beside it
+//! (`sluice_policy::overlay`), or, under `sluice run`, whose jail keeps the
+//! policy's directory read-only, handed to the launcher, which validates it
+//! and writes the overlay (`sluice_approval::handoff`). The audit record
+//! says `always` only when it was written.
+//!
 //! A backend that cannot be built (a terminal backend without
 //! `--approval-socket`, an unreadable webhook CA) answers every question
 //! with an error, hence deny.
@@ -25,6 +31,7 @@ use std::time::{Duration, Instant};
 
 use sluice_approval::backend::unix::UnixBackend;
 use sluice_approval::backend::webhook::{WebhookBackend, WebhookConfig};
+use sluice_approval::handoff::{HandoffReply, OverlayEntry, hand_off};
 use sluice_approval::{Answer, Asked, Backend, BackendError, Broker, BrokerConfig, Choice, Grant};
 use sluice_policy::{ApprovalBackend, ApprovalSpec};
 use tokio::sync::mpsc;
@@ -65,8 +72,21 @@ pub(crate) struct Outgoing {
     question: sluice_approval::Question,
     backend: Result<Arc<dyn Backend>, String>,
     timeout: Duration,
-    overlay: Option<PathBuf>,
+    overlay: Option<OverlaySink>,
 }
+
+/// Where an honoured `allow_always` goes.
+#[derive(Debug, Clone)]
+enum OverlaySink {
+    /// Written beside this policy file by the gateway itself.
+    Beside(PathBuf),
+    /// Handed to the launcher listening on this socket, which validates
+    /// it and writes the overlay (`--approval-overlay-socket`).
+    Launcher(PathBuf),
+}
+
+/// How long the launcher may take to write an overlay entry.
+const HANDOFF_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A backend's answer (or its failure) to one question, back on the
 /// session's event loop.
@@ -106,7 +126,7 @@ impl Approvals {
         now: Instant,
     ) -> (Asked, Option<Outgoing>) {
         let overlay = if spec.always {
-            self.setup.policy_path.clone()
+            self.overlay_sink()
         } else {
             None
         };
@@ -124,6 +144,16 @@ impl Approvals {
         (asked, out)
     }
 
+    /// Where `allow_always` entries go: the launcher when it serves them,
+    /// else beside the policy file; `None` with no policy file.
+    fn overlay_sink(&self) -> Option<OverlaySink> {
+        match (&self.setup.overlay_socket, &self.setup.policy_path) {
+            (Some(socket), _) => Some(OverlaySink::Launcher(socket.clone())),
+            (None, Some(policy)) => Some(OverlaySink::Beside(policy.clone())),
+            (None, None) => None,
+        }
+    }
+
     /// The broker for `spec`, made anew when the spec changed (a reload
     /// that changes the `approval:` section forgets the decisions taken
     /// under the old one).
@@ -131,6 +161,7 @@ impl Approvals {
         if self.asking.as_ref().is_some_and(|a| a.spec != *spec) {
             self.asking = None;
         }
+        let can_write = self.overlay_sink().is_some();
         let (sandbox, setup) = (&self.sandbox, &self.setup);
         self.asking.get_or_insert_with(|| Asking {
             spec: spec.clone(),
@@ -139,7 +170,7 @@ impl Approvals {
                 policy: policy_id.to_owned(),
                 tcp_ports: spec.tcp_ports.clone(),
                 udp_ports: spec.udp_ports.clone(),
-                always_allowed: spec.always && setup.policy_path.is_some(),
+                always_allowed: spec.always && can_write,
                 timeout: spec.timeout,
                 max_pending: spec.max_pending,
                 per_minute: spec.per_minute,
@@ -271,8 +302,17 @@ pub(crate) fn spawn_question(out: Outgoing, events: mpsc::UnboundedSender<Event>
             tracing::warn!(name = %question.name, error = %e, "approval question failed: denied");
         }
         let wrote = match (&result, overlay) {
-            (Ok(a), Some(policy)) if a.decision == Choice::AllowAlways => {
-                Some(write_overlay(policy, &question, kind, a).await)
+            (Ok(a), Some(sink)) if a.decision == Choice::AllowAlways => {
+                let r = match sink {
+                    OverlaySink::Beside(policy) => write_overlay(policy, &question, kind, a).await,
+                    OverlaySink::Launcher(socket) => {
+                        hand_overlay(&socket, &question, kind, a).await
+                    }
+                };
+                if let Err(e) = &r {
+                    tracing::warn!(error = %e, "approval overlay not written: allowed for this sandbox only");
+                }
+                Some(r)
             }
             _ => None,
         };
@@ -297,10 +337,7 @@ async fn write_overlay(
     let tcp = q.tcp_ports.clone();
     let udp = q.udp_ports.clone();
     let sandbox = q.sandbox.clone();
-    let by = match &a.by {
-        Some(by) => format!("{kind}: {by}"),
-        None => kind.to_owned(),
-    };
+    let by = decided_by(kind, a);
     let at = sluice_policy::audit::Timestamp::now();
     let at = serde_json::to_value(at)
         .ok()
@@ -322,9 +359,39 @@ async fn write_overlay(
         .map_err(|e| e.to_string())
     })
     .await;
-    let r = joined.unwrap_or_else(|e| Err(e.to_string()));
-    if let Err(e) = &r {
-        tracing::warn!(error = %e, "approval overlay not written: allowed for this sandbox only");
+    joined.unwrap_or_else(|e| Err(e.to_string()))
+}
+
+/// Who decided, as the overlay's comment records it.
+fn decided_by(kind: &str, a: &Answer) -> String {
+    match &a.by {
+        Some(by) => format!("{kind}: {by}"),
+        None => kind.to_owned(),
     }
-    r
+}
+
+/// Hands the approved name to the launcher on `socket`, which validates it
+/// and writes the overlay beside the policy; bounded by
+/// [`HANDOFF_TIMEOUT`]. Only its `written` counts as written.
+async fn hand_overlay(
+    socket: &std::path::Path,
+    q: &sluice_approval::Question,
+    kind: &str,
+    a: &Answer,
+) -> Result<(), String> {
+    let entry = OverlayEntry {
+        name: q.name.clone(),
+        tcp_ports: q.tcp_ports.clone(),
+        udp_ports: q.udp_ports.clone(),
+        by: decided_by(kind, a),
+    };
+    match tokio::time::timeout(HANDOFF_TIMEOUT, hand_off(socket, &entry)).await {
+        Ok(Ok(HandoffReply::Written)) => Ok(()),
+        Ok(Ok(HandoffReply::Refused(why))) => Err(format!("the launcher refused it: {why}")),
+        Ok(Err(e)) => Err(format!("handing it to the launcher: {e}")),
+        Err(_) => Err(format!(
+            "the launcher did not answer within {} s",
+            HANDOFF_TIMEOUT.as_secs()
+        )),
+    }
 }

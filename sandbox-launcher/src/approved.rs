@@ -1,0 +1,313 @@
+//! `always` approvals under `sluice run`: the launcher writes the policy's
+//! overlay (`POLICY.approved.yaml`, docs/approval.md) for the gateway.
+//!
+//! The gateway's jail binds the policy's directory read-only, so the
+//! gateway cannot write beside the policy. It hands each `always` entry
+//! over a unix socket in the run dir (its `--approval-overlay-socket`,
+//! `sluice_approval::handoff`) to a thread of the launcher, which places
+//! it. The gateway may be compromised, so nothing it sends is trusted: the
+//! entry's schema is narrow (a name, its ports, who decided; unknown
+//! fields refused); the policy is read afresh and the name must be one it
+//! would ask about ([`sluice_policy::CompiledPolicy::would_ask`]: never a
+//! platform, metadata, `deny:`, listed or PSL-wildcard-like name), its
+//! `approval.always` must be on and the ports among those its `approval:`
+//! section opens; the sandbox and the time are the launcher's own. The
+//! overlay is written by [`sluice_policy::overlay::append`]: validated as a
+//! policy, never through a symlink, replaced by rename inside the policy's
+//! directory. Each refusal is one line on stderr and the gateway is told,
+//! so its audit record says `sandbox`, not `always`.
+//!
+//! With the policy's directory bound (`gateway_inputs`), the running
+//! gateway's reload poll sees the new overlay and loads it; the next run
+//! reads it with the policy.
+
+use std::fs;
+use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::thread;
+use std::time::Duration;
+
+use anyhow::Context;
+use sluice_approval::handoff::{HandoffReply, OverlayEntry};
+use sluice_approval::wire::MAX_MESSAGE_BYTES;
+use sluice_policy::CompileOptions;
+
+/// The socket's name in the run dir.
+const SOCKET: &str = "approved.sock";
+
+/// How long one connection may take to send its entry.
+const READ_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The overlay writer of one run.
+#[derive(Debug)]
+pub(crate) struct OverlayWriter {
+    /// The socket the gateway is given (`--approval-overlay-socket`).
+    pub(crate) socket: PathBuf,
+}
+
+impl OverlayWriter {
+    /// Listens in `run_dir` (0700: only the jail's uid and the launcher
+    /// reach it) and writes the overlay of `policy` for sandbox `sandbox`
+    /// on a thread of its own, one entry at a time, until the process ends.
+    ///
+    /// # Errors
+    /// The socket cannot be made or handed to the jail's uid.
+    pub(crate) fn start(run_dir: &Path, policy: PathBuf, sandbox: String) -> anyhow::Result<Self> {
+        let socket = run_dir.join(SOCKET);
+        let listener = UnixListener::bind(&socket)
+            .with_context(|| format!("listening on {}", socket.display()))?;
+        // The jailed gateway runs as the run dir's owner.
+        if let Ok(meta) = fs::metadata(run_dir) {
+            use std::os::unix::fs::MetadataExt;
+            let _ = std::os::unix::fs::chown(&socket, Some(meta.uid()), Some(meta.gid()));
+        }
+        {
+            use std::os::unix::fs::PermissionsExt;
+            fs::set_permissions(&socket, fs::Permissions::from_mode(0o600))
+                .with_context(|| format!("chmod {}", socket.display()))?;
+        }
+        thread::Builder::new()
+            .name("sluice-approved".into())
+            .spawn(move || {
+                for stream in listener.incoming().flatten() {
+                    serve(stream, &policy, &sandbox);
+                }
+            })
+            .context("starting the approval overlay thread")?;
+        Ok(Self { socket })
+    }
+}
+
+/// Reads one entry from `stream`, places it, and answers.
+fn serve(stream: UnixStream, policy: &Path, sandbox: &str) {
+    let _ = stream.set_read_timeout(Some(READ_TIMEOUT));
+    let _ = stream.set_write_timeout(Some(READ_TIMEOUT));
+    let mut line = Vec::new();
+    let limit = u64::try_from(MAX_MESSAGE_BYTES + 1).unwrap_or(u64::MAX);
+    let read = BufReader::new(&stream)
+        .take(limit)
+        .read_until(b'\n', &mut line);
+    let reply = match read {
+        Ok(_) => match OverlayEntry::parse(line.trim_ascii()) {
+            Ok(entry) => match place(policy, sandbox, &entry) {
+                Ok(path) => {
+                    eprintln!(
+                        "sluice: {} approved always: added to {} (review it and fold it into the policy)",
+                        entry.name,
+                        path.display()
+                    );
+                    HandoffReply::Written
+                }
+                Err(why) => {
+                    eprintln!(
+                        "sluice: approval overlay: refused {:?} from the gateway: {why}",
+                        entry.name
+                    );
+                    HandoffReply::Refused(why)
+                }
+            },
+            Err(e) => {
+                let why = format!("not an overlay entry: {e}");
+                eprintln!("sluice: approval overlay: refused a message from the gateway: {why}");
+                HandoffReply::Refused(why)
+            }
+        },
+        Err(e) => {
+            eprintln!("sluice: approval overlay: reading from the gateway: {e}");
+            return;
+        }
+    };
+    if let Ok(bytes) = reply.to_line() {
+        let _ = (&stream).write_all(&bytes);
+    }
+}
+
+/// Validates `entry` against the policy at `policy` as it is now and adds
+/// it to the policy's overlay; the overlay's path, or why not.
+pub(crate) fn place(policy: &Path, sandbox: &str, entry: &OverlayEntry) -> Result<PathBuf, String> {
+    let first_line = |e: &dyn std::fmt::Display| {
+        let text = e.to_string();
+        text.lines().next().unwrap_or_default().to_owned()
+    };
+    // The policy with its overlay must load (an invalid overlay is never
+    // rewritten); the checks are against the policy alone, so that a name
+    // the overlay already lists is written again as a no-op.
+    sluice_policy::load_file(policy, &CompileOptions::default())
+        .map_err(|e| format!("the policy does not load: {}", first_line(&e)))?;
+    let text = fs::read_to_string(policy)
+        .map_err(|e| format!("reading the policy: {}", first_line(&e)))?;
+    let compiled = sluice_policy::from_yaml_str(
+        &text,
+        &policy.display().to_string(),
+        &CompileOptions::default(),
+    )
+    .map_err(|e| format!("the policy does not load: {}", first_line(&e)))?;
+    let spec = compiled
+        .approval()
+        .ok_or("the policy has no `approval:` section")?;
+    if !spec.always {
+        return Err("the policy's `approval.always` is off".into());
+    }
+    match sluice_policy::normalize_name(&entry.name) {
+        Ok(n) if n.as_str() == entry.name => {}
+        _ => return Err("not a normalised DNS name".into()),
+    }
+    if !compiled.would_ask(&entry.name) {
+        let verdict = compiled.check_name(&entry.name);
+        return Err(format!(
+            "the policy would not ask about it ({}), so no approval may open it",
+            verdict.reason
+        ));
+    }
+    let within = |given: &[u16], opened: &[u16]| given.iter().all(|p| opened.contains(p));
+    if !within(&entry.tcp_ports, &spec.tcp_ports) || !within(&entry.udp_ports, &spec.udp_ports) {
+        return Err(format!(
+            "ports TCP {:?} UDP {:?} are not among those the `approval:` section opens (TCP {:?} UDP {:?})",
+            entry.tcp_ports, entry.udp_ports, spec.tcp_ports, spec.udp_ports
+        ));
+    }
+    if entry.by.chars().any(char::is_control) {
+        return Err("`by` holds control characters".into());
+    }
+    let at = serde_json::to_value(sluice_policy::audit::Timestamp::now())
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default();
+    sluice_policy::overlay::append(
+        policy,
+        &sluice_policy::overlay::Approved {
+            name: &entry.name,
+            tcp_ports: &entry.tcp_ports,
+            udp_ports: &entry.udp_ports,
+            by: &entry.by,
+            sandbox,
+            at: &at,
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    Ok(sluice_policy::overlay::overlay_path(policy))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Tmp(PathBuf);
+    impl Drop for Tmp {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn policy(tag: &str, always: bool) -> (Tmp, PathBuf) {
+        let d = std::env::temp_dir().join(format!("sluice-approved-{tag}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        fs::create_dir_all(&d).unwrap();
+        let p = d.join("p.yaml");
+        fs::write(
+            &p,
+            format!(
+                "version: 1\nid: p\nunlisted: ask\napproval:\n  backend: terminal\n  always: {always}\n  \
+                 ports: [443]\nallow:\n  - domain: listed.example.com\ndeny:\n  - blocked.example.com\n"
+            ),
+        )
+        .unwrap();
+        (Tmp(d), p)
+    }
+
+    fn entry(name: &str, tcp: &[u16]) -> OverlayEntry {
+        OverlayEntry {
+            name: name.into(),
+            tcp_ports: tcp.to_vec(),
+            udp_ports: vec![],
+            by: "unix".into(),
+        }
+    }
+
+    #[test]
+    fn a_plain_miss_is_written_and_loads_with_the_policy() {
+        let (_t, p) = policy("ok", true);
+        let path = place(&p, "sb-1", &entry("new.example.com", &[443])).unwrap();
+        assert_eq!(path, sluice_policy::overlay::overlay_path(&p));
+        let text = fs::read_to_string(&path).unwrap();
+        assert!(
+            text.contains("new.example.com") && text.contains("sandbox sb-1"),
+            "{text}"
+        );
+        let loaded = sluice_policy::load_file(&p, &CompileOptions::default()).unwrap();
+        assert!(!loaded.would_ask("new.example.com"), "now listed");
+        // Twice is fine, and still one entry.
+        place(&p, "sb-1", &entry("new.example.com", &[443])).unwrap();
+        assert_eq!(
+            fs::read_to_string(&path)
+                .unwrap()
+                .matches("domain:")
+                .count(),
+            1
+        );
+    }
+
+    #[test]
+    fn what_the_policy_would_deny_or_never_ask_about_is_refused_unwritten() {
+        let (_t, p) = policy("deny", true);
+        for (e, why) in [
+            (entry("blocked.example.com", &[443]), "would not ask"),
+            (entry("listed.example.com", &[443]), "would not ask"),
+            (entry("169.254.169.254", &[443]), "would not ask"),
+            (entry("co.uk", &[443]), "would not ask"),
+            (entry("localhost", &[443]), "would not ask"),
+            (entry("*.example.com", &[443]), "normalised"),
+            (entry("New.Example.com", &[443]), "normalised"),
+            (entry("new.example.com", &[22]), "ports"),
+            (
+                OverlayEntry {
+                    by: "x\ny".into(),
+                    ..entry("new.example.com", &[443])
+                },
+                "control",
+            ),
+        ] {
+            let err = place(&p, "sb", &e).unwrap_err();
+            assert!(err.contains(why), "{}: {err}", e.name);
+        }
+        assert!(!sluice_policy::overlay::overlay_path(&p).exists());
+        let (_t, p) = policy("off", false);
+        let err = place(&p, "sb", &entry("new.example.com", &[443])).unwrap_err();
+        assert!(err.contains("always"), "{err}");
+    }
+
+    #[test]
+    fn a_symlink_in_place_of_the_overlay_is_not_written_through() {
+        let (t, p) = policy("link", true);
+        let target = t.0.join("target.yaml");
+        std::os::unix::fs::symlink(&target, sluice_policy::overlay::overlay_path(&p)).unwrap();
+        assert!(place(&p, "sb", &entry("new.example.com", &[443])).is_err());
+        assert!(!target.exists());
+    }
+
+    #[test]
+    fn the_socket_answers_written_or_refused_with_the_reason() {
+        let (t, p) = policy("sock", true);
+        let run = t.0.join("run");
+        fs::create_dir(&run).unwrap();
+        let w = OverlayWriter::start(&run, p.clone(), "sb".into()).unwrap();
+        let ask = |line: &[u8]| {
+            let mut s = UnixStream::connect(&w.socket).unwrap();
+            s.write_all(line).unwrap();
+            let mut reply = String::new();
+            BufReader::new(&s).read_line(&mut reply).unwrap();
+            HandoffReply::parse(reply.trim().as_bytes()).unwrap()
+        };
+        let good = entry("new.example.com", &[443]).to_line().unwrap();
+        assert_eq!(ask(&good), HandoffReply::Written);
+        let bad = entry("blocked.example.com", &[443]).to_line().unwrap();
+        assert!(matches!(ask(&bad), HandoffReply::Refused(_)));
+        let extra =
+            br#"{"name":"x.example.com","tcp_ports":[443],"udp_ports":[],"by":"u","allow":"*"}
+"#;
+        assert!(
+            matches!(ask(extra), HandoffReply::Refused(w) if w.contains("not an overlay entry"))
+        );
+    }
+}
