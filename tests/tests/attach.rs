@@ -99,7 +99,8 @@ fn attach_serves_dhcp_dns_and_policy_and_ends_fail_closed_on_sigterm() -> Result
         .signal_and_wait(libc::SIGTERM, Duration::from_secs(60))?;
     ensure!(st.code() == Some(0), "exit {st}\n{}", w.sidecar_log());
     ensure!(
-        w.sidecar_log().contains("its floor stays on it (fail closed)"),
+        w.sidecar_log()
+            .contains("its floor stays on it (fail closed)"),
         "no fail-closed exit line: {}",
         w.sidecar_log()
     );
@@ -439,7 +440,10 @@ fn bad_input_fails_with_one_line_and_leaves_nothing_behind() -> Result<()> {
     ensure!(st.code() == Some(0), "first gateway exit {st}");
     // The first gateway's end keeps its floor on x0, which still exists.
     let t = tables(&ns)?;
-    ensure!(t.contains(&floor_table("x0")), "after the first gateway: {t}");
+    ensure!(
+        t.contains(&floor_table("x0")),
+        "after the first gateway: {t}"
+    );
     let _ = std::fs::remove_file(&log);
     Ok(())
 }
