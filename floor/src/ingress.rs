@@ -1,15 +1,20 @@
 //! The ingress floor: in the VM's namespace, nothing the guest sends
 //! reaches the kernel's stack, and nothing is forwarded.
 //!
-//! Removal fails closed: it first sets the interface down (a TAP that is
-//! down refuses its VMM's writes, a veth that is down receives nothing
-//! from its peer), and only then deletes the rules. So a VM that outlives
-//! the gateway's normal end still has no network through the namespace's
-//! kernel, wherever that namespace routes or bridges; whoever attaches
-//! next installs its floor before it sets the interface up again. If the
-//! interface cannot be set down, the rules stay. Removal acts only in the
-//! namespace the floor was installed in, known by identity (the device and
-//! inode of its nsfs file), not by the path, which may since name another.
+//! The end of a gateway that served the interface is fail-closed
+//! ([`IngressFloor::remove`]): the interface is set down (a TAP that is
+//! down refuses its VMM's writes, a veth that is down receives nothing from
+//! its peer) AND, while the interface still exists, the floor stays on it.
+//! Anything holding `CAP_NET_ADMIN` in that namespace (a VMM run as root
+//! there, a network manager) may set the link up again; the guest's frames
+//! then still meet the ingress drop, never the kernel's stack. The tables
+//! go only with the interface (removal finds it gone) or with the
+//! namespace itself; whoever attaches next replaces them with its own
+//! floor. The interface is known by its index, recorded at install: a
+//! renamed interface is still the floor's, and is kept down and floored.
+//! Removal acts only in the namespace the floor was installed in, known by
+//! identity (the device and inode of its nsfs file), not by the path,
+//! which may since name another.
 
 use std::path::{Path, PathBuf};
 
@@ -31,8 +36,20 @@ pub struct IngressFloor {
     /// The namespace `netns` named when the floor was installed.
     ns_id: Option<NsId>,
     iface: String,
+    /// The interface's index in the namespace at install.
+    index: u32,
     table: String,
     removed: bool,
+}
+
+/// What [`IngressFloor::remove`] left behind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ended {
+    /// The interface still exists: it is down, and the floor stays on it
+    /// (fail closed) until the interface or the namespace goes.
+    Kept,
+    /// The interface or the namespace is gone, and so is the floor.
+    Removed,
 }
 
 /// The table holding the floor for `iface` (one per interface, so floors on
@@ -151,16 +168,11 @@ impl IngressFloor {
     pub fn install(netns: Option<&Path>, iface: &str) -> Result<Self, FloorError> {
         check_iface(iface)?;
         let table = table_name(iface);
-        let ((), ns_id) = run_in_id(netns, || {
+        let (index, ns_id) = run_in_id(netns, || {
             // nft accepts a netdev chain for a device that does not exist
             // (it binds when one appears): check first.
-            let probe = rustix::net::socket(
-                rustix::net::AddressFamily::INET,
-                rustix::net::SocketType::DGRAM,
-                None,
-            )
-            .map_err(|e| FloorError::Invalid(format!("cannot open a probe socket: {e}")))?;
-            if rustix::net::netdevice::name_to_index(&probe, iface).is_err() {
+            let probe = probe_socket()?;
+            let Ok(index) = rustix::net::netdevice::name_to_index(&probe, iface) else {
                 return Err(FloorError::NoInterface {
                     iface: iface.to_owned(),
                     netns: netns.map_or_else(
@@ -168,19 +180,20 @@ impl IngressFloor {
                         |p| format!("network namespace {}", p.display()),
                     ),
                 });
-            }
+            };
             nft::apply(WHAT, objects(iface, &table))?;
             if let Err(e) = verify(iface, &table) {
                 let _ = nft::delete_table(WHAT, NfFamily::NetDev, &table);
                 let _ = nft::delete_table(WHAT, NfFamily::INet, &table);
                 return Err(e);
             }
-            Ok(())
+            Ok(index)
         })?;
         Ok(Self {
             netns: netns.map(Path::to_owned),
             ns_id,
             iface: iface.to_owned(),
+            index,
             table,
             removed: false,
         })
@@ -211,32 +224,78 @@ impl IngressFloor {
         self.removed = true;
     }
 
-    /// Sets the interface down, then removes the floor (module docs). A
-    /// namespace that is already gone (the VM ended) took the rules with
-    /// it, an interface already gone took the guest's link: both are
-    /// success.
+    /// The end of the gateway that served the interface (module docs):
+    /// sets the interface down and keeps the floor while the interface
+    /// exists ([`Ended::Kept`]); deletes the floor when the interface or
+    /// the namespace is already gone ([`Ended::Removed`]).
     ///
     /// # Errors
     /// The path now names another namespace than the floor's (nothing is
     /// touched), the interface could not be set down (the rules stay), or
     /// `nft` failed.
-    pub fn remove(mut self) -> Result<(), FloorError> {
+    pub fn remove(mut self) -> Result<Ended, FloorError> {
         self.removed = true;
-        self.delete()
+        if let Some(ns) = &self.netns
+            && !ns.exists()
+        {
+            return Ok(Ended::Removed);
+        }
+        run_in_same(self.netns.as_deref(), self.ns_id, || {
+            let probe = probe_socket()?;
+            match rustix::net::netdevice::index_to_name(&probe, self.index) {
+                // Gone: the guest's link went with it, the floor may go.
+                Err(rustix::io::Errno::NODEV) => {
+                    self.delete_tables()?;
+                    Ok(Ended::Removed)
+                }
+                Err(e) => Err(FloorError::LinkDown {
+                    iface: self.iface.clone(),
+                    message: format!("looking up interface index {}: {e}", self.index),
+                }),
+                // Possibly renamed since: still the floor's interface.
+                Ok(name) => {
+                    cut_link(&name)?;
+                    Ok(Ended::Kept)
+                }
+            }
+        })
     }
 
-    fn delete(&self) -> Result<(), FloorError> {
+    fn delete_tables(&self) -> Result<(), FloorError> {
+        nft::delete_table(WHAT, NfFamily::NetDev, &self.table)?;
+        nft::delete_table(WHAT, NfFamily::INet, &self.table)
+    }
+
+    /// A floor that never served (a failure before the gateway set the
+    /// interface up): the interface is set down and the floor removed, so
+    /// a refused attach leaves nothing behind.
+    fn discard(&self) -> Result<(), FloorError> {
         if let Some(ns) = &self.netns
             && !ns.exists()
         {
             return Ok(());
         }
         run_in_same(self.netns.as_deref(), self.ns_id, || {
-            cut_link(&self.iface)?;
-            nft::delete_table(WHAT, NfFamily::NetDev, &self.table)?;
-            nft::delete_table(WHAT, NfFamily::INet, &self.table)
+            let probe = probe_socket()?;
+            if let Ok(name) = rustix::net::netdevice::index_to_name(&probe, self.index) {
+                cut_link(&name)?;
+            }
+            self.delete_tables()
         })
     }
+}
+
+/// A socket for interface ioctls in the calling thread's namespace (never
+/// inherited by the `nft` or `ip` this crate runs).
+fn probe_socket() -> Result<rustix::fd::OwnedFd, FloorError> {
+    use rustix::net::{AddressFamily, SocketFlags, SocketType, socket_with};
+    socket_with(
+        AddressFamily::INET,
+        SocketType::DGRAM,
+        SocketFlags::CLOEXEC,
+        None,
+    )
+    .map_err(|e| FloorError::Invalid(format!("cannot open a probe socket: {e}")))
 }
 
 /// Where `ip` is looked for (absolute paths only: a caller's `PATH` is not
@@ -244,8 +303,8 @@ impl IngressFloor {
 const IP_DIRS: [&str; 4] = ["/usr/sbin", "/sbin", "/usr/bin", "/bin"];
 
 /// Sets `iface` (in the calling thread's namespace) down with iproute2's
-/// `ip`: the guest's link goes before its floor does. An interface that is
-/// gone needs nothing.
+/// `ip`. An interface that vanished since its name was looked up is an
+/// error: the caller keeps the floor (fail closed).
 fn cut_link(iface: &str) -> Result<(), FloorError> {
     let failed = |message: String| FloorError::LinkDown {
         iface: iface.to_owned(),
@@ -270,17 +329,13 @@ fn cut_link(iface: &str) -> Result<(), FloorError> {
     if out.status.success() {
         return Ok(());
     }
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    if stderr.contains("Cannot find device") {
-        return Ok(());
-    }
-    Err(failed(nft::one_line(&stderr)))
+    Err(failed(nft::one_line(&String::from_utf8_lossy(&out.stderr))))
 }
 
 impl Drop for IngressFloor {
     fn drop(&mut self) {
         if !self.removed {
-            let _ = self.delete();
+            let _ = self.discard();
         }
     }
 }

@@ -17,7 +17,8 @@
 //!   metadata service or the host's services.
 //!
 //! Each floor is verified after it is applied (listed back and compared),
-//! and removed by [`ingress::IngressFloor::remove`] /
+//! and ended by [`ingress::IngressFloor::remove`] (fail closed: kept on an
+//! interface that still exists) /
 //! [`egress::EgressFloor::remove`] (and on drop, best effort).
 
 #![forbid(unsafe_code)]

@@ -99,8 +99,16 @@ pub(crate) fn run_in_same<T: Send>(
     expect: Option<NsId>,
     f: impl FnOnce() -> Result<T, FloorError> + Send,
 ) -> Result<T, FloorError> {
-    let (Some(path), Some(expect)) = (netns, expect) else {
+    let Some(path) = netns else {
         return f();
+    };
+    // A path without the identity it named would run `f` in whatever the
+    // path names now, or (worse) in the caller's namespace: refuse.
+    let Some(expect) = expect else {
+        return Err(netns_err(
+            path,
+            "the identity of the namespace the floor was installed in is unknown; refusing to touch it",
+        ));
     };
     let (ns, id) = open(path)?;
     if id != expect {

@@ -15,7 +15,7 @@ use sluice_floor::FloorError;
 use sluice_floor::egress::{
     EgressFloor, EgressSpec, Owner, Removal, always_denied, non_public, remove_table,
 };
-use sluice_floor::ingress::{IngressFloor, table_name};
+use sluice_floor::ingress::{Ended, IngressFloor, table_name};
 
 fn is_root() -> bool {
     rustix::process::geteuid().is_root()
@@ -168,23 +168,45 @@ fn the_ingress_floor_silences_the_kernel_while_a_packet_socket_reads_every_frame
         g.tables()
     );
     std::mem::forget(floor);
-    again.remove().unwrap();
-    assert!(!g.tables().contains("sluice_floor"), "{}", g.tables());
-    // Removal cut the link first: with the rules gone the kernel still
-    // hears nothing from the guest (fail closed).
+    // The end of a gateway on a live interface is fail closed: the link is
+    // cut AND the floor stays on it.
+    assert_eq!(again.remove().unwrap(), Ended::Kept);
+    assert!(g.tables().contains(&table_name("g0")), "{}", g.tables());
     let link =
         String::from_utf8(run(&["ip", "-n", &g.0, "-o", "link", "show", "g0"]).stdout).unwrap();
     assert!(link.contains("state DOWN"), "{link}");
     assert!(
         !kernel_answers(&p, "10.99.0.1"),
-        "the kernel answered after the floor's removal"
+        "the kernel answered after the gateway's end"
     );
-    // Control: the same probe once the link is set up again is answered.
+    // Something with CAP_NET_ADMIN in the namespace (a VMM run as root, a
+    // network manager) sets the link up again: still nothing reaches the
+    // kernel.
     ok(&["ip", "-n", &g.0, "link", "set", "g0", "up"]);
+    assert!(
+        !kernel_answers(&p, "10.99.0.1"),
+        "the kernel answered with the link set up again after the end"
+    );
+    // Control: the same probe, with the kept floor deleted by hand, is
+    // answered (so the probe above could have failed).
+    let table = table_name("g0");
+    ok(&[
+        "ip", "netns", "exec", &g.0, "nft", "delete", "table", "netdev", &table,
+    ]);
+    ok(&[
+        "ip", "netns", "exec", &g.0, "nft", "delete", "table", "inet", &table,
+    ]);
     assert!(
         (0..5).any(|_| kernel_answers(&p, "10.99.0.1")),
         "the kernel answers with the link up and no floor"
     );
+    // An interface gone by the end (the VM went first) takes the floor
+    // with it: nothing is left.
+    let floor = IngressFloor::install(Some(&g.path()), "g0").unwrap();
+    assert!(g.tables().contains(&table), "{}", g.tables());
+    ok(&["ip", "-n", &g.0, "link", "del", "g0"]);
+    assert_eq!(floor.remove().unwrap(), Ended::Removed);
+    assert!(!g.tables().contains("sluice_floor"), "{}", g.tables());
 }
 
 #[test]

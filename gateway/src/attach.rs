@@ -22,10 +22,15 @@
 //!    can the guest's frames flow.
 //! 4. Fork the floor keeper: a child that holds the floor and, when the
 //!    gateway asks on exit (normal end, SIGTERM, SIGINT, or a failure
-//!    after the floor was installed), sets IFACE down and then removes the
-//!    floor, in the namespace it was installed in and no other
+//!    after the floor was installed), sets IFACE down and keeps the floor
+//!    on it while it exists (removing it only when IFACE is already gone),
+//!    in the namespace it was installed in and no other
 //!    ([`IngressFloor::remove`]): the guest, which may outlive the
-//!    gateway, gets no network through the namespace's kernel either way.
+//!    gateway, gets no network through the namespace's kernel, even if
+//!    something with `CAP_NET_ADMIN` there sets IFACE up again. Before
+//!    asking, the gateway sets IFACE down itself ([`LinkCutter`], a socket
+//!    it opened in the namespace): that holds with no floor
+//!    (`--allow-missing-isolation nftables`) or a dead keeper too.
 //!    If the gateway dies without asking (SIGKILL, a crash) the keeper
 //!    leaves the floor in place: the guest then has no network at all,
 //!    which is the safe state. `main` calls [`attach`] before it reads the
@@ -44,7 +49,7 @@ use std::path::Path;
 
 use anyhow::{Context as _, anyhow, bail};
 use rustix::thread::{LinkNameSpaceType, move_into_link_name_space};
-use sluice_floor::ingress::IngressFloor;
+use sluice_floor::ingress::{Ended, IngressFloor};
 
 /// `<linux/if_packet.h>`: deliver a virtio-net header before each frame.
 const PACKET_VNET_HDR: libc::c_int = 15;
@@ -71,6 +76,31 @@ pub(crate) struct Attached {
     pub(crate) socket: OwnedFd,
     /// Removes the floor on request.
     pub(crate) keeper: Option<FloorKeeper>,
+    /// Sets IFACE down at the end.
+    pub(crate) link: LinkCutter,
+}
+
+/// Sets the attached interface down from the gateway itself, by the index
+/// it had at attach (a rename does not lose it), through a socket opened in
+/// its namespace (ioctls on it act there, whatever namespace the calling
+/// thread is in, and the jail allows them).
+#[derive(Debug)]
+pub(crate) struct LinkCutter {
+    probe: OwnedFd,
+    index: u32,
+}
+
+impl LinkCutter {
+    /// Clears IFF_UP on the interface; one that is gone needs nothing.
+    pub(crate) fn cut(&self) -> anyhow::Result<()> {
+        let name = match rustix::net::netdevice::index_to_name(&self.probe, self.index) {
+            Ok(name) => name,
+            Err(rustix::io::Errno::NODEV) => return Ok(()),
+            Err(e) => bail!("looking up interface index {}: {e}", self.index),
+        };
+        set_up(&self.probe, &name, false)
+            .with_context(|| format!("setting `{name}` (index {}) down", self.index))
+    }
 }
 
 /// Opens IFACE in the namespace at `netns` and installs its floor (module docs).
@@ -81,7 +111,7 @@ pub(crate) fn attach(
     allow_missing_floor: bool,
 ) -> anyhow::Result<Attached> {
     let ns = File::open(netns).map_err(|e| anyhow!("--netns {}: {e}", netns.display()))?;
-    let socket = in_namespace(&ns, netns, || open_in_namespace(iface, netns, mtu))?;
+    let (socket, index) = in_namespace(&ns, netns, || open_in_namespace(iface, netns, mtu))?;
     let floor = match IngressFloor::install(Some(netns), iface) {
         Ok(floor) => Some(floor),
         Err(e) if allow_missing_floor => {
@@ -93,9 +123,22 @@ pub(crate) fn attach(
         }
     };
     // On error the floor drops here, which removes it.
-    in_namespace(&ns, netns, || bring_up(&socket, iface, netns))?;
-    let keeper = floor.map(FloorKeeper::spawn).transpose()?;
-    Ok(Attached { socket, keeper })
+    let probe = in_namespace(&ns, netns, || bring_up(&socket, iface, netns))?;
+    let link = LinkCutter { probe, index };
+    let keeper = match floor.map(FloorKeeper::spawn).transpose() {
+        Ok(keeper) => keeper,
+        Err(e) => {
+            // The floor dropped in the failed spawn is removed: the link
+            // must not stay up without it.
+            let _ = link.cut();
+            return Err(e);
+        }
+    };
+    Ok(Attached {
+        socket,
+        keeper,
+        link,
+    })
 }
 
 /// Runs `f` on a thread of its own that has entered the network namespace
@@ -117,8 +160,22 @@ fn in_namespace<T: Send>(
     })
 }
 
-/// Step 3 of the module docs, on a thread inside the namespace.
-fn bring_up(sock: &OwnedFd, iface: &str, netns: &Path) -> anyhow::Result<()> {
+/// A datagram socket for interface ioctls, opened in the calling thread's
+/// namespace, never inherited by what the process runs.
+fn probe_socket() -> anyhow::Result<OwnedFd> {
+    use rustix::net::{AddressFamily, SocketFlags, SocketType, socket_with};
+    socket_with(
+        AddressFamily::INET,
+        SocketType::DGRAM,
+        SocketFlags::CLOEXEC,
+        None,
+    )
+    .context("opening a probe socket")
+}
+
+/// Step 3 of the module docs, on a thread inside the namespace; returns the
+/// probe socket the gateway later sets the interface down with.
+fn bring_up(sock: &OwnedFd, iface: &str, netns: &Path) -> anyhow::Result<OwnedFd> {
     let where_ = || format!("`{iface}` in network namespace {}", netns.display());
     // /proc/sys/net is the opening thread's namespace's. Missing when the
     // kernel has no IPv6: then there is nothing to turn off.
@@ -127,25 +184,19 @@ fn bring_up(sock: &OwnedFd, iface: &str, netns: &Path) -> anyhow::Result<()> {
         std::fs::write(&knob, "1")
             .with_context(|| format!("turning IPv6 off on {} ({knob})", where_()))?;
     }
-    let probe = rustix::net::socket(
-        rustix::net::AddressFamily::INET,
-        rustix::net::SocketType::DGRAM,
-        None,
-    )
-    .context("opening a probe socket")?;
-    set_up(&probe, iface).with_context(|| format!("setting {} up", where_()))?;
+    let probe = probe_socket()?;
+    set_up(&probe, iface, true).with_context(|| format!("setting {} up", where_()))?;
     // Bound while the interface was down, the socket holds a pending
     // ENETDOWN its first receive would report: reading SO_ERROR clears it.
     let _ = rustix::net::sockopt::socket_error(sock);
-    Ok(())
+    Ok(probe)
 }
 
 /// Step 1 of the module docs, on the thread inside the namespace.
-fn open_in_namespace(iface: &str, netns: &Path, mtu: u16) -> anyhow::Result<OwnedFd> {
+fn open_in_namespace(iface: &str, netns: &Path, mtu: u16) -> anyhow::Result<(OwnedFd, u32)> {
     use rustix::net::{AddressFamily, SocketFlags, SocketType, socket_with};
     let where_ = || format!("`{iface}` in network namespace {}", netns.display());
-    let probe = rustix::net::socket(AddressFamily::INET, SocketType::DGRAM, None)
-        .context("opening a probe socket")?;
+    let probe = probe_socket()?;
     let index = rustix::net::netdevice::name_to_index(&probe, iface)
         .map_err(|_| anyhow!("no interface {}", where_()))?;
     if let Some(holder) = packet_socket_on(index)? {
@@ -185,7 +236,7 @@ fn open_in_namespace(iface: &str, netns: &Path, mtu: u16) -> anyhow::Result<Owne
             where_()
         );
     }
-    Ok(sock)
+    Ok((sock, index))
 }
 
 /// Where `ip` and `tc` are looked for (absolute paths only: the gateway's
@@ -411,7 +462,8 @@ fn interface_mtu(probe: &OwnedFd, iface: &str) -> std::io::Result<u32> {
     u32::try_from(mtu).map_err(|_| std::io::Error::other("negative MTU"))
 }
 
-fn set_up(probe: &OwnedFd, iface: &str) -> std::io::Result<()> {
+/// Sets IFF_UP on `iface` (`up`) or clears it.
+fn set_up(probe: &OwnedFd, iface: &str, up: bool) -> std::io::Result<()> {
     let mut req = ifreq_for(iface)?;
     // SAFETY: SIOCGIFFLAGS reads the name in `req` and writes `ifru_flags`;
     // `req` is a valid, writable ifreq.
@@ -420,11 +472,15 @@ fn set_up(probe: &OwnedFd, iface: &str) -> std::io::Result<()> {
     }
     // SAFETY: SIOCGIFFLAGS succeeded, so `ifru_flags` is the member it wrote.
     let flags = unsafe { req.ifr_ifru.ifru_flags };
-    let up = abi::IFF_UP;
-    if flags & up != 0 {
+    let want = if up {
+        flags | abi::IFF_UP
+    } else {
+        flags & !abi::IFF_UP
+    };
+    if want == flags {
         return Ok(());
     }
-    req.ifr_ifru.ifru_flags = flags | up;
+    req.ifr_ifru.ifru_flags = want;
     // SAFETY: SIOCSIFFLAGS reads the name and `ifru_flags` from `req`, a
     // valid ifreq whose flags member was just written.
     if unsafe { libc::ioctl(probe.as_raw_fd(), libc::SIOCSIFFLAGS, &raw mut req) } != 0 {
@@ -443,6 +499,10 @@ pub(crate) struct FloorKeeper {
 
 /// What the gateway writes to ask for the floor's removal.
 const REMOVE: &[u8] = b"remove\n";
+/// The keeper's answers: the floor stays on the interface (it exists), or
+/// is gone with it.
+const KEPT: &str = "kept";
+const REMOVED: &str = "removed";
 
 impl FloorKeeper {
     /// Forks the keeper. Must be called while the process has one thread
@@ -480,8 +540,9 @@ impl FloorKeeper {
         }
     }
 
-    /// Asks the keeper to remove the floor and waits for its answer.
-    pub(crate) fn remove(mut self) -> anyhow::Result<()> {
+    /// Asks the keeper to end the floor (set IFACE down, keep the floor
+    /// while IFACE exists) and waits for its answer.
+    pub(crate) fn remove(mut self) -> anyhow::Result<Ended> {
         self.channel
             .write_all(REMOVE)
             .context("asking the floor keeper to remove the floor")?;
@@ -490,7 +551,8 @@ impl FloorKeeper {
             .read_to_string(&mut answer)
             .context("reading the floor keeper's answer")?;
         match answer.trim_end() {
-            "ok" => Ok(()),
+            KEPT => Ok(Ended::Kept),
+            REMOVED => Ok(Ended::Removed),
             "" => bail!(
                 "the floor keeper ended without removing the floor on {}",
                 self.iface
@@ -526,7 +588,8 @@ fn keeper_main(floor: IngressFloor, mut channel: UnixStream) -> ! {
     let asked = channel.read_exact(&mut request).is_ok() && request == REMOVE;
     let code = if asked {
         let answer = match floor.remove() {
-            Ok(()) => "ok\n".to_owned(),
+            Ok(Ended::Kept) => format!("{KEPT}\n"),
+            Ok(Ended::Removed) => format!("{REMOVED}\n"),
             Err(e) => format!("{e}\n"),
         };
         let _ = channel.write_all(answer.as_bytes());

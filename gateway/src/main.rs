@@ -25,6 +25,7 @@ use sluice_gateway::reload::ReloadSource;
 use sluice_gateway::{GuestSource, ReadySignal, serve_with_reload};
 
 use crate::inherited::{GuestFd, Inherited};
+use sluice_floor::ingress::Ended;
 use sluice_intercept::{Interceptor, InterceptorConfig};
 use sluice_policy::{CompileOptions, CompiledPolicy};
 use sluice_secrets::SecretStore;
@@ -76,23 +77,49 @@ fn main() -> anyhow::Result<()> {
     // secrets or anything else is read: the keeper is never jailed and
     // must hold nothing secret (docs/attach.md). Entering the namespace,
     // running nft and forking are also what the jail forbids.
-    let (guest, keeper) = match (&args.attach, &args.netns) {
+    let (guest, ended) = match (&args.attach, &args.netns) {
         (Some(iface), Some(netns)) => {
             let allow = args.allow_missing_isolation.contains(&Isolation::Nftables);
             let a = attach::attach(iface, netns, cfg.mtu, allow)?;
-            (Some(GuestFd::Packet(a.socket)), a.keeper)
+            (
+                Some(GuestFd::Packet(a.socket)),
+                Some((iface, a.link, a.keeper)),
+            )
         }
         _ => (inherited.guest.take(), None),
     };
     let served = prepare_and_serve(&args, cfg, guest, inherited.metrics.take(), ready);
-    // On every end but a kill or a crash: the keeper cuts the guest's link
-    // and then removes the floor (docs/attach.md).
-    if let Some(keeper) = keeper {
-        let removed = keeper.remove();
-        served?;
-        return removed;
+    let Some((iface, link, keeper)) = ended else {
+        return served;
+    };
+    // On every end but a kill or a crash (docs/attach.md): the gateway sets
+    // the guest's link down itself (which holds with no floor or a dead
+    // keeper), then the keeper sets it down too and keeps the floor on it
+    // while it exists: fail closed even if something sets it up again.
+    if let Err(e) = link.cut() {
+        tracing::warn!(error = %e, iface, "could not set the guest's interface down");
     }
-    served
+    let ended = match keeper {
+        Some(keeper) => keeper.remove().map(Some),
+        None => Ok(None),
+    };
+    match &ended {
+        Ok(Some(Ended::Kept)) => tracing::info!(
+            iface,
+            "ended: the guest's interface is down and its floor stays on it (fail closed) until the interface or its namespace is gone"
+        ),
+        Ok(Some(Ended::Removed)) => tracing::info!(
+            iface,
+            "ended: the guest's interface is gone, and so is its floor"
+        ),
+        Ok(None) => tracing::warn!(
+            iface,
+            "ended with no floor (--allow-missing-isolation nftables): the guest's interface is down, nothing stops it being set up again"
+        ),
+        Err(_) => {}
+    }
+    served?;
+    ended.map(|_| ())
 }
 
 /// Reads the policy, its secrets and the rest of the configuration, then

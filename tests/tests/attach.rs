@@ -6,8 +6,10 @@
 //! The datapath suites run over this transport too
 //! (`SLUICE_E2E_TRANSPORT=attach`, docs/testing.md); this file holds what
 //! only `--attach` has: a policy decided the same way, the floor's life
-//! (present while serving, gone after SIGTERM, kept after SIGKILL and then
-//! biting), and bad input. Needs root: run via `scripts/test` (or
+//! (present while serving; after SIGTERM the link down AND the floor kept
+//! while the interface exists, so setting the link up again still reaches
+//! nothing; gone with the interface; kept after SIGKILL and then biting),
+//! and bad input. Needs root: run via `scripts/test` (or
 //! `cargo test --release -p sluice-e2e --test attach -- --include-ignored`).
 
 use std::process::Command;
@@ -48,7 +50,7 @@ fn vm(w: &World) -> Result<&Netns> {
 
 #[test]
 #[ignore = "needs root: run via scripts/test"]
-fn attach_serves_dhcp_dns_and_policy_and_removes_its_floor_on_sigterm() -> Result<()> {
+fn attach_serves_dhcp_dns_and_policy_and_ends_fail_closed_on_sigterm() -> Result<()> {
     let mut w = World::builder()
         .transport(Transport::Attach)
         .policy(POLICY)
@@ -96,16 +98,23 @@ fn attach_serves_dhcp_dns_and_policy_and_removes_its_floor_on_sigterm() -> Resul
         .context("no sidecar")?
         .signal_and_wait(libc::SIGTERM, Duration::from_secs(60))?;
     ensure!(st.code() == Some(0), "exit {st}\n{}", w.sidecar_log());
-    let left = tables(vm(&w)?)?;
     ensure!(
-        !left.contains(&floor_table(VM_IFACE)),
-        "the floor outlived a SIGTERM: {left}"
+        w.sidecar_log()
+            .contains("its floor stays on it (fail closed)"),
+        "no fail-closed exit line: {}",
+        w.sidecar_log()
     );
-    // The end was fail-closed: the keeper set the interface down before it
-    // removed the rules, so the guest, which outlives the gateway, reaches
-    // nothing through the VM namespace's kernel even where that namespace
-    // has an address (and routes) for it.
+    // The end was fail-closed: the interface is down AND, as it still
+    // exists, the floor stays on it. The guest, which outlives the gateway,
+    // reaches nothing through the VM namespace's kernel even where that
+    // namespace has an address (and routes) for it, and even when
+    // something with CAP_NET_ADMIN there sets the link up again.
     let vm = vm(&w)?;
+    let left = tables(vm)?;
+    ensure!(
+        left.contains(&floor_table(VM_IFACE)),
+        "the floor went while {VM_IFACE} exists: {left}"
+    );
     let link = vm.sh_ok(&format!("ip -o link show dev {VM_IFACE}"), 30)?;
     ensure!(
         link.contains("state DOWN"),
@@ -119,11 +128,24 @@ fn attach_serves_dhcp_dns_and_policy_and_removes_its_floor_on_sigterm() -> Resul
         "the namespace's kernel answered the guest after a normal end: {}",
         String::from_utf8_lossy(&out.stdout)
     );
-    // Control: with the link up again (no floor now) the same ping is
-    // answered, so the check above can fail.
     vm.ip(&["link", "set", VM_IFACE, "up"])?;
+    let out = w.guest_sh(&ping, 30)?;
+    ensure!(
+        !out.status.success(),
+        "the namespace's kernel answered the guest once the link was set up again: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    // Control: with the link up and the kept floor deleted by hand the
+    // same ping is answered, so the checks above can fail.
+    vm.sh_ok(
+        &format!(
+            "nft delete table netdev {0}; nft delete table inet {0}",
+            floor_table(VM_IFACE)
+        ),
+        30,
+    )?;
     w.guest_ok(&ping, 30)
-        .context("with the link up the kernel should answer")?;
+        .context("with the link up and no floor the kernel should answer")?;
     Ok(())
 }
 
@@ -226,15 +248,17 @@ secrets:
         "the keeper's environment is not empty: {}",
         String::from_utf8_lossy(&env)
     );
-    // With its environment gone the keeper still finds `ip` and `nft`: a
-    // normal end removes the floor.
+    // With its environment gone the keeper still finds `ip`: a normal end
+    // sets the interface down (the gateway did too; the keeper's `ip` runs
+    // on an interface already down, and fails the exit if not found) and
+    // keeps the floor on it.
     let st = w
         .sidecar()
         .context("no sidecar")?
         .signal_and_wait(libc::SIGTERM, Duration::from_secs(60))?;
     ensure!(st.code() == Some(0), "exit {st}\n{}", w.sidecar_log());
     let left = tables(vm(&w)?)?;
-    ensure!(!left.contains(&floor_table(VM_IFACE)), "left: {left}");
+    ensure!(left.contains(&floor_table(VM_IFACE)), "left: {left}");
     Ok(())
 }
 
@@ -414,8 +438,12 @@ fn bad_input_fails_with_one_line_and_leaves_nothing_behind() -> Result<()> {
     );
     let st = first.signal_and_wait(libc::SIGTERM, Duration::from_secs(60))?;
     ensure!(st.code() == Some(0), "first gateway exit {st}");
+    // The first gateway's end keeps its floor on x0, which still exists.
     let t = tables(&ns)?;
-    ensure!(!t.contains("sluice_floor"), "after the first gateway: {t}");
+    ensure!(
+        t.contains(&floor_table("x0")),
+        "after the first gateway: {t}"
+    );
     let _ = std::fs::remove_file(&log);
     Ok(())
 }
@@ -604,7 +632,8 @@ fn a_frame_the_packet_socket_cannot_read_is_dropped_and_counted_and_the_gateway_
     .with_context(read_log)?;
 
     // The interface going away (the VMM closes its TAP) ends the session:
-    // the gateway exits 0 and removes its floor.
+    // the gateway exits 0 and, the interface gone, removes its floor:
+    // nothing is left.
     drop(tap);
     wait_until("the gateway to exit", Duration::from_secs(60), || {
         gw.check_alive().is_err()
@@ -614,6 +643,11 @@ fn a_frame_the_packet_socket_cannot_read_is_dropped_and_counted_and_the_gateway_
     ensure!(st.code() == Some(0), "exit {st}\n{}", read_log());
     let t = tables(&ns)?;
     ensure!(!t.contains("sluice_floor"), "left behind: {t}");
+    ensure!(
+        read_log().contains("interface is gone, and so is its floor"),
+        "{}",
+        read_log()
+    );
     let _ = std::fs::remove_file(&log);
     Ok(())
 }
