@@ -41,7 +41,13 @@ impl Drop for UserCopy {
 pub(crate) fn user_copy(agent: &Path, gateway: &Path) -> UserCopy {
     use std::os::unix::fs::PermissionsExt;
     let uid = rootless_user::ensure();
-    let dir = std::env::temp_dir().join(format!("slv-rootless-{}", std::process::id()));
+    // One dir per copy: tests of one binary run in parallel.
+    static N: AtomicU32 = AtomicU32::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "slv-rootless-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
     let _ = fs::remove_dir_all(&dir);
     fs::create_dir(&dir).unwrap();
     fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).unwrap();
