@@ -125,8 +125,14 @@ fn helper(args: &[String]) -> anyhow::Result<(OwnedFd, OwnedFd, OwnedFd, tap::Fl
     };
     let (uid, gid) = jail::default_ids();
     jail::enter_user_namespace(uid, gid).context("--network tap")?;
-    jail::unshare(libc::CLONE_NEWNET)
-        .context("--network tap: a new network namespace in the user namespace")?;
+    jail::unshare(libc::CLONE_NEWNET).map_err(|e| {
+        let hint = if e.raw_os_error() == Some(libc::ENOSPC) {
+            " (the limit user.max_net_namespaces is reached)"
+        } else {
+            ""
+        };
+        anyhow!("--network tap: a new network namespace in the user namespace: {e}{hint}")
+    })?;
     let (netns, queue, packet) = tap::make_tap(mtu)?;
     jail::raise_ambient(&[CAP_NET_ADMIN])
         .context("--network tap: keeping CAP_NET_ADMIN (in the run's user namespace) for nft")?;
