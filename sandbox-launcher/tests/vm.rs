@@ -26,7 +26,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 mod common;
-use common::rootless_user::{self, TEST_USER};
+use common::rootless_user::TEST_USER;
 use common::*;
 
 fn sluice(agent: &Path, mark: &str, args: &[&str]) -> Command {

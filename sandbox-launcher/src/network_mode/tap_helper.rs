@@ -121,7 +121,9 @@ fn helper(args: &[String]) -> anyhow::Result<(OwnedFd, OwnedFd, OwnedFd, tap::Fl
     let allow_missing_floor = match floor.as_str() {
         ALLOW_MISSING_FLOOR => true,
         REQUIRE_FLOOR => false,
-        other => bail!("the TAP helper: `{other}` is neither {REQUIRE_FLOOR} nor {ALLOW_MISSING_FLOOR}"),
+        other => {
+            bail!("the TAP helper: `{other}` is neither {REQUIRE_FLOOR} nor {ALLOW_MISSING_FLOOR}")
+        }
     };
     let (uid, gid) = jail::default_ids();
     jail::enter_user_namespace(uid, gid).context("--network tap")?;
@@ -148,7 +150,12 @@ fn send(sock: BorrowedFd<'_>, reply: &Reply, fds: &[BorrowedFd<'_>]) -> std::io:
     if !fds.is_empty() && !control.push(SendAncillaryMessage::ScmRights(fds)) {
         return Err(std::io::Error::other("the descriptors do not fit"));
     }
-    rustix::net::sendmsg(sock, &[IoSlice::new(&body)], &mut control, SendFlags::NOSIGNAL)?;
+    rustix::net::sendmsg(
+        sock,
+        &[IoSlice::new(&body)],
+        &mut control,
+        SendFlags::NOSIGNAL,
+    )?;
     Ok(())
 }
 
@@ -185,7 +192,10 @@ pub(super) fn create(mtu: u32, allow_missing_floor: bool) -> anyhow::Result<Made
         // its jailed processes carry it, names the helper and its `nft`s
         // as the run's.
         .env_clear()
-        .env("SLUICE_SANDBOX_ID", format!("sluice-{}", std::process::id()))
+        .env(
+            "SLUICE_SANDBOX_ID",
+            format!("sluice-{}", std::process::id()),
+        )
         .stdin(Stdio::from(theirs))
         .stdout(Stdio::null())
         .stderr(Stdio::null());

@@ -74,7 +74,6 @@ pub(crate) fn user_copy(agent: &Path, gateway: &Path) -> UserCopy {
     }
 }
 
-
 pub(crate) const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
 
 /// Builds the static agent once per test binary; returns its path, or None

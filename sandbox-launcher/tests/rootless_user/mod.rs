@@ -20,10 +20,7 @@ pub(crate) fn uid() -> Option<u32> {
 /// [`TEST_USER`]'s primary gid (the user must exist: [`ensure`]).
 #[allow(dead_code, reason = "jail.rs does not need it")]
 pub(crate) fn gid() -> u32 {
-    let out = Command::new("id")
-        .args(["-g", TEST_USER])
-        .output()
-        .unwrap();
+    let out = Command::new("id").args(["-g", TEST_USER]).output().unwrap();
     String::from_utf8_lossy(&out.stdout)
         .trim()
         .parse()
