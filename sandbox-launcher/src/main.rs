@@ -52,6 +52,8 @@ enum ImageCmd {
 fn main() {
     // `sluice __jail-exec`: this binary is also the jail's helper.
     sluice_launcher::jail::helper_main_if_requested();
+    // `sluice __tap-netns`: and the rootless `--network tap` helper.
+    sluice_launcher::network_mode::tap_helper_main_if_requested();
     let cli = Cli::parse();
     let code = match cli.command {
         Cmd::Run(args) => sluice_launcher::run::main(*args),

@@ -26,7 +26,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 mod common;
-use common::rootless_user::{self, TEST_USER};
+use common::rootless_user::TEST_USER;
 use common::*;
 
 fn sluice(agent: &Path, mark: &str, args: &[&str]) -> Command {
@@ -51,48 +51,6 @@ enum Mode {
     Root,
     /// [`TEST_USER`], through `runuser`: a rootless run.
     Rootless,
-}
-
-/// The binaries a rootless run uses, copied where [`TEST_USER`] can read
-/// them (the build dir may not be traversable by other users), and a cache
-/// dir of the user's (`XDG_CACHE_HOME`; root's image cache is read first).
-struct UserCopy {
-    dir: PathBuf,
-    sluice: PathBuf,
-    gateway: PathBuf,
-    agent: PathBuf,
-    uid: u32,
-}
-
-impl Drop for UserCopy {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn user_copy(agent: &Path, gateway: &Path) -> UserCopy {
-    use std::os::unix::fs::PermissionsExt;
-    let uid = rootless_user::ensure();
-    let dir = std::env::temp_dir().join(format!("slv-rootless-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&dir);
-    fs::create_dir(&dir).unwrap();
-    fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).unwrap();
-    let copy = |from: &Path, name: &str| {
-        let to = dir.join(name);
-        fs::copy(from, &to).unwrap();
-        fs::set_permissions(&to, fs::Permissions::from_mode(0o755)).unwrap();
-        to
-    };
-    let cache = dir.join("cache");
-    fs::create_dir(&cache).unwrap();
-    std::os::unix::fs::chown(&cache, Some(uid), None).unwrap();
-    UserCopy {
-        sluice: copy(Path::new(SLUICE), "sluice"),
-        gateway: copy(gateway, "sluice-gateway"),
-        agent: copy(agent, "sluice-agent"),
-        dir,
-        uid,
-    }
 }
 
 /// `sluice run ARGS` as [`TEST_USER`] (its environment: the copies, the

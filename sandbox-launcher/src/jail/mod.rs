@@ -52,8 +52,13 @@ pub use helper::{HELPER_ARG, helper_main_if_requested};
 pub use runtime::{NOBODY, default_ids, default_runtime_dir, ensure_private_dir, is_rootless};
 /// The system calls behind `sluice run --network tap` (`network_mode::tap`):
 /// they live with the launcher's other `unsafe` code.
-pub(crate) use sys::{link_set_mtu_up, packet_socket, tap_create, unshare};
+pub(crate) use sys::{
+    close_fds_across_exec, link_set_mtu_up, packet_socket, raise_ambient, tap_create, unshare,
+};
 pub use userns::UsernsError;
+/// The rootless `--network tap` helper's user namespace
+/// (`network_mode::tap_helper`): the same as a rootless jail's.
+pub(crate) use userns::{enter as enter_user_namespace, probe as probe_user_namespaces};
 
 /// An isolation layer, as `sluice doctor` and `--json` name it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]

@@ -5,7 +5,9 @@
 //! ([`keep_fds_across_exec`], only async-signal-safe calls), or in the
 //! single-threaded jail helper and its forked child, where allocation is safe,
 //! or (the TAP, its link settings and the packet socket of `sluice run
-//! --network tap`) on a launcher thread inside the run's network namespace.
+//! --network tap`) on a launcher thread inside the run's network namespace,
+//! or (rootless) in the single-threaded TAP helper
+//! (`crate::network_mode::tap_helper`).
 
 #![allow(unsafe_code)]
 
@@ -206,36 +208,82 @@ pub(crate) fn getegid() -> u32 {
     unsafe { libc::getegid() }
 }
 
+/// `capget(2)`/`capset(2)`, version 3: the header.
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: libc::c_int,
+}
+
+/// `capget(2)`/`capset(2)`, version 3: one of the two 32-bit halves of
+/// the sets.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+
+fn cap_header() -> CapHeader {
+    CapHeader {
+        version: LINUX_CAPABILITY_VERSION_3,
+        pid: 0,
+    }
+}
+
+fn capset(data: &[CapData; 2]) -> io::Result<()> {
+    let mut header = cap_header();
+    // SAFETY: `header` and the two-element `data` array are the layout
+    // capset(2) expects for version 3; both outlive the call.
+    check(unsafe { libc::syscall(libc::SYS_capset, &raw mut header, data.as_ptr()) }).map(drop)
+}
+
 /// Empties the permitted, effective and inheritable capability sets
 /// (`capset(2)`, version 3). In a user namespace its creator keeps every
 /// capability *inside* it across `setresuid` to the same non-zero uid; this
 /// is what takes them away before `execve`.
 pub(crate) fn clear_capabilities() -> io::Result<()> {
-    const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
-    #[repr(C)]
-    struct Header {
-        version: u32,
-        pid: libc::c_int,
-    }
-    #[repr(C)]
-    #[derive(Clone, Copy)]
-    struct Data {
-        effective: u32,
-        permitted: u32,
-        inheritable: u32,
-    }
-    let mut header = Header {
-        version: LINUX_CAPABILITY_VERSION_3,
-        pid: 0,
-    };
-    let data = [Data {
-        effective: 0,
-        permitted: 0,
-        inheritable: 0,
-    }; 2];
+    capset(&[CapData::default(); 2])
+}
+
+/// Adds `caps` (capability numbers, e.g. `CAP_NET_ADMIN`) to the
+/// inheritable and ambient sets, so that a program this process execs
+/// keeps them although its uid is not 0. Each must already be permitted.
+/// Used by the rootless `--network tap` helper, whose capabilities exist
+/// only inside the user namespace it made, for the `nft` it runs there.
+pub(crate) fn raise_ambient(caps: &[u32]) -> io::Result<()> {
+    let mut header = cap_header();
+    let mut data = [CapData::default(); 2];
     // SAFETY: `header` and the two-element `data` array are the layout
-    // capset(2) expects for version 3; both outlive the call.
-    check(unsafe { libc::syscall(libc::SYS_capset, &raw mut header, data.as_ptr()) }).map(drop)
+    // capget(2) writes for version 3; both outlive the call.
+    check(unsafe { libc::syscall(libc::SYS_capget, &raw mut header, data.as_mut_ptr()) })?;
+    for &cap in caps {
+        let half = usize::try_from(cap / 32).map_err(io::Error::other)?;
+        let slot = data
+            .get_mut(half)
+            .ok_or_else(|| io::Error::other(format!("capability {cap} out of range")))?;
+        slot.inheritable |= 1 << (cap % 32);
+    }
+    capset(&data)?;
+    for &cap in caps {
+        // SAFETY: integer arguments only.
+        check(
+            unsafe {
+                libc::prctl(
+                    libc::PR_CAP_AMBIENT,
+                    libc::PR_CAP_AMBIENT_RAISE as libc::c_ulong,
+                    libc::c_ulong::from(cap),
+                    0,
+                    0,
+                )
+            }
+            .into(),
+        )?;
+    }
+    Ok(())
 }
 
 /// The mount flags (`MS_RDONLY`, `MS_NOSUID`, `MS_NODEV`, `MS_NOEXEC` and

@@ -13,12 +13,17 @@
 //!   in its own empty namespace with no capability), the gateway `--fd N
 //!   --packet` on a packet socket bound to the TAP. The stand-in for a
 //!   VMM that holds a TAP (Firecracker) behind `sluice-gateway --attach`.
+//!   Rootless, the namespace belongs to a user namespace of the caller's,
+//!   made by a short-lived helper process ([`tap_helper`]).
 //!
 //! In every mode the launcher holds no name anything else can find: the
 //! socketpairs and the namespace vanish with the last descriptor, so a run
 //! killed by SIGKILL leaves nothing to remove.
 
 pub(crate) mod tap;
+pub mod tap_helper;
+
+pub use tap_helper::helper_main_if_requested as tap_helper_main_if_requested;
 
 use std::os::fd::OwnedFd;
 use std::os::unix::net::{UnixDatagram, UnixStream};
@@ -36,7 +41,8 @@ pub enum NetworkMode {
     /// A unix datagram socketpair, one frame per datagram (QEMU `-netdev dgram`).
     Dgram,
     /// A TAP in a network namespace of the run's own, behind an nftables floor
-    /// (QEMU `-netdev tap`; the gateway reads it with a packet socket). Root only.
+    /// (QEMU `-netdev tap`; the gateway reads it with a packet socket).
+    /// Rootless, that namespace belongs to a user namespace of the caller's.
     Tap,
 }
 

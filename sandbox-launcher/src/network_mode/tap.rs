@@ -24,8 +24,11 @@
 //! gateway's packet socket). So a run ended any way, SIGKILL included,
 //! leaves none of them behind, and while QEMU still runs the floor stays.
 //!
-//! Root only: rootless, the namespace would have to be owned by a user
-//! namespace, which a thread of a multi-threaded process cannot enter.
+//! Rootless, the namespace must be owned by a user namespace of the
+//! caller's (only there does the caller hold CAP_NET_ADMIN and
+//! CAP_NET_RAW), which a thread of the multi-threaded launcher cannot
+//! enter: a short-lived helper process does steps 1-4 there and hands the
+//! descriptors back ([`super::tap_helper`]). What the run gets is the same.
 
 use std::fs::File;
 use std::os::fd::{AsRawFd as _, OwnedFd};
@@ -42,15 +45,23 @@ pub(crate) const IFACE: &str = "tap0";
 
 /// Why a run here cannot have a TAP, or `None` when it can.
 pub(crate) fn unavailable() -> Option<String> {
-    if jail::is_rootless() {
-        return Some(
-            "needs root: the run's network namespace, its TAP and the nftables floor are \
-             made in the host's user namespace (rootless, use --network stream or dgram)"
-                .to_owned(),
-        );
+    const TUN: &str = "/dev/net/tun";
+    if !Path::new(TUN).exists() {
+        return Some(format!("{TUN} is missing (load the tun module)"));
     }
-    if !Path::new("/dev/net/tun").exists() {
-        return Some("/dev/net/tun is missing (load the tun module)".to_owned());
+    if jail::is_rootless() {
+        if let Err(e) = jail::probe_user_namespaces() {
+            return Some(format!(
+                "rootless, the TAP's namespace belongs to a user namespace of the caller's: {e}"
+            ));
+        }
+        let rw = rustix::fs::Access::READ_OK | rustix::fs::Access::WRITE_OK;
+        if rustix::fs::access(TUN, rw).is_err() {
+            return Some(format!(
+                "{TUN} is not readable and writable by uid {} (its mode is normally 0666)",
+                jail::default_ids().0
+            ));
+        }
     }
     None
 }
@@ -87,39 +98,30 @@ impl TapNamespace {
     /// # Errors
     /// Any step failed; what was made is dropped, and the namespace with it.
     pub(crate) fn create(mtu: u32, allow_missing_floor: bool) -> anyhow::Result<MadeTap> {
-        let (netns, queue, packet) = std::thread::scope(|s| {
-            s.spawn(|| make_in_new_namespace(mtu))
+        let (netns, queue, packet, floor) = if jail::is_rootless() {
+            super::tap_helper::create(mtu, allow_missing_floor)?
+        } else {
+            let (netns, queue, packet) = std::thread::scope(|s| {
+                s.spawn(|| {
+                    jail::unshare(libc::CLONE_NEWNET)
+                        .context("--network tap: a new network namespace")?;
+                    make_tap(mtu)
+                })
                 .join()
                 .unwrap_or_else(|_| Err(anyhow!("the namespace thread panicked")))
-        })?;
+            })?;
+            // The descriptor, by its /proc path: the floor crate enters the
+            // namespace at a path on a thread of its own.
+            let path = format!("/proc/self/fd/{}", netns.as_raw_fd());
+            let floor = install_floor(Some(Path::new(&path)), allow_missing_floor)?;
+            if let Some(warning) = &floor.warning {
+                eprintln!("sluice: {warning}");
+            }
+            (netns, queue, packet, floor.state)
+        };
         let inode = rustix::fs::fstat(&netns)
             .context("the TAP's namespace")?
             .st_ino;
-        // The descriptor, by its /proc path: the floor crate enters the
-        // namespace at a path on a thread of its own.
-        let path = format!("/proc/self/fd/{}", netns.as_raw_fd());
-        let floor = match IngressFloor::install(Some(Path::new(&path)), IFACE) {
-            Ok(floor) => {
-                // It goes with the namespace (module docs).
-                floor.keep_with_namespace();
-                format!(
-                    "on: nftables tables netdev and inet {} drop every frame of {IFACE} \
-                     before the namespace's kernel and forward nothing",
-                    table_name(IFACE)
-                )
-            }
-            Err(e) if allow_missing_floor => {
-                eprintln!(
-                    "sluice: --network tap: {e}; running without the floor \
-                     (--allow-missing-isolation nftables)"
-                );
-                format!("off: {e} (--allow-missing-isolation nftables)")
-            }
-            Err(e) => bail!(
-                "--network tap: {e}; refusing to run without the floor on the TAP \
-                 (--allow-missing-isolation nftables runs without it)"
-            ),
-        };
         Ok(MadeTap {
             namespace: Self {
                 netns,
@@ -142,10 +144,57 @@ impl TapNamespace {
     }
 }
 
-/// Steps 1-3 of the module docs, on a thread of their own (it ends in the
-/// new namespace; the descriptors keep the namespace alive).
-fn make_in_new_namespace(mtu: u32) -> anyhow::Result<(OwnedFd, OwnedFd, OwnedFd)> {
-    jail::unshare(libc::CLONE_NEWNET).context("--network tap: a new network namespace")?;
+/// The floor as [`install_floor`] left it.
+#[derive(Debug)]
+pub(super) struct FloorState {
+    /// `on: ...` / `off: why`.
+    pub(super) state: String,
+    /// What to say on stderr when the run goes on without it.
+    pub(super) warning: Option<String>,
+}
+
+/// Step 4 of the module docs: installs and verifies the ingress floor on
+/// [`IFACE`] in the namespace at `netns` (the caller's when `None`), and
+/// leaves it to go with the namespace. Without it the run is refused
+/// unless `allow_missing_floor`.
+///
+/// # Errors
+/// The floor could not be installed or verified, and it is required.
+pub(super) fn install_floor(
+    netns: Option<&Path>,
+    allow_missing_floor: bool,
+) -> anyhow::Result<FloorState> {
+    match IngressFloor::install(netns, IFACE) {
+        Ok(floor) => {
+            // It goes with the namespace (module docs).
+            floor.keep_with_namespace();
+            Ok(FloorState {
+                state: format!(
+                    "on: nftables tables netdev and inet {} drop every frame of {IFACE} \
+                     before the namespace's kernel and forward nothing",
+                    table_name(IFACE)
+                ),
+                warning: None,
+            })
+        }
+        Err(e) if allow_missing_floor => Ok(FloorState {
+            state: format!("off: {e} (--allow-missing-isolation nftables)"),
+            warning: Some(format!(
+                "--network tap: {e}; running without the floor \
+                 (--allow-missing-isolation nftables)"
+            )),
+        }),
+        Err(e) => bail!(
+            "--network tap: {e}; refusing to run without the floor on the TAP \
+             (--allow-missing-isolation nftables runs without it)"
+        ),
+    }
+}
+
+/// Steps 2-3 of the module docs, in the calling thread's network
+/// namespace (a fresh one, step 1): returns that namespace, the TAP's
+/// queue and the packet socket (the descriptors keep the namespace alive).
+pub(super) fn make_tap(mtu: u32) -> anyhow::Result<(OwnedFd, OwnedFd, OwnedFd)> {
     // Before the TAP exists: no IPv6 link-local address, so the
     // namespace's kernel sends the guest nothing either (no DAD, router
     // solicitation or MLD). /proc/sys/net is this thread's namespace's. A

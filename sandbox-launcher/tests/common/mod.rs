@@ -18,6 +18,62 @@ use std::time::{Duration, Instant};
 #[path = "../rootless_user/mod.rs"]
 pub(crate) mod rootless_user;
 
+/// The binaries a rootless run uses, copied where [`TEST_USER`] can read
+/// them (the build dir may not be traversable by other users), and a cache
+/// dir of the user's (`XDG_CACHE_HOME`; root's image cache is read first).
+pub(crate) struct UserCopy {
+    pub(crate) dir: PathBuf,
+    pub(crate) sluice: PathBuf,
+    pub(crate) gateway: PathBuf,
+    pub(crate) agent: PathBuf,
+    /// A dir the user owns, for what its run writes (an audit log).
+    pub(crate) work: PathBuf,
+    pub(crate) uid: u32,
+    pub(crate) gid: u32,
+}
+
+impl Drop for UserCopy {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+pub(crate) fn user_copy(agent: &Path, gateway: &Path) -> UserCopy {
+    use std::os::unix::fs::PermissionsExt;
+    let uid = rootless_user::ensure();
+    // One dir per copy: tests of one binary run in parallel.
+    static N: AtomicU32 = AtomicU32::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "slv-rootless-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir(&dir).unwrap();
+    fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).unwrap();
+    let copy = |from: &Path, name: &str| {
+        let to = dir.join(name);
+        fs::copy(from, &to).unwrap();
+        fs::set_permissions(&to, fs::Permissions::from_mode(0o755)).unwrap();
+        to
+    };
+    let cache = dir.join("cache");
+    fs::create_dir(&cache).unwrap();
+    std::os::unix::fs::chown(&cache, Some(uid), None).unwrap();
+    let work = dir.join("work");
+    fs::create_dir(&work).unwrap();
+    std::os::unix::fs::chown(&work, Some(uid), None).unwrap();
+    UserCopy {
+        work,
+        gid: rootless_user::gid(),
+        sluice: copy(Path::new(SLUICE), "sluice"),
+        gateway: copy(gateway, "sluice-gateway"),
+        agent: copy(agent, "sluice-agent"),
+        dir,
+        uid,
+    }
+}
+
 pub(crate) const SLUICE: &str = env!("CARGO_BIN_EXE_sluice");
 
 /// Builds the static agent once per test binary; returns its path, or None
@@ -227,10 +283,40 @@ pub(crate) fn fd_targets(pid: u32) -> BTreeMap<i32, String> {
         .collect()
 }
 
-/// `sluice run ARGS` in the harness's host namespace (`nsenter --net`, so
-/// /sys keeps its cgroup mounts), with the test's marker, the agent, the gateway and `envs`;
-/// stdin, stdout and stderr piped. `nsenter` execs the launcher: the
-/// child's pid is the launcher's.
+/// Who starts `sluice` in [`sluice_in_world_as`].
+#[derive(Clone, Copy)]
+pub(crate) enum Who<'a> {
+    /// Root, as `scripts/test` runs the suites.
+    Root,
+    /// [`rootless_user::TEST_USER`], with its copies of the binaries.
+    Rootless(&'a UserCopy),
+}
+
+impl Who<'_> {
+    /// The mode's name in test messages.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Self::Root => "root",
+            Self::Rootless(_) => "rootless",
+        }
+    }
+
+    /// `sluice run`'s `--allow-missing-isolation` flags this host needs for
+    /// the user: a cgroup v1 host cannot delegate cgroups (vm.rs checks
+    /// the refusal without them).
+    pub(crate) fn isolation_flags(self) -> Vec<String> {
+        let v1 = Path::new("/sys/fs/cgroup/memory/cgroup.clone_children").exists();
+        match self {
+            Self::Rootless(_) if v1 => ["memory", "pids", "cpu"]
+                .map(|c| format!("--allow-missing-isolation=cgroup-{c}"))
+                .to_vec(),
+            _ => Vec::new(),
+        }
+    }
+}
+
+/// `sluice run ARGS` in the harness's host namespace, as root
+/// ([`sluice_in_world_as`]).
 pub(crate) fn sluice_in_world(
     world: &sluice_e2e::World,
     agent: &Path,
@@ -239,11 +325,49 @@ pub(crate) fn sluice_in_world(
     args: &[String],
     envs: &[(&str, &str)],
 ) -> Child {
+    sluice_in_world_as(Who::Root, world, agent, gateway, mark, args, envs)
+}
+
+/// `sluice run ARGS` in the harness's host namespace (`nsenter --net`, so
+/// /sys keeps its cgroup mounts), with the test's marker, the agent, the gateway and `envs`;
+/// stdin, stdout and stderr piped. `nsenter` execs the launcher: the
+/// child's pid is the launcher's.
+///
+/// As [`Who::Rootless`], `nsenter` also drops to the user's uid and gid
+/// (no supplementary groups) before it execs the user's copy of `sluice`,
+/// with the user's copies of the agent and the gateway (not `agent` and
+/// `gateway`), its cache dir, no runtime dir (the run dirs go in
+/// `/tmp/sluice-<uid>`) and the cgroup flags ([`Who::isolation_flags`]).
+#[allow(clippy::too_many_arguments, reason = "test helper")]
+pub(crate) fn sluice_in_world_as(
+    who: Who<'_>,
+    world: &sluice_e2e::World,
+    agent: &Path,
+    gateway: &Path,
+    mark: &str,
+    args: &[String],
+    envs: &[(&str, &str)],
+) -> Child {
     let mut cmd = Command::new("nsenter");
-    cmd.arg(format!("--net=/run/netns/{}", world.host.name()))
-        .arg(SLUICE)
+    cmd.arg(format!("--net=/run/netns/{}", world.host.name()));
+    let (sluice, agent, gateway) = match who {
+        Who::Root => (Path::new(SLUICE), agent, gateway),
+        Who::Rootless(u) => {
+            cmd.arg(format!("--setuid={}", u.uid))
+                .arg(format!("--setgid={}", u.gid))
+                .env("XDG_CACHE_HOME", u.dir.join("cache"))
+                .env("HOME", &u.work)
+                .env_remove("XDG_RUNTIME_DIR")
+                .env_remove("SLUICE_CACHE")
+                .current_dir("/");
+            (u.sluice.as_path(), u.agent.as_path(), u.gateway.as_path())
+        }
+    };
+    cmd.arg("--")
+        .arg(sluice)
         .arg("run")
         .arg(format!("--gateway={}", gateway.display()))
+        .args(who.isolation_flags())
         .args(args)
         .env("SLUICE_AGENT", agent)
         .env("SLV_TEST_MARK", mark)

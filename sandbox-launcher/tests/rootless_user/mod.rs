@@ -17,6 +17,16 @@ pub(crate) fn uid() -> Option<u32> {
     String::from_utf8_lossy(&out.stdout).trim().parse().ok()
 }
 
+/// [`TEST_USER`]'s primary gid (the user must exist: [`ensure`]).
+#[allow(dead_code, reason = "jail.rs does not need it")]
+pub(crate) fn gid() -> u32 {
+    let out = Command::new("id").args(["-g", TEST_USER]).output().unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("`id -g {TEST_USER}`: {out:?}"))
+}
+
 /// [`TEST_USER`]'s uid, creating the user first (a system user without a
 /// home or a login shell) when it does not exist. Needs root to create it.
 pub(crate) fn ensure() -> u32 {
