@@ -58,15 +58,7 @@ impl OverlayWriter {
         let listener = UnixListener::bind(&socket)
             .with_context(|| format!("listening on {}", socket.display()))?;
         // The jailed gateway runs as the run dir's owner.
-        if let Ok(meta) = fs::metadata(run_dir) {
-            use std::os::unix::fs::MetadataExt;
-            let _ = std::os::unix::fs::chown(&socket, Some(meta.uid()), Some(meta.gid()));
-        }
-        {
-            use std::os::unix::fs::PermissionsExt;
-            fs::set_permissions(&socket, fs::Permissions::from_mode(0o600))
-                .with_context(|| format!("chmod {}", socket.display()))?;
-        }
+        crate::gateway_inputs::hand_socket_to_jail(&socket, run_dir)?;
         thread::Builder::new()
             .name("sluice-approved".into())
             .spawn(move || {

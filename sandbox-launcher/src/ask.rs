@@ -13,7 +13,6 @@
 //! guest, and to the guest otherwise.
 
 use std::fs;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -74,12 +73,7 @@ impl AskServer {
         let listener = std::os::unix::net::UnixListener::bind(&socket)
             .with_context(|| format!("--ask: listening on {}", socket.display()))?;
         // The jailed gateway runs as the run dir's owner.
-        if let Ok(meta) = fs::metadata(run_dir) {
-            use std::os::unix::fs::MetadataExt;
-            let _ = std::os::unix::fs::chown(&socket, Some(meta.uid()), Some(meta.gid()));
-        }
-        fs::set_permissions(&socket, fs::Permissions::from_mode(0o600))
-            .with_context(|| format!("chmod {}", socket.display()))?;
+        crate::gateway_inputs::hand_socket_to_jail(&socket, run_dir)?;
         listener
             .set_nonblocking(true)
             .context("--ask: the socket")?;

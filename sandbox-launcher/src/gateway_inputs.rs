@@ -302,6 +302,48 @@ pub(crate) fn write_for_jail(path: &Path, data: &[u8]) -> anyhow::Result<()> {
         .with_context(|| format!("chmod {}", path.display()))
 }
 
+/// Hands a unix socket the launcher just bound in the run dir to the jailed
+/// gateway: mode 0600, owned by the run dir's owner (the jail's uid).
+///
+/// The run dir is owned by that uid (65534 as root), so a process of it
+/// may swap the socket's name for a symlink between bind and chown; a
+/// chown or chmod by path would then, as root, follow it to any file.
+/// So the name is opened with `O_PATH | O_NOFOLLOW` (a symlink is opened
+/// as itself), the fd must be a socket, and both changes go through the
+/// fd's `/proc/self/fd` link, which names the opened inode, never a path
+/// that can be swapped. A socket the jail's uid put there instead is its
+/// own already; handing it over gives it nothing.
+///
+/// # Errors
+/// The name is not a socket (it was replaced), or the changes fail.
+pub(crate) fn hand_socket_to_jail(socket: &Path, run_dir: &Path) -> anyhow::Result<()> {
+    use std::os::fd::AsRawFd as _;
+    use std::os::unix::fs::{FileTypeExt as _, OpenOptionsExt as _};
+    let owner = fs::metadata(run_dir).with_context(|| format!("{}", run_dir.display()))?;
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(socket)
+        .with_context(|| format!("opening {}", socket.display()))?;
+    let meta = file
+        .metadata()
+        .with_context(|| format!("{}", socket.display()))?;
+    if !meta.file_type().is_socket() {
+        bail!(
+            "{} is no longer the socket the launcher bound (it was replaced)",
+            socket.display()
+        );
+    }
+    let link = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
+    fs::set_permissions(&link, fs::Permissions::from_mode(0o600))
+        .with_context(|| format!("chmod {}", socket.display()))?;
+    if meta.uid() != owner.uid() || meta.gid() != owner.gid() {
+        std::os::unix::fs::chown(&link, Some(owner.uid()), Some(owner.gid()))
+            .with_context(|| format!("chown {}", socket.display()))?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -430,6 +472,34 @@ mod tests {
                 .unwrap();
         let e = secret_inputs(&policy).unwrap_err();
         assert!(format!("{e:#}").contains("VC_GI_SECRET_UNSET_0"), "{e:#}");
+    }
+    #[test]
+    fn a_socket_swapped_for_a_symlink_is_not_followed_when_handed_to_the_jail() {
+        let t = tmp("hand");
+        let sock = t.0.join("approved.sock");
+        let _listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        // As root, the run dir belongs to the jail's uid, as make_run_dir
+        // leaves it, so the socket is chowned.
+        if rustix::process::geteuid().is_root() {
+            std::os::unix::fs::chown(&t.0, Some(65534), Some(65534)).unwrap();
+        }
+        hand_socket_to_jail(&sock, &t.0).unwrap();
+        let meta = fs::metadata(&sock).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+        let dir = fs::metadata(&t.0).unwrap();
+        assert_eq!((meta.uid(), meta.gid()), (dir.uid(), dir.gid()));
+        // The name swapped for a symlink to another file: refused, and the
+        // file's mode is untouched.
+        let victim = t.0.join("victim");
+        file(&victim, 0o644);
+        fs::remove_file(&sock).unwrap();
+        symlink(&victim, &sock).unwrap();
+        let e = hand_socket_to_jail(&sock, &t.0).unwrap_err();
+        assert!(format!("{e:#}").contains("replaced"), "{e:#}");
+        assert_eq!(
+            fs::metadata(&victim).unwrap().permissions().mode() & 0o777,
+            0o644
+        );
     }
     #[test]
     fn the_approval_backends_files_are_bound_and_a_socket_nowhere_is_an_error() {
