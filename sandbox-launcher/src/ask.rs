@@ -150,6 +150,12 @@ impl AskServer {
         })
     }
 
+    /// The prompt's record (what it answered; the names answered
+    /// `always`, which alone the overlay writer accepts under `--ask`).
+    pub(crate) fn served(&self) -> Arc<Mutex<Served>> {
+        Arc::clone(&self.served)
+    }
+
     /// The prompt's side of the terminal's keys, when the guest's stdin is
     /// that terminal (once: the stdin forwarder takes it).
     pub(crate) fn take_keys(&mut self) -> Option<Keys> {

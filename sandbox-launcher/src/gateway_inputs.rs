@@ -247,9 +247,7 @@ pub(crate) fn approval_inputs(policy: &CompiledPolicy) -> anyhow::Result<Vec<Pat
         Some(ApprovalBackend::Unix(socket)) => {
             // Bound at the path the gateway connects to (mount follows
             // the host's symlinks for the source; the jail has none).
-            if !socket.is_absolute()
-                || socket.components().any(|c| c == Component::ParentDir)
-            {
+            if !socket.is_absolute() || socket.components().any(|c| c == Component::ParentDir) {
                 bail!(
                     "approval socket {} is not an absolute path without `..`",
                     socket.display()

@@ -125,6 +125,25 @@ pub struct Served {
     pub prompted: u64,
     /// Questions denied without a prompt (no terminal, `--json`).
     pub auto_denied: u64,
+    /// Names answered `always` on the terminal and not yet taken by
+    /// [`Served::take_always`]: under `sluice run --ask` the launcher
+    /// writes an overlay entry only for these (the gateway's report of an
+    /// `always` answer is not trusted alone). Recorded before the answer
+    /// reaches the gateway.
+    pub always: Vec<String>,
+}
+
+impl Served {
+    /// Whether `name` was answered `always` and not yet taken; takes it.
+    pub fn take_always(&mut self, name: &str) -> bool {
+        match self.always.iter().position(|n| n == name) {
+            Some(i) => {
+                self.always.swap_remove(i);
+                true
+            }
+            None => false,
+        }
+    }
 }
 
 /// How [`serve`] answers.
@@ -171,6 +190,7 @@ pub async fn serve_routed<R, W>(
         let mut failed = None;
         let answer = super::unix::serve_one(stream, |q| {
             let (mode, prompted, failed) = (&mut mode, &mut prompted, &mut failed);
+            let served = &served;
             async move {
                 match mode {
                     Mode::Prompt(input, out) => {
@@ -179,7 +199,14 @@ pub async fn serve_routed<R, W>(
                         let asked = prompt(&q, input, out).await;
                         pending.store(false, Ordering::SeqCst);
                         match asked {
-                            Ok(a) => a,
+                            Ok(a) => {
+                                if a.decision == Choice::AllowAlways
+                                    && let Ok(mut s) = served.lock()
+                                {
+                                    s.always.push(q.name.clone());
+                                }
+                                a
+                            }
                             Err(e) => {
                                 *failed = Some(e.to_string());
                                 Answer {
@@ -293,5 +320,37 @@ mod tests {
     #[tokio::test]
     async fn a_closed_terminal_is_an_error() {
         assert!(matches!(run("", false).await.0, Err(BackendError::Closed)));
+    }
+
+    #[tokio::test]
+    async fn an_always_answer_is_recorded_before_the_gateway_hears_it() {
+        use crate::backend::Backend as _;
+        let dir = std::env::temp_dir().join(format!("sluice-term-always-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("ask.sock");
+        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        let served = std::sync::Arc::new(std::sync::Mutex::new(Served::default()));
+        let keys = tokio::io::BufReader::new(&b"a\no\n"[..]);
+        let server = tokio::spawn(serve(
+            listener,
+            Mode::Prompt(keys, Vec::new()),
+            std::sync::Arc::clone(&served),
+        ));
+        let backend = super::super::unix::UnixBackend::new(&path);
+        let question = q(true);
+        let a = backend.ask(&question).await.unwrap();
+        assert_eq!(a.decision, Choice::AllowAlways);
+        // Recorded by the time the answer arrived; taken once.
+        assert_eq!(served.lock().unwrap().always, vec![question.name.clone()]);
+        let a = backend.ask(&question).await.unwrap();
+        assert_eq!(a.decision, Choice::AllowOnce);
+        let mut s = served.lock().unwrap();
+        assert!(s.take_always(&question.name));
+        assert!(!s.take_always(&question.name));
+        assert!(!s.take_always("other.example"));
+        drop(s);
+        server.abort();
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
