@@ -125,17 +125,29 @@ impl AskServer {
                     let Ok(listener) = tokio::net::UnixListener::from_std(listener) else {
                         return;
                     };
+                    // The keys are read through the reactor (not a
+                    // blocking read), so that what is already typed when a
+                    // question arrives can be discarded (`serve_routed`).
                     let mode = match tty.and_then(|f| {
                         let r = match input {
-                            Some(pipe) => pipe,
-                            None => f.try_clone().map_err(|e| e.to_string())?,
-                        };
+                            Some(pipe) => tokio::net::unix::pipe::Receiver::from_file(pipe),
+                            // A description of its own: the reader is made
+                            // non-blocking, the prompt's writer stays not.
+                            None => {
+                                use std::os::unix::fs::OpenOptionsExt as _;
+                                fs::OpenOptions::new()
+                                    .read(true)
+                                    .custom_flags(libc::O_NONBLOCK)
+                                    .open("/dev/tty")
+                                    .and_then(tokio::net::unix::pipe::Receiver::from_file_unchecked)
+                            }
+                        }
+                        .map_err(|e| format!("reading the terminal: {e}"))?;
                         Ok((r, f))
                     }) {
-                        Ok((r, w)) => Mode::Prompt(
-                            tokio::io::BufReader::new(tokio::fs::File::from_std(r)),
-                            tokio::fs::File::from_std(w),
-                        ),
+                        Ok((r, w)) => {
+                            Mode::Prompt(tokio::io::BufReader::new(r), tokio::fs::File::from_std(w))
+                        }
                         Err(why) => Mode::AutoDeny(why),
                     };
                     serve_routed(listener, mode, keep, &pending).await;
