@@ -25,10 +25,12 @@ use std::fs;
 use std::io::{BufRead as _, BufReader, Read as _, Write as _};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
 use anyhow::Context;
+use sluice_approval::backend::terminal::{Served, printable};
 use sluice_approval::handoff::{HandoffReply, OverlayEntry};
 use sluice_approval::wire::MAX_MESSAGE_BYTES;
 use sluice_policy::CompileOptions;
@@ -38,6 +40,38 @@ const SOCKET: &str = "approved.sock";
 
 /// How long one connection may take to send its entry.
 const READ_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Entries one run writes at most: each rewrites the overlay (a policy
+/// load and a rename), and a compromised gateway must not grow it without
+/// bound (past the policy size limit every later run would fail to load).
+pub(crate) const MAX_ENTRIES_PER_RUN: usize = 16;
+
+/// Which entries this run accepts beyond what the policy allows.
+#[derive(Debug)]
+struct Gate {
+    /// Entries written so far.
+    written: usize,
+    /// Under `--ask`: the launcher's own prompt's record; an entry is
+    /// accepted only for a name it answered `always` (taken once).
+    /// `None` with a webhook or unix backend, whose answer the launcher
+    /// only hears from the gateway.
+    prompt: Option<Arc<Mutex<Served>>>,
+}
+
+impl Gate {
+    /// Why `entry` is refused before the policy is read, if it is.
+    fn refuses(&self, entry: &OverlayEntry) -> Option<String> {
+        if self.written >= MAX_ENTRIES_PER_RUN {
+            return Some(format!(
+                "this run already wrote {MAX_ENTRIES_PER_RUN} entries, its limit"
+            ));
+        }
+        let prompt = self.prompt.as_ref()?;
+        let answered = prompt.lock().is_ok_and(|mut s| s.take_always(&entry.name));
+        (!answered)
+            .then(|| "the launcher's prompt did not answer `always` for it in this run".into())
+    }
+}
 
 /// The overlay writer of one run.
 #[derive(Debug)]
@@ -49,29 +83,29 @@ pub(crate) struct OverlayWriter {
 impl OverlayWriter {
     /// Listens in `run_dir` (0700: only the jail's uid and the launcher
     /// reach it) and writes the overlay of `policy` for sandbox `sandbox`
-    /// on a thread of its own, one entry at a time, until the process ends.
+    /// on a thread of its own, one entry at a time, until the process ends,
+    /// at most [`MAX_ENTRIES_PER_RUN`]. Under `--ask`, `prompt` is the
+    /// prompt's record and only names it answered `always` are written.
     ///
     /// # Errors
     /// The socket cannot be made or handed to the jail's uid.
-    pub(crate) fn start(run_dir: &Path, policy: PathBuf, sandbox: String) -> anyhow::Result<Self> {
+    pub(crate) fn start(
+        run_dir: &Path,
+        policy: PathBuf,
+        sandbox: String,
+        prompt: Option<Arc<Mutex<Served>>>,
+    ) -> anyhow::Result<Self> {
         let socket = run_dir.join(SOCKET);
         let listener = UnixListener::bind(&socket)
             .with_context(|| format!("listening on {}", socket.display()))?;
         // The jailed gateway runs as the run dir's owner.
-        if let Ok(meta) = fs::metadata(run_dir) {
-            use std::os::unix::fs::MetadataExt;
-            let _ = std::os::unix::fs::chown(&socket, Some(meta.uid()), Some(meta.gid()));
-        }
-        {
-            use std::os::unix::fs::PermissionsExt;
-            fs::set_permissions(&socket, fs::Permissions::from_mode(0o600))
-                .with_context(|| format!("chmod {}", socket.display()))?;
-        }
+        crate::gateway_inputs::hand_socket_to_jail(&socket, run_dir)?;
         thread::Builder::new()
             .name("sluice-approved".into())
             .spawn(move || {
+                let mut gate = Gate { written: 0, prompt };
                 for stream in listener.incoming().flatten() {
-                    serve(stream, &policy, &sandbox);
+                    serve(stream, &policy, &sandbox, &mut gate);
                 }
             })
             .context("starting the approval overlay thread")?;
@@ -80,7 +114,7 @@ impl OverlayWriter {
 }
 
 /// Reads one entry from `stream`, places it, and answers.
-fn serve(stream: UnixStream, policy: &Path, sandbox: &str) {
+fn serve(stream: UnixStream, policy: &Path, sandbox: &str, gate: &mut Gate) {
     let _ = stream.set_read_timeout(Some(READ_TIMEOUT));
     let _ = stream.set_write_timeout(Some(READ_TIMEOUT));
     let mut line = Vec::new();
@@ -90,26 +124,34 @@ fn serve(stream: UnixStream, policy: &Path, sandbox: &str) {
         .read_until(b'\n', &mut line);
     let reply = match read {
         Ok(_) => match OverlayEntry::parse(line.trim_ascii()) {
-            Ok(entry) => match place(policy, sandbox, &entry) {
+            Ok(entry) => match gate
+                .refuses(&entry)
+                .map_or_else(|| place(policy, sandbox, &entry), Err)
+            {
                 Ok(path) => {
+                    gate.written += 1;
                     eprintln!(
                         "sluice: {} approved always: added to {} (review it and fold it into the policy)",
-                        entry.name,
+                        printable(&entry.name),
                         path.display()
                     );
                     HandoffReply::Written
                 }
                 Err(why) => {
                     eprintln!(
-                        "sluice: approval overlay: refused {:?} from the gateway: {why}",
-                        entry.name
+                        "sluice: approval overlay: refused {} from the gateway: {}",
+                        printable(&entry.name),
+                        printable(&why)
                     );
                     HandoffReply::Refused(why)
                 }
             },
             Err(e) => {
                 let why = format!("not an overlay entry: {e}");
-                eprintln!("sluice: approval overlay: refused a message from the gateway: {why}");
+                eprintln!(
+                    "sluice: approval overlay: refused a message from the gateway: {}",
+                    printable(&why)
+                );
                 HandoffReply::Refused(why)
             }
         },
@@ -167,8 +209,10 @@ pub(crate) fn place(policy: &Path, sandbox: &str, entry: &OverlayEntry) -> Resul
             entry.tcp_ports, entry.udp_ports, spec.tcp_ports, spec.udp_ports
         ));
     }
-    if entry.by.chars().any(char::is_control) {
-        return Err("`by` holds control characters".into());
+    // `by` goes into the overlay a person reviews: no control, bidi or
+    // line-separator characters that could disguise it.
+    if !entry.by.chars().all(|c| c == ' ' || c.is_ascii_graphic()) {
+        return Err("`by` holds characters other than printable ASCII".into());
     }
     let at = serde_json::to_value(sluice_policy::audit::Timestamp::now())
         .ok()
@@ -265,7 +309,14 @@ mod tests {
                     by: "x\ny".into(),
                     ..entry("new.example.com", &[443])
                 },
-                "control",
+                "printable ASCII",
+            ),
+            (
+                OverlayEntry {
+                    by: "unix: \u{202e}evil".into(),
+                    ..entry("new.example.com", &[443])
+                },
+                "printable ASCII",
             ),
         ] {
             let err = place(&p, "sb", &e).unwrap_err();
@@ -291,7 +342,7 @@ mod tests {
         let (t, p) = policy("sock", true);
         let run = t.0.join("run");
         fs::create_dir(&run).unwrap();
-        let w = OverlayWriter::start(&run, p.clone(), "sb".into()).unwrap();
+        let w = OverlayWriter::start(&run, p.clone(), "sb".into(), None).unwrap();
         let ask = |line: &[u8]| {
             let mut s = UnixStream::connect(&w.socket).unwrap();
             s.write_all(line).unwrap();
@@ -309,5 +360,54 @@ mod tests {
         assert!(
             matches!(ask(extra), HandoffReply::Refused(w) if w.contains("not an overlay entry"))
         );
+    }
+
+    fn ask_on(socket: &Path, line: &[u8]) -> HandoffReply {
+        let mut s = UnixStream::connect(socket).unwrap();
+        s.write_all(line).unwrap();
+        let mut reply = String::new();
+        BufReader::new(&s).read_line(&mut reply).unwrap();
+        HandoffReply::parse(reply.trim().as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn under_ask_only_a_name_the_prompt_answered_always_is_written_once() {
+        let (t, p) = policy("gate", true);
+        let run = t.0.join("run");
+        fs::create_dir(&run).unwrap();
+        let served = Arc::new(Mutex::new(Served::default()));
+        let w =
+            OverlayWriter::start(&run, p.clone(), "sb".into(), Some(Arc::clone(&served))).unwrap();
+        // Never answered `a`: refused, nothing written.
+        let never = entry("never.example.com", &[443]).to_line().unwrap();
+        assert!(
+            matches!(ask_on(&w.socket, &never), HandoffReply::Refused(why) if why.contains("did not answer")),
+        );
+        assert!(!sluice_policy::overlay::overlay_path(&p).exists());
+        // Answered `a`: written, once.
+        served.lock().unwrap().always.push("new.example.com".into());
+        let good = entry("new.example.com", &[443]).to_line().unwrap();
+        assert_eq!(ask_on(&w.socket, &good), HandoffReply::Written);
+        assert!(matches!(ask_on(&w.socket, &good), HandoffReply::Refused(_)));
+    }
+
+    #[test]
+    fn a_run_writes_at_most_its_limit_of_entries() {
+        let (t, p) = policy("cap", true);
+        let run = t.0.join("run");
+        fs::create_dir(&run).unwrap();
+        let w = OverlayWriter::start(&run, p.clone(), "sb".into(), None).unwrap();
+        for i in 0..MAX_ENTRIES_PER_RUN {
+            let line = entry(&format!("n{i}.example.com"), &[443])
+                .to_line()
+                .unwrap();
+            assert_eq!(ask_on(&w.socket, &line), HandoffReply::Written, "{i}");
+        }
+        let line = entry("one-more.example.com", &[443]).to_line().unwrap();
+        assert!(
+            matches!(ask_on(&w.socket, &line), HandoffReply::Refused(why) if why.contains("limit"))
+        );
+        let text = fs::read_to_string(sluice_policy::overlay::overlay_path(&p)).unwrap();
+        assert_eq!(text.matches("domain:").count(), MAX_ENTRIES_PER_RUN);
     }
 }

@@ -13,7 +13,6 @@
 //! guest, and to the guest otherwise.
 
 use std::fs;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -74,12 +73,7 @@ impl AskServer {
         let listener = std::os::unix::net::UnixListener::bind(&socket)
             .with_context(|| format!("--ask: listening on {}", socket.display()))?;
         // The jailed gateway runs as the run dir's owner.
-        if let Ok(meta) = fs::metadata(run_dir) {
-            use std::os::unix::fs::MetadataExt;
-            let _ = std::os::unix::fs::chown(&socket, Some(meta.uid()), Some(meta.gid()));
-        }
-        fs::set_permissions(&socket, fs::Permissions::from_mode(0o600))
-            .with_context(|| format!("chmod {}", socket.display()))?;
+        crate::gateway_inputs::hand_socket_to_jail(&socket, run_dir)?;
         listener
             .set_nonblocking(true)
             .context("--ask: the socket")?;
@@ -131,17 +125,29 @@ impl AskServer {
                     let Ok(listener) = tokio::net::UnixListener::from_std(listener) else {
                         return;
                     };
+                    // The keys are read through the reactor (not a
+                    // blocking read), so that what is already typed when a
+                    // question arrives can be discarded (`serve_routed`).
                     let mode = match tty.and_then(|f| {
                         let r = match input {
-                            Some(pipe) => pipe,
-                            None => f.try_clone().map_err(|e| e.to_string())?,
-                        };
+                            Some(pipe) => tokio::net::unix::pipe::Receiver::from_file(pipe),
+                            // A description of its own: the reader is made
+                            // non-blocking, the prompt's writer stays not.
+                            None => {
+                                use std::os::unix::fs::OpenOptionsExt as _;
+                                fs::OpenOptions::new()
+                                    .read(true)
+                                    .custom_flags(libc::O_NONBLOCK)
+                                    .open("/dev/tty")
+                                    .and_then(tokio::net::unix::pipe::Receiver::from_file_unchecked)
+                            }
+                        }
+                        .map_err(|e| format!("reading the terminal: {e}"))?;
                         Ok((r, f))
                     }) {
-                        Ok((r, w)) => Mode::Prompt(
-                            tokio::io::BufReader::new(tokio::fs::File::from_std(r)),
-                            tokio::fs::File::from_std(w),
-                        ),
+                        Ok((r, w)) => {
+                            Mode::Prompt(tokio::io::BufReader::new(r), tokio::fs::File::from_std(w))
+                        }
                         Err(why) => Mode::AutoDeny(why),
                     };
                     serve_routed(listener, mode, keep, &pending).await;
@@ -154,6 +160,12 @@ impl AskServer {
             auto_deny,
             keys,
         })
+    }
+
+    /// The prompt's record (what it answered; the names answered
+    /// `always`, which alone the overlay writer accepts under `--ask`).
+    pub(crate) fn served(&self) -> Arc<Mutex<Served>> {
+        Arc::clone(&self.served)
     }
 
     /// The prompt's side of the terminal's keys, when the guest's stdin is

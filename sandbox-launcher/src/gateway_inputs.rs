@@ -227,35 +227,43 @@ pub(crate) fn secret_inputs(policy: &CompiledPolicy) -> anyhow::Result<SecretInp
 
 /// What the gateway's jail must bind read-only for the policy's approval
 /// backend (docs/approval.md), when the policy's own backend answers (not
-/// under `--ask`): a `unix` backend's socket directory (a local UI that
-/// restarts makes a new socket there; connecting to a socket on a
-/// read-only mount works), or the socket alone when its directory is unfit
-/// to bind whole; a webhook's token and TLS files, as secret files are.
+/// under `--ask`): a `unix` backend's socket file alone, and each of a
+/// webhook's token and TLS files alone. Never a directory: connect() to a
+/// socket on a read-only mount works, so a bound directory such as
+/// `/run/user/UID` would hand a compromised gateway every other socket in
+/// it (the user's bus, systemd's private socket, docker.sock, agents),
+/// and a token's directory may hold other secrets (`~/.ssh` beside
+/// `~/token`). A file bind pins the inode: a socket made anew (a UI that
+/// restarts) or a file replaced by rename is not seen until the next run.
 ///
 /// # Errors
-/// The socket is neither present nor in a directory that can be bound; a
-/// webhook file fails [`FileView::of_secret`].
+/// The socket does not exist or is not a socket; a webhook file is not an
+/// absolute path without `..`, not a regular file or not readable by the
+/// jail's uid/gid.
 pub(crate) fn approval_inputs(policy: &CompiledPolicy) -> anyhow::Result<Vec<PathBuf>> {
+    use std::os::unix::fs::FileTypeExt;
     let mut read = Vec::new();
     match policy.approval().map(|a| &a.backend) {
         Some(ApprovalBackend::Unix(socket)) => {
-            let dir = socket.parent().unwrap_or(Path::new("/"));
-            match dir_fit(dir) {
-                Ok(dir) => read.push(dir),
-                Err(why) if socket.exists() => {
-                    eprintln!(
-                        "sluice: approval socket {}: binding the socket alone into the \
-                         gateway's jail ({why}): a socket made anew there is not seen",
-                        socket.display()
-                    );
-                    read.push(socket.clone());
-                }
-                Err(why) => bail!(
-                    "approval socket {}: it does not exist yet and its directory cannot be \
-                     bound into the gateway's jail ({why})",
+            // Bound at the path the gateway connects to (mount follows
+            // the host's symlinks for the source; the jail has none).
+            if !socket.is_absolute() || socket.components().any(|c| c == Component::ParentDir) {
+                bail!(
+                    "approval socket {} is not an absolute path without `..`",
                     socket.display()
-                ),
+                );
             }
+            let meta = fs::metadata(socket).with_context(|| {
+                format!(
+                    "approval socket {}: it must exist before `sluice run` starts (the \
+                     gateway's jail binds the socket alone)",
+                    socket.display()
+                )
+            })?;
+            if !meta.file_type().is_socket() {
+                bail!("approval socket {} is not a socket", socket.display());
+            }
+            read.push(socket.clone());
         }
         Some(ApprovalBackend::Webhook {
             bearer_token_file,
@@ -270,39 +278,14 @@ pub(crate) fn approval_inputs(policy: &CompiledPolicy) -> anyhow::Result<Vec<Pat
             {
                 let view = FileView::of_secret(path)
                     .with_context(|| format!("approval webhook file {}", path.display()))?;
-                if !read.contains(&view.bind) {
-                    read.push(view.bind);
+                if !read.contains(&view.path) {
+                    read.push(view.path);
                 }
             }
         }
         Some(ApprovalBackend::Terminal) | None => {}
     }
     Ok(read)
-}
-
-/// `dir` resolved, when it may be bound whole (as [`dir_unfit`] judges a
-/// file's directory, without the file); otherwise why not.
-fn dir_fit(dir: &Path) -> Result<PathBuf, String> {
-    let real = fs::canonicalize(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    if real == Path::new("/") {
-        return Err("it is in /".to_owned());
-    }
-    let meta = fs::metadata(&real).map_err(|e| format!("{}: {e}", real.display()))?;
-    if meta.permissions().mode() & 0o002 != 0 {
-        return Err(format!(
-            "its directory {} is world-writable, a shared directory whose other files the \
-             gateway must not see",
-            real.display()
-        ));
-    }
-    let (uid, gid) = jail_ids();
-    if !readable_by(&meta, (uid, gid), 0o1) {
-        return Err(format!(
-            "its directory {} is not searchable by uid {uid}/gid {gid}",
-            real.display()
-        ));
-    }
-    Ok(real)
 }
 
 /// Writes a file of the run dir that the jailed gateway reads (mode 0644;
@@ -315,6 +298,48 @@ pub(crate) fn write_for_jail(path: &Path, data: &[u8]) -> anyhow::Result<()> {
     fs::write(path, data).with_context(|| format!("writing {}", path.display()))?;
     fs::set_permissions(path, fs::Permissions::from_mode(0o644))
         .with_context(|| format!("chmod {}", path.display()))
+}
+
+/// Hands a unix socket the launcher just bound in the run dir to the jailed
+/// gateway: mode 0600, owned by the run dir's owner (the jail's uid).
+///
+/// The run dir is owned by that uid (65534 as root), so a process of it
+/// may swap the socket's name for a symlink between bind and chown; a
+/// chown or chmod by path would then, as root, follow it to any file.
+/// So the name is opened with `O_PATH | O_NOFOLLOW` (a symlink is opened
+/// as itself), the fd must be a socket, and both changes go through the
+/// fd's `/proc/self/fd` link, which names the opened inode, never a path
+/// that can be swapped. A socket the jail's uid put there instead is its
+/// own already; handing it over gives it nothing.
+///
+/// # Errors
+/// The name is not a socket (it was replaced), or the changes fail.
+pub(crate) fn hand_socket_to_jail(socket: &Path, run_dir: &Path) -> anyhow::Result<()> {
+    use std::os::fd::AsRawFd as _;
+    use std::os::unix::fs::{FileTypeExt as _, OpenOptionsExt as _};
+    let owner = fs::metadata(run_dir).with_context(|| format!("{}", run_dir.display()))?;
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(socket)
+        .with_context(|| format!("opening {}", socket.display()))?;
+    let meta = file
+        .metadata()
+        .with_context(|| format!("{}", socket.display()))?;
+    if !meta.file_type().is_socket() {
+        bail!(
+            "{} is no longer the socket the launcher bound (it was replaced)",
+            socket.display()
+        );
+    }
+    let link = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
+    fs::set_permissions(&link, fs::Permissions::from_mode(0o600))
+        .with_context(|| format!("chmod {}", socket.display()))?;
+    if meta.uid() != owner.uid() || meta.gid() != owner.gid() {
+        std::os::unix::fs::chown(&link, Some(owner.uid()), Some(owner.gid()))
+            .with_context(|| format!("chown {}", socket.display()))?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -447,6 +472,34 @@ mod tests {
         assert!(format!("{e:#}").contains("VC_GI_SECRET_UNSET_0"), "{e:#}");
     }
     #[test]
+    fn a_socket_swapped_for_a_symlink_is_not_followed_when_handed_to_the_jail() {
+        let t = tmp("hand");
+        let sock = t.0.join("approved.sock");
+        let _listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        // As root, the run dir belongs to the jail's uid, as make_run_dir
+        // leaves it, so the socket is chowned.
+        if rustix::process::geteuid().is_root() {
+            std::os::unix::fs::chown(&t.0, Some(65534), Some(65534)).unwrap();
+        }
+        hand_socket_to_jail(&sock, &t.0).unwrap();
+        let meta = fs::metadata(&sock).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+        let dir = fs::metadata(&t.0).unwrap();
+        assert_eq!((meta.uid(), meta.gid()), (dir.uid(), dir.gid()));
+        // The name swapped for a symlink to another file: refused, and the
+        // file's mode is untouched.
+        let victim = t.0.join("victim");
+        file(&victim, 0o644);
+        fs::remove_file(&sock).unwrap();
+        symlink(&victim, &sock).unwrap();
+        let e = hand_socket_to_jail(&sock, &t.0).unwrap_err();
+        assert!(format!("{e:#}").contains("replaced"), "{e:#}");
+        assert_eq!(
+            fs::metadata(&victim).unwrap().permissions().mode() & 0o777,
+            0o644
+        );
+    }
+    #[test]
     fn the_approval_backends_files_are_bound_and_a_socket_nowhere_is_an_error() {
         let compile = |yaml: String| {
             sluice_policy::from_yaml_str(&yaml, "test", &sluice_policy::CompileOptions::default())
@@ -457,29 +510,42 @@ mod tests {
                 "version: 1\nid: a\nunlisted: ask\napproval:\n  backend:\n{backend}\n"
             ))
         };
-        // A unix socket in a private directory: the directory, even before
-        // the socket exists.
+        // A unix socket: the socket file alone, never its directory (a
+        // gateway must not reach the directory's other sockets), and an
+        // error while it does not exist or is not a socket.
         let t = tmp("ask-sock");
         let sock = t.0.join("ui.sock");
-        let read = approval_inputs(&ask(format!("    unix: {}", sock.display()))).unwrap();
-        assert_eq!(read, vec![fs::canonicalize(&t.0).unwrap()]);
-        // In a shared directory: the socket alone, or an error without one.
+        let policy = ask(format!("    unix: {}", sock.display()));
+        let e = approval_inputs(&policy).unwrap_err();
+        assert!(format!("{e:#}").contains("must exist"), "{e:#}");
+        let _listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        let _other = std::os::unix::net::UnixListener::bind(t.0.join("bus")).unwrap();
+        assert_eq!(approval_inputs(&policy).unwrap(), vec![sock.clone()]);
+        let not_sock = t.0.join("plain");
+        file(&not_sock, 0o644);
+        let e = approval_inputs(&ask(format!("    unix: {}", not_sock.display()))).unwrap_err();
+        assert!(format!("{e:#}").contains("not a socket"), "{e:#}");
+        // In a shared directory, the same.
         let shared = tmp("ask-shared");
         fs::set_permissions(&shared.0, fs::Permissions::from_mode(0o1777)).unwrap();
         let sock = shared.0.join("ui.sock");
+        let _shared_listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
         let policy = ask(format!("    unix: {}", sock.display()));
-        assert!(approval_inputs(&policy).is_err());
-        let _listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
         assert_eq!(approval_inputs(&policy).unwrap(), vec![sock.clone()]);
-        // A webhook's files, as secret files.
+        // A webhook's files, each alone, never their directory (which
+        // holds other files here).
         let token = t.0.join("token");
         file(&token, 0o644);
+        let ca = t.0.join("ca.pem");
+        file(&ca, 0o644);
+        file(&t.0.join("id_ed25519"), 0o644);
         let read = approval_inputs(&ask(format!(
-            "    webhook:\n      url: https://hook.example.com/ask\n      bearer_token_file: {}",
-            token.display()
+            "    webhook:\n      url: https://hook.example.com/ask\n      bearer_token_file: {}\n      ca: {}",
+            token.display(),
+            ca.display()
         )))
         .unwrap();
-        assert_eq!(read, vec![t.0.clone()]);
+        assert_eq!(read, vec![token.clone(), ca.clone()]);
         // The terminal binds nothing.
         assert!(
             approval_inputs(&ask("    terminal".into()))

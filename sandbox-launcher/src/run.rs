@@ -1387,7 +1387,9 @@ fn spawn_gateway(
     // `always` answers are written beside the policy by the launcher: the
     // gateway's jail keeps the policy's directory read-only (approved.rs).
     if let Some(policy) = args.policy.as_ref().and(gw_args.policy.clone()) {
-        let writer = crate::approved::OverlayWriter::start(run_dir, policy, sandbox_id.to_owned())?;
+        let prompt = ask.as_ref().map(crate::ask::AskServer::served);
+        let writer =
+            crate::approved::OverlayWriter::start(run_dir, policy, sandbox_id.to_owned(), prompt)?;
         gw_args.approval_overlay_socket = Some(writer.socket);
     }
     let argv = gw_args

@@ -118,6 +118,27 @@ where
     })
 }
 
+/// Discards what `input` holds ready now: its buffer and what its source
+/// can give without waiting. Only a source whose readiness is known without
+/// reading (a pipe or terminal as `tokio::net::unix::pipe::Receiver`) is
+/// drained; a blocking file's read started here would deliver its bytes to
+/// the prompt later.
+async fn discard_ready<R: AsyncBufRead + Unpin>(input: &mut R) {
+    loop {
+        let ready = std::future::poll_fn(|cx| {
+            std::task::Poll::Ready(match std::pin::Pin::new(&mut *input).poll_fill_buf(cx) {
+                std::task::Poll::Ready(Ok(buf)) if !buf.is_empty() => Some(buf.len()),
+                _ => None,
+            })
+        })
+        .await;
+        match ready {
+            Some(n) => std::pin::Pin::new(&mut *input).consume(n),
+            None => return,
+        }
+    }
+}
+
 /// What [`serve`] did, for the run's summary.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Served {
@@ -125,6 +146,25 @@ pub struct Served {
     pub prompted: u64,
     /// Questions denied without a prompt (no terminal, `--json`).
     pub auto_denied: u64,
+    /// Names answered `always` on the terminal and not yet taken by
+    /// [`Served::take_always`]: under `sluice run --ask` the launcher
+    /// writes an overlay entry only for these (the gateway's report of an
+    /// `always` answer is not trusted alone). Recorded before the answer
+    /// reaches the gateway.
+    pub always: Vec<String>,
+}
+
+impl Served {
+    /// Whether `name` was answered `always` and not yet taken; takes it.
+    pub fn take_always(&mut self, name: &str) -> bool {
+        match self.always.iter().position(|n| n == name) {
+            Some(i) => {
+                self.always.swap_remove(i);
+                true
+            }
+            None => false,
+        }
+    }
 }
 
 /// How [`serve`] answers.
@@ -171,15 +211,26 @@ pub async fn serve_routed<R, W>(
         let mut failed = None;
         let answer = super::unix::serve_one(stream, |q| {
             let (mode, prompted, failed) = (&mut mode, &mut prompted, &mut failed);
+            let served = &served;
             async move {
                 match mode {
                     Mode::Prompt(input, out) => {
+                        // A line typed after the last answer (or before
+                        // this question) must not answer it.
+                        discard_ready(input).await;
                         *prompted = true;
                         pending.store(true, Ordering::SeqCst);
                         let asked = prompt(&q, input, out).await;
                         pending.store(false, Ordering::SeqCst);
                         match asked {
-                            Ok(a) => a,
+                            Ok(a) => {
+                                if a.decision == Choice::AllowAlways
+                                    && let Ok(mut s) = served.lock()
+                                {
+                                    s.always.push(q.name.clone());
+                                }
+                                a
+                            }
                             Err(e) => {
                                 *failed = Some(e.to_string());
                                 Answer {
@@ -293,5 +344,61 @@ mod tests {
     #[tokio::test]
     async fn a_closed_terminal_is_an_error() {
         assert!(matches!(run("", false).await.0, Err(BackendError::Closed)));
+    }
+
+    #[tokio::test]
+    async fn an_always_answer_is_recorded_before_the_gateway_hears_it() {
+        use crate::backend::Backend as _;
+        let dir = std::env::temp_dir().join(format!("sluice-term-always-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("ask.sock");
+        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        let served = std::sync::Arc::new(std::sync::Mutex::new(Served::default()));
+        // Keys through a pipe, typed once the prompt is drawn; a line typed
+        // before it (`n`, stale) is discarded at the prompt's start.
+        let (mut key_w, key_r) = tokio::io::duplex(64);
+        let (out_w, out_r) = tokio::io::duplex(4096);
+        key_w.write_all(b"n\n").await.unwrap();
+        let server = tokio::spawn(serve(
+            listener,
+            Mode::Prompt(tokio::io::BufReader::new(key_r), out_w),
+            std::sync::Arc::clone(&served),
+        ));
+        let mut screen = out_r;
+        let backend = super::super::unix::UnixBackend::new(&path);
+        let question = q(true);
+        for (key, want) in [
+            (&b"a\n"[..], Choice::AllowAlways),
+            (&b"o\n"[..], Choice::AllowOnce),
+        ] {
+            let asking = {
+                let (backend, question) = (backend.clone(), question.clone());
+                tokio::spawn(async move { backend.ask(&question).await })
+            };
+            let mut seen = String::new();
+            while !seen.contains("choice> ") {
+                let mut chunk = [0u8; 256];
+                let n = tokio::io::AsyncReadExt::read(&mut screen, &mut chunk)
+                    .await
+                    .unwrap();
+                assert!(n > 0, "{seen}");
+                seen.push_str(&String::from_utf8_lossy(&chunk[..n]));
+            }
+            key_w.write_all(key).await.unwrap();
+            let a = asking.await.unwrap().unwrap();
+            assert_eq!(a.decision, want);
+            if want == Choice::AllowAlways {
+                // Recorded by the time the answer arrived.
+                assert_eq!(served.lock().unwrap().always, vec![question.name.clone()]);
+            }
+        }
+        let mut s = served.lock().unwrap();
+        assert!(s.take_always(&question.name));
+        assert!(!s.take_always(&question.name));
+        assert!(!s.take_always("other.example"));
+        drop(s);
+        server.abort();
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
