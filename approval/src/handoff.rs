@@ -51,9 +51,7 @@ impl OverlayEntry {
     /// # Errors
     /// Only if serialisation fails, which the field types rule out.
     pub fn to_line(&self) -> Result<Vec<u8>, WireError> {
-        let mut v = serde_json::to_vec(self)?;
-        v.push(b'\n');
-        Ok(v)
+        crate::wire::json_line(self)
     }
 
     /// Reads an entry (one JSON object of at most [`MAX_MESSAGE_BYTES`],
@@ -82,9 +80,7 @@ impl HandoffReply {
     /// # Errors
     /// Only if serialisation fails, which the field types rule out.
     pub fn to_line(&self) -> Result<Vec<u8>, WireError> {
-        let mut v = serde_json::to_vec(self)?;
-        v.push(b'\n');
-        Ok(v)
+        crate::wire::json_line(self)
     }
 
     /// Reads a reply.

@@ -129,9 +129,7 @@ impl Question {
     /// # Errors
     /// Only if serialisation fails, which the field types rule out.
     pub fn to_line(&self) -> Result<Vec<u8>, WireError> {
-        let mut v = serde_json::to_vec(self)?;
-        v.push(b'\n');
-        Ok(v)
+        json_line(self)
     }
 
     /// Reads a question (one JSON object, surrounding whitespace ignored).
@@ -160,9 +158,7 @@ impl Answer {
     /// # Errors
     /// Only if serialisation fails, which the field types rule out.
     pub fn to_line(&self) -> Result<Vec<u8>, WireError> {
-        let mut v = serde_json::to_vec(self)?;
-        v.push(b'\n');
-        Ok(v)
+        json_line(self)
     }
 
     /// Reads an answer (one JSON object, surrounding whitespace ignored);
@@ -195,6 +191,14 @@ fn object(bytes: &[u8]) -> Result<(), WireError> {
         Some(b'{') => Ok(()),
         _ => Err(WireError::NotAnObject),
     }
+}
+
+/// `value` as one JSON line (with the newline): the framing of every
+/// message between the gateway, the backends and the launcher.
+pub(crate) fn json_line<T: Serialize>(value: &T) -> Result<Vec<u8>, WireError> {
+    let mut v = serde_json::to_vec(value)?;
+    v.push(b'\n');
+    Ok(v)
 }
 
 #[cfg(test)]
