@@ -52,6 +52,7 @@ mod dns;
 pub mod frames;
 #[cfg(not(feature = "test-util"))]
 mod frames;
+mod writable;
 #[cfg(feature = "test-util")]
 pub mod packet;
 #[cfg(not(feature = "test-util"))]
@@ -338,9 +339,16 @@ pub async fn serve_with_reload(
                         Some(_) => continue,
                     },
                 };
+                let link = match GuestLink::stream(stream) {
+                    Ok(l) => l,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "guest connection not registered: closed");
+                        continue;
+                    }
+                };
                 tracing::info!("guest connected");
                 let mut dp = Datapath::new(cfg.clone(), decider.clone(), audit, events_tx.clone());
-                let end = dp.run(&GuestLink::stream(stream), &mut events).await;
+                let end = dp.run(&link, &mut events).await;
                 log_end(&end);
                 audit = dp.into_audit();
                 audit_end(&mut audit, &end);

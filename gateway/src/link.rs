@@ -42,6 +42,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::net::{UnixDatagram, UnixStream};
 
 use crate::frames::{FrameError, FrameReader, MIN_FRAME, TxBatch};
+use crate::writable::{WriteWait, borrowed, register_readable};
 
 /// Bytes read from a stream guest per syscall.
 const STREAM_READ_CHUNK: usize = 256 * 1024;
@@ -71,17 +72,26 @@ const VFKIT_MAGIC: &[u8] = b"VFKT";
 #[derive(Debug)]
 pub enum GuestLink {
     /// QEMU's stream protocol on a connected unix stream socket.
-    Stream(UnixStream),
+    Stream(StreamLink),
     /// One frame per datagram on a unix datagram socket.
     Dgram(DgramLink),
     /// An `AF_PACKET` socket with virtio-net headers, bound to one interface.
     Packet(PacketLink),
 }
 
+/// A connected unix stream socket, registered for reading; writability is
+/// watched only while output is blocked ([`crate::writable`]).
+#[derive(Debug)]
+pub struct StreamLink {
+    fd: AsyncFd<std::os::unix::net::UnixStream>,
+    write: WriteWait,
+}
+
 /// A unix datagram socket and what is known of its peer.
 #[derive(Debug)]
 pub struct DgramLink {
-    sock: UnixDatagram,
+    sock: AsyncFd<std::os::unix::net::UnixDatagram>,
+    write: WriteWait,
     /// Connected by whoever handed it over (a socketpair end): `send` goes
     /// to that peer and only it can send here.
     connected: bool,
@@ -103,6 +113,7 @@ pub struct DgramLink {
 #[derive(Debug)]
 pub struct PacketLink {
     fd: AsyncFd<OwnedFd>,
+    write: WriteWait,
 }
 
 /// What one [`GuestLink::receive`] call saw.
@@ -164,18 +175,31 @@ fn link_gone(e: &io::Error) -> bool {
 }
 
 impl GuestLink {
-    /// A connected stream socket (QEMU `-netdev stream`).
-    pub fn stream(sock: UnixStream) -> Self {
+    /// A connected stream socket (QEMU `-netdev stream`). Must be called
+    /// inside a tokio runtime.
+    ///
+    /// # Errors
+    /// The runtime could not register the descriptor.
+    pub fn stream(sock: UnixStream) -> io::Result<Self> {
         let s = socket2::SockRef::from(&sock);
         if let Err(e) = s.set_send_buffer_size(GUEST_SNDBUF) {
             tracing::debug!(error = %e, "guest socket: SO_SNDBUF not set");
         }
-        Self::Stream(sock)
+        // `into_std` deregisters it and leaves it non-blocking.
+        let fd = register_readable(sock.into_std()?)?;
+        Ok(Self::Stream(StreamLink {
+            fd,
+            write: WriteWait::default(),
+        }))
     }
 
     /// A unix datagram socket: bound and waiting for its peer's first
-    /// datagram, or already connected (an inherited socketpair end).
-    pub fn dgram(sock: UnixDatagram) -> Self {
+    /// datagram, or already connected (an inherited socketpair end). Must
+    /// be called inside a tokio runtime.
+    ///
+    /// # Errors
+    /// The runtime could not register the descriptor.
+    pub fn dgram(sock: UnixDatagram) -> io::Result<Self> {
         let s = socket2::SockRef::from(&sock);
         if let Err(e) = s
             .set_send_buffer_size(GUEST_SNDBUF)
@@ -185,14 +209,16 @@ impl GuestLink {
         }
         // A connected socket has a peer; a socketpair end's has no path.
         let connected = sock.peer_addr().is_ok();
-        Self::Dgram(DgramLink {
+        let sock = register_readable(sock.into_std()?)?;
+        Ok(Self::Dgram(DgramLink {
             sock,
+            write: WriteWait::default(),
             connected,
             peer: std::sync::Mutex::new(None),
             warned_unnamed: AtomicBool::new(false),
             peer_uids: None,
             warned_uid: AtomicBool::new(false),
-        })
+        }))
     }
 
     /// A unix datagram socket bound at a path (`--dgram PATH`): only
@@ -204,7 +230,7 @@ impl GuestLink {
     /// `SO_PASSCRED` could not be set.
     pub fn dgram_bound(sock: UnixDatagram, peer_uids: Vec<u32>) -> io::Result<Self> {
         rustix::net::sockopt::set_socket_passcred(&sock, true)?;
-        let mut link = Self::dgram(sock);
+        let mut link = Self::dgram(sock)?;
         if let Self::Dgram(d) = &mut link {
             d.peer_uids = Some(peer_uids);
         }
@@ -225,13 +251,11 @@ impl GuestLink {
         {
             tracing::debug!(error = %e, "packet socket: buffer sizes not set");
         }
-        // Deprecated since tokio 1.53 for owners that may close or swap the
-        // descriptor under the registration; an `OwnedFd` can do neither
-        // while the AsyncFd owns it (the replacement is `unsafe`, which this
-        // crate forbids).
-        #[allow(deprecated)]
-        let fd = AsyncFd::with_interest(fd, Interest::READABLE | Interest::WRITABLE)?;
-        Ok(Self::Packet(PacketLink { fd }))
+        let fd = register_readable(fd)?;
+        Ok(Self::Packet(PacketLink {
+            fd,
+            write: WriteWait::default(),
+        }))
     }
 
     /// Fresh receive state for a session whose frames are at most `max_frame` bytes.
@@ -249,10 +273,13 @@ impl GuestLink {
         mut on_frame: impl FnMut(&[u8]),
     ) -> Result<Received, LinkFailure> {
         match (self, rx) {
-            (Self::Stream(sock), LinkRx::Stream(reader)) => {
+            (Self::Stream(link), LinkRx::Stream(reader)) => {
                 let spare = reader.spare();
                 let want = spare.len();
-                match sock.try_read(spare) {
+                let got = link.fd.try_io(Interest::READABLE, |s| {
+                    rustix::io::read(s, &mut *spare).map_err(io::Error::from)
+                });
+                match got {
                     Ok(0) => Ok(Received::Closed),
                     Ok(n) => {
                         reader.filled(n);
@@ -283,42 +310,52 @@ impl GuestLink {
     /// dropped, as a cable would drop it.
     pub(crate) fn transmit(&self, tx: &mut TxBatch) -> io::Result<()> {
         match self {
-            Self::Stream(sock) => {
+            Self::Stream(link) => {
                 while tx.queued() > 0 {
-                    match sock.try_write(tx.unwritten()) {
+                    match rustix::io::write(link.fd.get_ref(), tx.unwritten()) {
                         Ok(n) => tx.consume(n),
-                        Err(e) if would_block(&e) => break,
-                        Err(e) => return Err(e),
+                        Err(rustix::io::Errno::AGAIN) => break,
+                        Err(rustix::io::Errno::INTR) => {}
+                        Err(e) => return Err(e.into()),
                     }
                 }
-                Ok(())
             }
-            Self::Dgram(link) => {
-                transmit_frames(tx, |frame| link.send(frame));
-                Ok(())
-            }
-            Self::Packet(link) => {
-                transmit_frames(tx, |frame| link.send(frame));
-                Ok(())
-            }
+            Self::Dgram(link) => transmit_frames(tx, |frame| link.send(frame)),
+            Self::Packet(link) => transmit_frames(tx, |frame| link.send(frame)),
+        }
+        let write = self.write_wait();
+        if tx.queued() > 0 {
+            write.blocked();
+        } else {
+            write.drained();
+        }
+        Ok(())
+    }
+
+    fn write_wait(&self) -> &WriteWait {
+        match self {
+            Self::Stream(l) => &l.write,
+            Self::Dgram(l) => &l.write,
+            Self::Packet(l) => &l.write,
         }
     }
 
     /// Whether the socket is (or may be) readable; registers the waker.
     pub(crate) fn poll_read_ready(&self, cx: &mut Context<'_>) -> bool {
         match self {
-            Self::Stream(s) => s.poll_read_ready(cx).is_ready(),
-            Self::Dgram(d) => d.sock.poll_recv_ready(cx).is_ready(),
+            Self::Stream(s) => s.fd.poll_read_ready(cx).is_ready(),
+            Self::Dgram(d) => d.sock.poll_read_ready(cx).is_ready(),
             Self::Packet(p) => p.fd.poll_read_ready(cx).is_ready(),
         }
     }
 
     /// Whether the socket is (or may be) writable; registers the waker.
+    /// Only asked while output waits ([`crate::writable`]).
     pub(crate) fn poll_write_ready(&self, cx: &mut Context<'_>) -> bool {
         match self {
-            Self::Stream(s) => s.poll_write_ready(cx).is_ready(),
-            Self::Dgram(d) => d.sock.poll_send_ready(cx).is_ready(),
-            Self::Packet(p) => p.fd.poll_write_ready(cx).is_ready(),
+            Self::Stream(s) => s.write.poll_ready(borrowed(&s.fd), cx),
+            Self::Dgram(d) => d.write.poll_ready(borrowed(&d.sock), cx),
+            Self::Packet(p) => p.write.poll_ready(borrowed(&p.fd), cx),
         }
     }
 
@@ -416,12 +453,12 @@ impl DgramLink {
     ) -> io::Result<(usize, Option<std::path::PathBuf>, Option<u32>)> {
         use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SocketAddrUnix};
         use std::os::unix::ffi::OsStrExt as _;
-        self.sock.try_io(Interest::READABLE, || {
+        self.sock.try_io(Interest::READABLE, |sock| {
             let mut space =
                 [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmCredentials(1))];
             let mut control = RecvAncillaryBuffer::new(&mut space);
             let msg = rustix::net::recvmsg(
-                &self.sock,
+                sock,
                 &mut [io::IoSliceMut::new(buf)],
                 &mut control,
                 RecvFlags::TRUNC,
@@ -493,12 +530,13 @@ impl DgramLink {
     }
 
     fn send(&self, frame: &[u8]) -> Sent {
+        let sock = self.sock.get_ref();
         let sent = if self.connected {
-            self.sock.try_send(frame)
+            sock.send(frame)
         } else {
             let peer = self.peer().clone();
             match peer {
-                Some(path) => self.sock.try_send_to(frame, path),
+                Some(path) => sock.send_to(frame, path),
                 // No peer yet: nobody to deliver to.
                 None => return Sent::Done,
             }
@@ -601,15 +639,13 @@ impl PacketLink {
     }
 
     fn send(&self, frame: &[u8]) -> Sent {
-        let sent = self.fd.try_io(Interest::WRITABLE, |fd| {
-            rustix::net::sendmsg(
-                fd,
-                &[IoSlice::new(&VNET_HDR_NONE), IoSlice::new(frame)],
-                &mut rustix::net::SendAncillaryBuffer::default(),
-                rustix::net::SendFlags::DONTWAIT,
-            )
-            .map_err(io::Error::from)
-        });
+        let sent = rustix::net::sendmsg(
+            self.fd.get_ref(),
+            &[IoSlice::new(&VNET_HDR_NONE), IoSlice::new(frame)],
+            &mut rustix::net::SendAncillaryBuffer::default(),
+            rustix::net::SendFlags::DONTWAIT,
+        )
+        .map_err(io::Error::from);
         match sent {
             Ok(_) => Sent::Done,
             Err(e) if would_block(&e) => Sent::Blocked,
@@ -808,7 +844,7 @@ mod tests {
     async fn a_datagram_longer_than_any_frame_is_dropped_and_counted_not_cut() {
         let (ours, vm) = std::os::unix::net::UnixDatagram::pair().expect("pair");
         ours.set_nonblocking(true).expect("nonblocking");
-        let link = GuestLink::dgram(UnixDatagram::from_std(ours).expect("tokio"));
+        let link = GuestLink::dgram(UnixDatagram::from_std(ours).expect("tokio")).expect("register");
         vm.send(&vec![5u8; DATAGRAM_BUF + 100]).expect("oversized");
         vm.send(&[6u8; 60]).expect("frame");
         let mut rx = link.rx(1514);
@@ -838,7 +874,7 @@ mod tests {
         std::fs::create_dir_all(&dir).expect("dir");
         let ours = dir.join("gw.sock");
         let theirs = dir.join("vm.sock");
-        let link = GuestLink::dgram(UnixDatagram::bind(&ours).expect("bind"));
+        let link = GuestLink::dgram(UnixDatagram::bind(&ours).expect("bind")).expect("register");
         let vm = UnixDatagram::bind(&theirs).expect("bind peer");
         let mut tx = TxBatch::default();
         tx.push(&[9u8; 60]);

@@ -333,10 +333,16 @@ fn serve_jailed(
                 GuestLink::packet(sock).context("registering the packet socket")?,
             ),
             Some(GuestFd::Dgram(sock)) => {
-                GuestSource::Connected(GuestLink::dgram(tokio_dgram(sock)?))
+                GuestSource::Connected(
+                    GuestLink::dgram(tokio_dgram(sock)?)
+                        .context("registering the datagram socket")?,
+                )
             }
             Some(GuestFd::Stream(sock)) => {
-                GuestSource::Connected(GuestLink::stream(tokio_stream(sock)?))
+                GuestSource::Connected(
+                    GuestLink::stream(tokio_stream(sock)?)
+                        .context("registering the stream socket")?,
+                )
             }
             None => match (&args.socket, &args.dgram) {
                 (Some(path), _) => GuestSource::Socket(path.clone()),

@@ -488,6 +488,7 @@ pub struct WorldBuilder {
     iperf: bool,
     connect_guest: bool,
     dns_upstream: Ipv4Addr,
+    dns_ttl: u32,
     transport: Option<Transport>,
 }
 
@@ -508,6 +509,7 @@ impl Default for WorldBuilder {
             iperf: false,
             connect_guest: true,
             dns_upstream: DNS_ADDR,
+            dns_ttl: 0,
             transport: None,
         }
     }
@@ -534,6 +536,14 @@ impl WorldBuilder {
     /// added to the fake internet, where the test runs its own resolver.
     pub fn dns_upstream(mut self, addr: Ipv4Addr) -> Self {
         self.dns_upstream = addr;
+        self
+    }
+
+    /// The TTL the fake internet's DNS gives its records (dnsmasq
+    /// `--local-ttl`; default 0, so nothing is cached anywhere and every
+    /// query reaches dnsmasq). Benchmarks of cached answers raise it.
+    pub fn dns_ttl(mut self, secs: u32) -> Self {
+        self.dns_ttl = secs;
         self
     }
 
@@ -766,6 +776,7 @@ impl World {
             "--local=/test/",
         ])
         .arg(format!("--listen-address={DNS_ADDR}"))
+        .arg(format!("--local-ttl={}", b.dns_ttl))
         .arg(format!(
             "--log-facility={}",
             d.join("dns-queries.log").display()
