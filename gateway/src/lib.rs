@@ -52,7 +52,6 @@ mod dns;
 pub mod frames;
 #[cfg(not(feature = "test-util"))]
 mod frames;
-mod writable;
 #[cfg(feature = "test-util")]
 pub mod packet;
 #[cfg(not(feature = "test-util"))]
@@ -61,6 +60,7 @@ mod packet;
 pub mod session;
 #[cfg(not(feature = "test-util"))]
 mod session;
+mod writable;
 /// The session under its earlier name, for in-process drivers
 /// (`tests/src/bin/sluice-dns-bench.rs`) written against that path.
 #[cfg(feature = "test-util")]

@@ -844,7 +844,8 @@ mod tests {
     async fn a_datagram_longer_than_any_frame_is_dropped_and_counted_not_cut() {
         let (ours, vm) = std::os::unix::net::UnixDatagram::pair().expect("pair");
         ours.set_nonblocking(true).expect("nonblocking");
-        let link = GuestLink::dgram(UnixDatagram::from_std(ours).expect("tokio")).expect("register");
+        let link =
+            GuestLink::dgram(UnixDatagram::from_std(ours).expect("tokio")).expect("register");
         vm.send(&vec![5u8; DATAGRAM_BUF + 100]).expect("oversized");
         vm.send(&[6u8; 60]).expect("frame");
         let mut rx = link.rx(1514);

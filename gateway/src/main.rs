@@ -332,18 +332,12 @@ fn serve_jailed(
             Some(GuestFd::Packet(sock)) => GuestSource::Connected(
                 GuestLink::packet(sock).context("registering the packet socket")?,
             ),
-            Some(GuestFd::Dgram(sock)) => {
-                GuestSource::Connected(
-                    GuestLink::dgram(tokio_dgram(sock)?)
-                        .context("registering the datagram socket")?,
-                )
-            }
-            Some(GuestFd::Stream(sock)) => {
-                GuestSource::Connected(
-                    GuestLink::stream(tokio_stream(sock)?)
-                        .context("registering the stream socket")?,
-                )
-            }
+            Some(GuestFd::Dgram(sock)) => GuestSource::Connected(
+                GuestLink::dgram(tokio_dgram(sock)?).context("registering the datagram socket")?,
+            ),
+            Some(GuestFd::Stream(sock)) => GuestSource::Connected(
+                GuestLink::stream(tokio_stream(sock)?).context("registering the stream socket")?,
+            ),
             None => match (&args.socket, &args.dgram) {
                 (Some(path), _) => GuestSource::Socket(path.clone()),
                 (None, Some(Some(path))) => GuestSource::Dgram {

@@ -119,7 +119,10 @@ mod tests {
         let _ = wait.poll_ready(a.as_fd(), &mut cx);
         tokio::task::yield_now().await;
         wait.blocked();
-        assert!(!wait.poll_ready(a.as_fd(), &mut cx), "a full socket is not writable");
+        assert!(
+            !wait.poll_ready(a.as_fd(), &mut cx),
+            "a full socket is not writable"
+        );
         let mut sink = vec![0u8; 1 << 20];
         b.set_nonblocking(true).expect("nonblocking");
         while b.read(&mut sink).is_ok_and(|n| n > 0) {}

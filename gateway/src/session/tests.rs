@@ -144,7 +144,10 @@ fn start_cfg(
     let audit = AuditSink::new(Box::new(audit_buf.clone()), "test");
     let (tx, mut rx) = mpsc::unbounded_channel();
     let mut dp = Datapath::new(cfg, decider, audit, tx);
-    let task = tokio::spawn(async move { dp.run(&GuestLink::stream(gw_end).expect("register"), &mut rx).await });
+    let task = tokio::spawn(async move {
+        dp.run(&GuestLink::stream(gw_end).expect("register"), &mut rx)
+            .await
+    });
     (
         Guest {
             stream: test_end,

@@ -766,8 +766,26 @@ fn bridge_pid(w: &World) -> Option<u32> {
     })
 }
 
+/// CPU seconds the whole machine spent busy so far (`/proc/stat`'s first
+/// line: user, system, irq, softirq and steal; `nice` is left out, so
+/// other work run under `nice` does not count), and in softirq alone.
+fn machine_cpu() -> Option<(f64, f64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let f: Vec<u64> = stat
+        .lines()
+        .next()?
+        .split_whitespace()
+        .skip(1)
+        .map_while(|x| x.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal
+    let busy = f.first()? + f.get(2)? + f.get(5)? + f.get(6)? + f.get(7)?;
+    Some((busy as f64 / 100.0, *f.get(6)? as f64 / 100.0))
+}
+
 /// Runs `phase` and returns its JSON with the CPU used meanwhile by the
-/// sidecar and the bridge added (`*_cpu_s`, `sidecar_switches`).
+/// sidecar, the bridge and the whole machine added (`*_cpu_s`,
+/// `sidecar_switches`).
 fn measured(
     sidecar: Option<u32>,
     bridge: Option<u32>,
@@ -775,12 +793,18 @@ fn measured(
 ) -> Result<Value> {
     let s0 = sidecar.and_then(proc_cpu);
     let b0 = bridge.and_then(proc_cpu);
+    let m0 = machine_cpu();
     let t0 = Instant::now();
     let mut v = phase()?;
     let wall = t0.elapsed().as_secs_f64();
     let s1 = sidecar.and_then(proc_cpu);
     let b1 = bridge.and_then(proc_cpu);
+    let m1 = machine_cpu();
     v["wall_s"] = json!(wall);
+    if let (Some(a), Some(b)) = (m0, m1) {
+        v["machine_cpu_s"] = json!(b.0 - a.0);
+        v["softirq_cpu_s"] = json!(b.1 - a.1);
+    }
     if let (Some(a), Some(b)) = (s0, s1) {
         v["sidecar_cpu_s"] = json!(b.0 - a.0);
         v["sidecar_switches"] = json!(b.1 - a.1);
@@ -855,6 +879,8 @@ fn xfer(a: &XferArgs) -> Result<()> {
                     "gbps": v["gbps"], "bytes": v["bytes"], "wall_s": v["wall_s"],
                     "sidecar_cpu_s_per_gb": per_gb("sidecar_cpu_s"),
                     "bridge_cpu_s_per_gb": per_gb("bridge_cpu_s"),
+                    "machine_cpu_s_per_gb": per_gb("machine_cpu_s"),
+                    "softirq_cpu_s_per_gb": per_gb("softirq_cpu_s"),
                     "sidecar_switches_per_mb": per_gb("sidecar_switches").map(|x| x / 1e3),
                     "sidecar_rss_mb": w.sidecar().and_then(|p| p.rss_kb()).map(|k| k as f64 / 1024.0),
                 })

@@ -128,14 +128,8 @@ async fn run(a: &Args, audit_path: &std::path::Path) -> Result<(u32, u32, f64)> 
     let guest_addr = SocketAddrV4::new(cfg.guest_ip, GUEST_PORT);
     let (events_tx, mut events) = mpsc::unbounded_channel();
     let mut datapath = Datapath::new(Arc::new(cfg), decider, audit, events_tx);
-    let task = tokio::spawn(async move {
-        datapath
-            .run(
-                &sluice_gateway::link::GuestLink::stream(gw_end),
-                &mut events,
-            )
-            .await
-    });
+    let link = sluice_gateway::link::GuestLink::stream(gw_end)?;
+    let task = tokio::spawn(async move { datapath.run(&link, &mut events).await });
 
     let mut frames = FrameBuf::default();
     let (mut ok, mut failed) = (0u32, 0u32);
