@@ -43,6 +43,9 @@ use crate::network_mode::{self, GuestNetwork, HeldNetwork, NetworkMode};
 use crate::phases::Phases;
 use crate::qemu::{self, AGENT_FD, CONSOLE_FD, NET_FD, VmConfig};
 use crate::spawn::{GatewayJail, Isolation, QemuJail, Sidecar, gateway_spec, qemu_spec};
+use terminal::GuestOutput;
+
+mod terminal;
 use sluice_floor::egress::EgressFloor;
 use sluice_gateway::args::{AuditFormat, GatewayArgs, LogFormat};
 use sluice_gateway::config::PublishSpec;
@@ -58,8 +61,6 @@ pub const EXIT_INTERRUPTED: i32 = 130;
 
 /// How much of the serial console is kept for `--debug` and boot failures.
 const CONSOLE_KEEP: usize = 256 * 1024;
-/// How much output `--json` captures per stream.
-const JSON_CAPTURE: usize = 16 * 1024 * 1024;
 
 /// Options of `sluice run`.
 #[derive(Debug, clap::Args)]
@@ -266,8 +267,8 @@ struct Session {
     console: Arc<Mutex<Vec<u8>>>,
     qemu_log: Arc<Mutex<Vec<u8>>>,
     gateway: Option<GatewayHandles>,
-    stdout: Vec<u8>,
-    stderr: Vec<u8>,
+    /// Where the guest's stdout and stderr go (`terminal`).
+    guest_output: GuestOutput,
     accel: qemu::Accel,
     image_built: bool,
     /// The run dir (policy, CA); the gateway's helper removes it too.
@@ -512,8 +513,7 @@ impl Session {
             console,
             qemu_log,
             gateway,
-            stdout: Vec::new(),
-            stderr: Vec::new(),
+            guest_output: GuestOutput::new(args.json),
             accel,
             image_built: image.built,
             isolation,
@@ -685,11 +685,11 @@ impl Session {
             .as_mut()
             .and_then(|g| g.ask.as_mut())
             .and_then(crate::ask::AskServer::take_keys);
-        self.forward_stdin(keys);
+        terminal::forward_stdin(Arc::clone(&self.writer), keys);
         let status = loop {
             match self.next()? {
-                Message::Stdout(d) => self.output(false, &d, args.json),
-                Message::Stderr(d) => self.output(true, &d, args.json),
+                Message::Stdout(d) => self.output(false, &d),
+                Message::Stderr(d) => self.output(true, &d),
                 Message::Exit(s) => break s,
                 other => {
                     return Err(Stop::Failed(anyhow!(
@@ -726,74 +726,13 @@ impl Session {
         Ok(status)
     }
 
-    fn output(&mut self, err: bool, data: &[u8], json: bool) {
+    /// The guest's output: timed (its first byte), then passed on.
+    fn output(&mut self, err: bool, data: &[u8]) {
         if self.timings.first_output.is_none() {
             self.timings.first_output = Some(Instant::now());
             self.phases.mark("first_output");
         }
-        if json {
-            let buf = if err {
-                &mut self.stderr
-            } else {
-                &mut self.stdout
-            };
-            let room = JSON_CAPTURE.saturating_sub(buf.len());
-            buf.extend_from_slice(&data[..data.len().min(room)]);
-            return;
-        }
-        // A closed stdout/stderr on the host is not the guest's problem.
-        if err {
-            let mut e = io::stderr().lock();
-            let _ = e.write_all(data).and_then(|()| e.flush());
-        } else {
-            let mut o = io::stdout().lock();
-            let _ = o.write_all(data).and_then(|()| o.flush());
-        }
-    }
-
-    /// Forwards the launcher's stdin to the command until EOF. With `keys`
-    /// (`--ask`, stdin is the terminal the prompt uses), what is read while
-    /// a question waits goes to the prompt instead, and the terminal is
-    /// still read after the guest's EOF, for later prompts, until it ends.
-    fn forward_stdin(&self, keys: Option<crate::ask::Keys>) {
-        let writer = Arc::clone(&self.writer);
-        thread::spawn(move || {
-            let mut stdin = io::stdin().lock();
-            let mut buf = vec![0u8; CHUNK];
-            let mut guest_open = true;
-            loop {
-                let read = stdin.read(&mut buf);
-                if let (Some(k), Ok(n @ 1..)) = (&keys, &read)
-                    && k.pending()
-                {
-                    if (&k.to_prompt).write_all(&buf[..*n]).is_err() {
-                        return;
-                    }
-                    continue;
-                }
-                let msg = match read {
-                    Ok(0) | Err(_) => Message::StdinEof,
-                    Ok(n) => Message::Stdin(buf[..n].to_vec()),
-                };
-                let eof = msg == Message::StdinEof;
-                if !guest_open {
-                    // Keys typed with no question pending after the
-                    // guest's EOF are dropped; the terminal's end ends it.
-                    if eof {
-                        return;
-                    }
-                    continue;
-                }
-                let sent = writer
-                    .lock()
-                    .map(|mut w| write_frame(&mut *w, &msg).is_ok())
-                    .unwrap_or(false);
-                if !sent || (eof && keys.is_none()) {
-                    return;
-                }
-                guest_open = !eof;
-            }
-        });
+        self.guest_output.write(err, data);
     }
 
     fn copy_in(&self, host: &Path, guest: &str) -> Result<(), Stop> {
@@ -963,8 +902,8 @@ impl Session {
                 "status": status,
                 "signal": signal,
                 "error": error,
-                "stdout": String::from_utf8_lossy(&self.stdout),
-                "stderr": String::from_utf8_lossy(&self.stderr),
+                "stdout": String::from_utf8_lossy(self.guest_output.captured(false)),
+                "stderr": String::from_utf8_lossy(self.guest_output.captured(true)),
                 "timings_ms": {
                     "setup": ms(t.start, t.qemu_started),
                     "boot": t.qemu_started.and_then(|q| ms(q, t.hello)),
