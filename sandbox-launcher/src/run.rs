@@ -49,7 +49,7 @@ use sluice_gateway::metrics::MetricsAddr;
 use terminal::GuestOutput;
 
 mod gateway;
-mod terminal;
+pub(crate) mod terminal;
 
 /// Exit status when `--timeout` expired.
 pub const EXIT_TIMEOUT: i32 = 124;
@@ -295,6 +295,9 @@ impl Drop for RunDir {
 /// away are not lost.
 const GATEWAY_GONE_GRACE: Duration = Duration::from_secs(1);
 
+/// Messages from the agent read ahead of the session's loop.
+const EVENTS_QUEUED: usize = 16;
+
 /// How long to wait for the gateway's "starting" line before giving the
 /// guest its CA (the gateway writes the CA before it starts serving).
 const GATEWAY_READY_WAIT: Duration = Duration::from_secs(30);
@@ -454,7 +457,9 @@ impl Session {
             .map(|s| qemu_started + Duration::from_secs_f64(s.max(0.0)));
 
         let reader = agent_host.try_clone().context("cloning the agent socket")?;
-        let (tx, events) = mpsc::channel();
+        // Bounded: while the guest's output waits (an `--ask` question with
+        // a full hold) the reader stops too, and the agent's writes wait.
+        let (tx, events) = mpsc::sync_channel(EVENTS_QUEUED);
         thread::spawn(move || {
             let mut reader = reader;
             loop {
@@ -476,6 +481,10 @@ impl Session {
             }
         });
 
+        let gate = gateway
+            .as_ref()
+            .and_then(|g| g.ask.as_ref())
+            .and_then(crate::ask::AskServer::gate);
         let isolation =
             isolation_summary(&children, gateway.as_ref().map(|g| g.egress_floor.as_str()));
         Ok(Session {
@@ -495,7 +504,7 @@ impl Session {
             console,
             qemu_log,
             gateway,
-            guest_output: GuestOutput::new(args.json),
+            guest_output: GuestOutput::new(args.json, gate),
             accel,
             image_built: image.built,
             isolation,
@@ -670,8 +679,8 @@ impl Session {
         terminal::forward_stdin(Arc::clone(&self.writer), keys);
         let status = loop {
             match self.next()? {
-                Message::Stdout(d) => self.output(false, &d),
-                Message::Stderr(d) => self.output(true, &d),
+                Message::Stdout(d) => self.output(false, &d)?,
+                Message::Stderr(d) => self.output(true, &d)?,
                 Message::Exit(s) => break s,
                 other => {
                     return Err(Stop::Failed(anyhow!(
@@ -708,13 +717,24 @@ impl Session {
         Ok(status)
     }
 
-    /// The guest's output: timed (its first byte), then passed on.
-    fn output(&mut self, err: bool, data: &[u8]) {
+    /// The guest's output: timed (its first byte), then passed on. While
+    /// an `--ask` question holds it and the hold is full, this waits for the
+    /// answer (the guest's output is not read meanwhile), or the run's end.
+    fn output(&mut self, err: bool, data: &[u8]) -> Result<(), Stop> {
         if self.timings.first_output.is_none() {
             self.timings.first_output = Some(Instant::now());
             self.phases.mark("first_output");
         }
-        self.guest_output.write(err, data);
+        let (interrupted, deadline) = (&self.interrupted, self.deadline);
+        self.guest_output.write(err, data, || {
+            if interrupted.load(Ordering::Relaxed) {
+                Err(Stop::Interrupted)
+            } else if deadline.is_some_and(|d| Instant::now() >= d) {
+                Err(Stop::Timeout)
+            } else {
+                Ok(())
+            }
+        })
     }
 
     fn copy_in(&self, host: &Path, guest: &str) -> Result<(), Stop> {

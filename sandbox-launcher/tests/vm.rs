@@ -762,6 +762,14 @@ fn https_from_the_guest_allowed_and_denied_through_the_gateway() {
     drop(world);
 }
 
+/// Whether the last question shown as `line` on `screen` settled: its
+/// `choice> ` is shown, and keys typed now answer it.
+fn question_settled(screen: &str, line: &str) -> bool {
+    screen
+        .rfind(line)
+        .is_some_and(|at| screen[at..].contains("choice> "))
+}
+
 /// Runs the command line `words` in a detached tmux session on a private
 /// server, waits for `prompt` on its screen, types `key` and Enter, and
 /// waits for the command's end: its output (stdout and stderr, to a file)
@@ -821,12 +829,13 @@ fn answer_in_tmux(
             .map(|o| text(&o.stdout))
             .unwrap_or_default()
     };
+    // Keys count from `choice> `: what comes before it is discarded.
     let shown = wait_until("the prompt", Duration::from_secs(240), || {
-        screen().contains(prompt) || exit.exists()
+        question_settled(&screen(), prompt) || exit.exists()
     });
     let pane = screen();
     assert!(
-        shown.is_ok() && pane.contains(prompt),
+        shown.is_ok() && question_settled(&pane, prompt),
         "no prompt on the terminal:\n{pane}\nlauncher: {}",
         fs::read_to_string(&out).unwrap_or_default()
     );
