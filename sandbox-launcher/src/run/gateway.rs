@@ -209,8 +209,12 @@ pub(super) fn spawn_gateway(
             _ => None,
         })
         .collect();
+    let openings = egress_floor::Openings {
+        reply_ports,
+        ask: args.ask,
+    };
     let (floor, egress_floor) =
-        egress_floor::install_for_run(&compiled, &iso.allow_missing, &reply_ports)?;
+        egress_floor::install_for_run(&compiled, &iso.allow_missing, &openings)?;
     let floor_gid = floor.as_ref().map(|_| egress_floor::gateway_gid());
 
     let (audit_read, audit_write) = io::pipe().context("pipe")?;
@@ -295,7 +299,7 @@ pub(super) fn spawn_gateway(
     let refresh = floor_gid.filter(|_| args.policy.is_some()).map(|gid| {
         let path = gw_args.policy.clone().unwrap_or_default();
         move || {
-            if let Err(e) = egress_floor::refresh(&path, gid, &reply_ports) {
+            if let Err(e) = egress_floor::refresh(&path, gid, &openings) {
                 eprintln!("sluice: {e:#}; the egress floor keeps the previous policy's networks");
             }
         }
