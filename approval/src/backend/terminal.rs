@@ -168,6 +168,8 @@ where
             out.write_all(msg.as_bytes())
                 .await
                 .map_err(BackendError::Io)?;
+            // On the terminal before anything the caller releases after.
+            out.flush().await.map_err(BackendError::Io)?;
             return Ok(Answer {
                 decision: choice,
                 by: Some("terminal".into()),
@@ -180,6 +182,7 @@ where
     out.write_all(b"sluice: no choice; denied\n")
         .await
         .map_err(BackendError::Io)?;
+    out.flush().await.map_err(BackendError::Io)?;
     Ok(Answer {
         decision: Choice::DenyOnce,
         by: Some("terminal: no choice".into()),
