@@ -691,6 +691,7 @@ impl Session {
         };
         self.timings.exited = Some(Instant::now());
         self.phases.mark("command_exited");
+        self.guest_output.release();
 
         let mut copy_failed = false;
         for spec in &args.copy_out {
@@ -814,6 +815,7 @@ impl Session {
     fn report(mut self, args: &RunArgs, outcome: Result<ExitStatus, Stop>) -> i32 {
         let end = Instant::now();
         self.phases.mark("vm_stopped");
+        self.guest_output.release();
         // Both sidecars are gone (killed by the caller, waited for here):
         // the audit pipe has ended.
         self.children.kill_all();

@@ -15,7 +15,9 @@ use anyhow::{Context, anyhow};
 
 use super::{RunArgs, spawn_log_reader};
 use crate::egress_floor;
-use crate::gateway_inputs::{FileView, approval_inputs, secret_inputs, write_for_jail};
+use crate::gateway_inputs::{
+    FileView, approval_inputs, secret_inputs, without_covered, write_for_jail,
+};
 use crate::jail::{FdMap, Layer};
 use crate::network_mode::HeldNetwork;
 use crate::qemu::NET_FD;
@@ -225,7 +227,7 @@ pub(super) fn spawn_gateway(
             name: format!("{sandbox_id}-gateway"),
             gateway: &gateway,
             args: argv,
-            read,
+            read: without_covered(read),
             env: secrets.env,
             run_dir,
             tcp_bind: args

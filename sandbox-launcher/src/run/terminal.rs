@@ -235,6 +235,15 @@ impl GuestOutput {
         }
     }
 
+    /// Releases what a question still holds, in order: at the end of the
+    /// run (the guest exited, or the run stops) no output is kept back,
+    /// though a question is still shown.
+    pub(super) fn release(&self) {
+        if let Some(gate) = &self.gate {
+            gate.end();
+        }
+    }
+
     /// What `--json` captured of stdout (`err`: stderr).
     pub(super) fn captured(&self, err: bool) -> &[u8] {
         if err { &self.stderr } else { &self.stdout }
