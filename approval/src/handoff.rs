@@ -4,8 +4,17 @@
 //! read-only, so the gateway cannot write `POLICY.approved.yaml` itself.
 //! It sends each `always` entry, one JSON line, over a unix socket in its
 //! run dir (`--approval-overlay-socket`) to the launcher, which validates
-//! it against the policy and writes the overlay, and answers one JSON
-//! line: [`HandoffReply`].
+//! it against the policy and answers one JSON line: [`HandoffReply`].
+//!
+//! The gateway audits `always` exactly when the file was written, so the
+//! write happens in two steps and only while the gateway still waits for
+//! it: the launcher prepares the new overlay under a temporary name and
+//! answers `"prepared"`; the gateway, if its deadline has not passed,
+//! answers `"commit"` ([`COMMIT`]) and from then on waits for the outcome
+//! whatever it takes; the launcher renames the file into place and
+//! answers `"written"` (or `refused` if the rename failed). A gateway that
+//! gave up closes the connection instead, and the launcher removes what it
+//! prepared. A name already listed is answered `"written"` at once.
 //!
 //! The launcher treats the gateway as possibly compromised: the entry is
 //! deliberately narrow (a name, its ports, who decided), unknown fields are
@@ -39,11 +48,16 @@ pub struct OverlayEntry {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
 pub enum HandoffReply {
+    /// The new overlay is ready; written on [`COMMIT`].
+    Prepared,
     /// The name is now in the overlay (added, or already there).
     Written,
     /// The entry was refused, for the reason given; nothing was written.
     Refused(String),
 }
+
+/// The gateway's go-ahead after [`HandoffReply::Prepared`]: one JSON line.
+pub const COMMIT: &[u8] = b"\"commit\"\n";
 
 impl OverlayEntry {
     /// The entry as one JSON line (with the newline).
@@ -96,22 +110,48 @@ impl HandoffReply {
 }
 
 /// Sends `entry` to the overlay writer listening on `socket` and returns
-/// its reply. The caller bounds the wait.
+/// the outcome: `Written` or `Refused`. Until the launcher has prepared
+/// the file the wait ends at `deadline` (an error; the launcher then
+/// writes nothing); once the gateway answered [`COMMIT`] it waits for the
+/// rename's outcome, so that what it reports is what the file holds.
 ///
 /// # Errors
-/// The socket could not be reached, or the reply not read.
+/// The socket could not be reached, the deadline passed before the file
+/// was prepared, or a reply was not read.
 pub async fn hand_off(
     socket: &std::path::Path,
     entry: &OverlayEntry,
+    deadline: tokio::time::Instant,
 ) -> Result<HandoffReply, BackendError> {
     let line = entry.to_line()?;
-    let stream = UnixStream::connect(socket)
-        .await
-        .map_err(BackendError::Connect)?;
-    let (r, mut w) = stream.into_split();
-    w.write_all(&line).await.map_err(BackendError::Io)?;
-    let reply = read_line(&mut BufReader::new(r)).await?;
-    Ok(HandoffReply::parse(&reply)?)
+    let first = tokio::time::timeout_at(deadline, async {
+        let stream = UnixStream::connect(socket)
+            .await
+            .map_err(BackendError::Connect)?;
+        let (r, mut w) = stream.into_split();
+        w.write_all(&line).await.map_err(BackendError::Io)?;
+        let mut r = BufReader::new(r);
+        let reply = HandoffReply::parse(&read_line(&mut r).await?)?;
+        Ok::<_, BackendError>((reply, r, w))
+    })
+    .await
+    .map_err(|_| BackendError::Timeout)??;
+    match first {
+        (HandoffReply::Prepared, mut r, mut w) => {
+            w.write_all(COMMIT).await.map_err(BackendError::Io)?;
+            match HandoffReply::parse(&read_line(&mut r).await?)? {
+                HandoffReply::Prepared => Err(WireError::NotAnObject.into()),
+                done => Ok(done),
+            }
+        }
+        (done, _, _) => Ok(done),
+    }
+}
+
+/// Whether `line` (without its newline) is the gateway's [`COMMIT`].
+#[must_use]
+pub fn is_commit(line: &[u8]) -> bool {
+    line.trim_ascii() == COMMIT.trim_ascii()
 }
 
 #[cfg(test)]
@@ -144,9 +184,14 @@ mod tests {
             "x".repeat(3 * MAX_BY_BYTES)
         );
         assert!(OverlayEntry::parse(long.as_bytes()).is_err());
-        for r in [HandoffReply::Written, HandoffReply::Refused("no".into())] {
+        for r in [
+            HandoffReply::Prepared,
+            HandoffReply::Written,
+            HandoffReply::Refused("no".into()),
+        ] {
             assert_eq!(HandoffReply::parse(&r.to_line().unwrap()).unwrap(), r);
         }
         assert!(HandoffReply::parse(br#"{"written":1}"#).is_err());
+        assert!(is_commit(COMMIT) && !is_commit(b"\"written\"\n"));
     }
 }

@@ -10,9 +10,19 @@
 //! and the platform deny set still win over anything it allows.
 //!
 //! [`append`] adds one approved name, rewriting the file by rename so a
-//! reader (the gateway's reload poll) never sees half of it.
+//! reader (the gateway's reload poll) never sees half of it; [`prepare`]
+//! and [`Prepared::commit`] are its two halves, for a writer that must
+//! know it may still report the result before the file changes.
+//!
+//! The writer trusts nothing in the policy's directory but the policy's
+//! owner: it refuses a world-writable directory, opens the existing
+//! overlay without following a symlink and checks the file it opened (a
+//! regular file, one link, owned by the policy's owner or root) before
+//! reading it, and makes its new file under a name nobody else may have
+//! taken (`create_new`: a file or symlink planted there fails the write).
 
-use std::io::Write as _;
+use std::io::{Read as _, Write as _};
+use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
 use std::path::{Path, PathBuf};
 
 use thiserror::Error;
@@ -83,27 +93,75 @@ allow:
 /// missing). A name already listed is left as it is (`Ok(false)`).
 ///
 /// # Errors
-/// The existing overlay is invalid (it is not rewritten), or the file could
-/// not be read or replaced (a read-only policy directory, for one).
+/// As [`prepare`] and [`Prepared::commit`].
 pub fn append(policy: &Path, entry: &Approved<'_>) -> Result<bool, OverlayError> {
+    match prepare(policy, entry)? {
+        Some(p) => p.commit().map(|()| true),
+        None => Ok(false),
+    }
+}
+
+/// A new overlay written beside the old one under a temporary name,
+/// replacing it on [`Prepared::commit`]; removed if dropped uncommitted.
+#[derive(Debug)]
+pub struct Prepared {
+    tmp: PathBuf,
+    path: PathBuf,
+    committed: bool,
+}
+
+impl Prepared {
+    /// Replaces the overlay with the prepared file (a rename in its
+    /// directory: a reader sees the old file or the new one).
+    ///
+    /// # Errors
+    /// The rename failed; nothing changed.
+    pub fn commit(mut self) -> Result<(), OverlayError> {
+        std::fs::rename(&self.tmp, &self.path).map_err(|source| OverlayError::Io {
+            path: self.path.clone(),
+            source,
+        })?;
+        self.committed = true;
+        Ok(())
+    }
+}
+
+impl Drop for Prepared {
+    fn drop(&mut self) {
+        if !self.committed {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
+}
+
+/// Writes the overlay of the policy at `policy` with `entry` added, under
+/// a temporary name beside it, ready for [`Prepared::commit`]; `None` when
+/// the overlay already lists the name.
+///
+/// # Errors
+/// The policy's directory is writable by anyone; the existing overlay is
+/// not a plain file of the policy's owner (a symlink, a hard link, another
+/// owner's), or is invalid (it is not rewritten); or the file could not be
+/// read or written (a read-only policy directory, for one).
+pub fn prepare(policy: &Path, entry: &Approved<'_>) -> Result<Option<Prepared>, OverlayError> {
     let path = overlay_path(policy);
     let io = |source| OverlayError::Io {
         path: path.clone(),
         source,
     };
+    let refuse = |why: String| io(std::io::Error::other(why));
     let origin = path.display().to_string();
-    // Never through a symlink: the overlay is read and replaced only as a
-    // file of the policy's own directory.
-    match std::fs::symlink_metadata(&path) {
-        Ok(m) if !m.file_type().is_file() => {
-            return Err(io(std::io::Error::other(
-                "is not a regular file (a symlink?); left as it is",
-            )));
-        }
-        _ => {}
+    let owner = std::fs::metadata(policy).map_err(io)?;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let dir_meta = std::fs::metadata(dir).map_err(io)?;
+    if dir_meta.mode() & 0o002 != 0 {
+        return Err(refuse(format!(
+            "the policy's directory {} is writable by anyone: not writing there",
+            dir.display()
+        )));
     }
-    let mut text = match std::fs::read_to_string(&path) {
-        Ok(text) => {
+    let mut text = match read_existing(&path, owner.uid()) {
+        Ok(Some(text)) => {
             let raw = validate(&text, &origin).map_err(OverlayError::Invalid)?;
             let listed = raw.allow.iter().any(|a| {
                 a.value
@@ -116,12 +174,13 @@ pub fn append(policy: &Path, entry: &Approved<'_>) -> Result<bool, OverlayError>
                         .is_some_and(|ds| ds.iter().any(|d| d.value == entry.name))
             });
             if listed {
-                return Ok(false);
+                return Ok(None);
             }
             text
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => HEADER.to_owned(),
-        Err(e) => return Err(io(e)),
+        Ok(None) => HEADER.to_owned(),
+        Err(Existing::Refused(why)) => return Err(refuse(format!("{why}; left as it is"))),
+        Err(Existing::Io(e)) => return Err(io(e)),
     };
     if !text.ends_with('\n') {
         text.push('\n');
@@ -146,7 +205,6 @@ pub fn append(policy: &Path, entry: &Approved<'_>) -> Result<bool, OverlayError>
     ));
     // The result must still be a valid overlay before it replaces the file.
     validate(&text, &origin).map_err(OverlayError::Invalid)?;
-    let dir = path.parent().unwrap_or(Path::new("."));
     let tmp = dir.join(format!(
         ".{}.{}.tmp",
         path.file_name()
@@ -154,29 +212,76 @@ pub fn append(policy: &Path, entry: &Approved<'_>) -> Result<bool, OverlayError>
             .unwrap_or_default(),
         std::process::id()
     ));
-    // A new file (never one a symlink points at), readable by whoever may
-    // read the policy: its mode and, where allowed, its owner.
+    // A new file (O_EXCL: never one a symlink points at, never one
+    // someone planted), readable by whoever may read the policy: its mode
+    // and, where allowed, its owner.
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .open(&tmp)
         .map_err(io)?;
-    let written = like_policy(&f, policy)
+    let prepared = Prepared {
+        tmp,
+        path: path.clone(),
+        committed: false,
+    };
+    like_policy(&f, &owner)
         .and_then(|()| f.write_all(text.as_bytes()))
-        .and_then(|()| f.sync_all());
-    if let Err(e) = written.and_then(|()| std::fs::rename(&tmp, &path)) {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(io(e));
-    }
-    Ok(true)
+        .and_then(|()| f.sync_all())
+        .map_err(io)?;
+    Ok(Some(prepared))
 }
 
-/// Gives `f` the policy file's permission bits (read and write only) and,
-/// when this process may, its owner and group: the overlay is read by
+/// Why the existing overlay was not read.
+enum Existing {
+    /// It is not a file the writer may trust.
+    Refused(&'static str),
+    /// Reading it failed.
+    Io(std::io::Error),
+}
+
+/// The existing overlay's text (`None`: there is none), read from what was
+/// opened without following a symlink, and only if that is a regular file
+/// with one link owned by `owner` (the policy's) or root.
+fn read_existing(path: &Path, owner: u32) -> Result<Option<String>, Existing> {
+    let opened = std::fs::OpenOptions::new()
+        .read(true)
+        // A FIFO planted there must not block the open.
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path);
+    let mut f = match opened {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            return Err(Existing::Refused("is a symlink"));
+        }
+        Err(e) => return Err(Existing::Io(e)),
+    };
+    let meta = f.metadata().map_err(Existing::Io)?;
+    if !meta.file_type().is_file() {
+        return Err(Existing::Refused("is not a regular file"));
+    }
+    if meta.nlink() != 1 {
+        return Err(Existing::Refused("has other hard links"));
+    }
+    if meta.uid() != owner && meta.uid() != 0 {
+        return Err(Existing::Refused(
+            "is owned by neither the policy's owner nor root",
+        ));
+    }
+    if meta.len() > crate::MAX_POLICY_BYTES {
+        return Err(Existing::Refused("is larger than a policy may be"));
+    }
+    let mut text = String::new();
+    f.read_to_string(&mut text).map_err(Existing::Io)?;
+    Ok(Some(text))
+}
+
+/// Gives `f` the policy file's (`meta`) permission bits (read and write
+/// only) and, when this process may, its owner and group: the overlay is read by
 /// whoever reads the policy (a jailed gateway, for one).
-fn like_policy(f: &std::fs::File, policy: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
-    let meta = std::fs::metadata(policy)?;
+fn like_policy(f: &std::fs::File, meta: &std::fs::Metadata) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
     f.set_permissions(std::fs::Permissions::from_mode(meta.mode() & 0o666))?;
     // Only root may give a file away; anyone else keeps it as their own.
     let _ = std::os::unix::fs::fchown(f, Some(meta.uid()), Some(meta.gid()));
@@ -352,6 +457,106 @@ mod tests {
             .permissions()
             .mode();
         assert_eq!(mode & 0o777, 0o640);
+    }
+
+    #[test]
+    fn a_symlink_planted_at_the_temporary_name_fails_the_write_closed() {
+        let d = dir("tmplink");
+        let policy = d.join("p.yaml");
+        std::fs::write(&policy, "version: 1\nid: p\n").unwrap();
+        let elsewhere = d.join("elsewhere.yaml");
+        let tmp = d.join(format!(".p.approved.yaml.{}.tmp", std::process::id()));
+        std::os::unix::fs::symlink(&elsewhere, &tmp).unwrap();
+        let err = append(&policy, &entry("x.example.org")).unwrap_err();
+        assert!(matches!(err, OverlayError::Io { .. }), "{err}");
+        assert!(!elsewhere.exists(), "written through the planted symlink");
+        assert!(!overlay_path(&policy).exists());
+        assert!(
+            std::fs::symlink_metadata(&tmp)
+                .unwrap()
+                .file_type()
+                .is_symlink(),
+            "the planted link was replaced, not refused"
+        );
+    }
+
+    #[test]
+    fn an_overlay_with_other_links_or_not_a_file_is_left_alone() {
+        let d = dir("links");
+        let policy = d.join("p.yaml");
+        std::fs::write(&policy, "version: 1\nid: p\n").unwrap();
+        assert!(append(&policy, &entry("a.example.org")).unwrap());
+        let overlay = overlay_path(&policy);
+        let before = std::fs::read_to_string(&overlay).unwrap();
+        // A hard link elsewhere (a file someone else could read or keep).
+        let link = d.join("kept.yaml");
+        std::fs::hard_link(&overlay, &link).unwrap();
+        let err = append(&policy, &entry("b.example.org")).unwrap_err();
+        assert!(err.to_string().contains("hard links"), "{err}");
+        assert_eq!(std::fs::read_to_string(&overlay).unwrap(), before);
+        std::fs::remove_file(&link).unwrap();
+        // A FIFO: refused at once, never waited on.
+        std::fs::remove_file(&overlay).unwrap();
+        let made = std::process::Command::new("mkfifo")
+            .arg(&overlay)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        let err = append(&policy, &entry("b.example.org")).unwrap_err();
+        assert!(err.to_string().contains("not a regular file"), "{err}");
+    }
+
+    #[test]
+    fn an_overlay_owned_by_someone_else_is_left_alone() {
+        let d = dir("owner");
+        let policy = d.join("p.yaml");
+        std::fs::write(&policy, "version: 1\nid: p\n").unwrap();
+        assert!(append(&policy, &entry("a.example.org")).unwrap());
+        let overlay = overlay_path(&policy);
+        // Only root may give the file to another uid; others cannot test it.
+        if std::os::unix::fs::chown(&overlay, Some(54_321), None).is_err() {
+            return;
+        }
+        let err = append(&policy, &entry("b.example.org")).unwrap_err();
+        assert!(err.to_string().contains("owned by neither"), "{err}");
+        assert!(
+            !std::fs::read_to_string(&overlay)
+                .unwrap()
+                .contains("b.example.org")
+        );
+    }
+
+    #[test]
+    fn a_world_writable_policy_directory_is_refused() {
+        use std::os::unix::fs::PermissionsExt as _;
+        for mode in [0o777, 0o1777] {
+            let d = dir(&format!("ww{mode:o}"));
+            let policy = d.join("p.yaml");
+            std::fs::write(&policy, "version: 1\nid: p\n").unwrap();
+            std::fs::set_permissions(&d, std::fs::Permissions::from_mode(mode)).unwrap();
+            let err = append(&policy, &entry("a.example.org")).unwrap_err();
+            assert!(err.to_string().contains("writable by anyone"), "{err}");
+            assert!(!overlay_path(&policy).exists());
+        }
+    }
+
+    #[test]
+    fn a_prepared_overlay_changes_nothing_until_committed() {
+        let d = dir("prepare");
+        let policy = d.join("p.yaml");
+        std::fs::write(&policy, "version: 1\nid: p\n").unwrap();
+        let p = prepare(&policy, &entry("a.example.org")).unwrap().unwrap();
+        assert!(!overlay_path(&policy).exists());
+        drop(p);
+        assert_eq!(
+            std::fs::read_dir(&d).unwrap().count(),
+            1,
+            "the temporary file outlived its drop"
+        );
+        let p = prepare(&policy, &entry("a.example.org")).unwrap().unwrap();
+        p.commit().unwrap();
+        assert!(prepare(&policy, &entry("a.example.org")).unwrap().is_none());
+        assert_eq!(std::fs::read_dir(&d).unwrap().count(), 2);
     }
 
     #[test]

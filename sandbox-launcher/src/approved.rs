@@ -15,7 +15,10 @@
 //! overlay is written by [`sluice_policy::overlay::append`]: validated as a
 //! policy, never through a symlink, replaced by rename inside the policy's
 //! directory. Each refusal is one line on stderr and the gateway is told,
-//! so its audit record says `sandbox`, not `always`.
+//! so its audit record says `sandbox`, not `always`. The file is renamed
+//! into place only on the gateway's go-ahead after it heard the entry was
+//! prepared (`sluice_approval::handoff`): a gateway that gave up waiting
+//! gets nothing written, so its audit and the file always agree.
 //!
 //! With the policy's directory bound (`gateway_inputs`), the running
 //! gateway's reload poll sees the new overlay and loads it; the next run
@@ -31,14 +34,14 @@ use std::time::Duration;
 
 use anyhow::Context;
 use sluice_approval::backend::terminal::{Served, printable};
-use sluice_approval::handoff::{HandoffReply, OverlayEntry};
+use sluice_approval::handoff::{HandoffReply, OverlayEntry, is_commit};
 use sluice_approval::wire::MAX_MESSAGE_BYTES;
 use sluice_policy::CompileOptions;
 
 /// The socket's name in the run dir.
 const SOCKET: &str = "approved.sock";
 
-/// How long one connection may take to send its entry.
+/// How long one connection may take to send its entry, or its go-ahead.
 const READ_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Entries one run writes at most: each rewrites the overlay (a policy
@@ -113,61 +116,99 @@ impl OverlayWriter {
     }
 }
 
-/// Reads one entry from `stream`, places it, and answers.
+/// Reads one entry from `stream`, prepares it, and on the gateway's
+/// go-ahead writes it; answers at each step.
 fn serve(stream: UnixStream, policy: &Path, sandbox: &str, gate: &mut Gate) {
     let _ = stream.set_read_timeout(Some(READ_TIMEOUT));
     let _ = stream.set_write_timeout(Some(READ_TIMEOUT));
-    let mut line = Vec::new();
-    let limit = u64::try_from(MAX_MESSAGE_BYTES + 1).unwrap_or(u64::MAX);
-    let read = BufReader::new(&stream)
-        .take(limit)
-        .read_until(b'\n', &mut line);
-    let reply = match read {
-        Ok(_) => match OverlayEntry::parse(line.trim_ascii()) {
-            Ok(entry) => match gate
-                .refuses(&entry)
-                .map_or_else(|| place(policy, sandbox, &entry), Err)
-            {
-                Ok(path) => {
-                    gate.written += 1;
-                    eprintln!(
-                        "sluice: {} approved always: added to {} (review it and fold it into the policy)",
-                        printable(&entry.name),
-                        path.display()
-                    );
-                    HandoffReply::Written
-                }
-                Err(why) => {
-                    eprintln!(
-                        "sluice: approval overlay: refused {} from the gateway: {}",
-                        printable(&entry.name),
-                        printable(&why)
-                    );
-                    HandoffReply::Refused(why)
-                }
-            },
-            Err(e) => {
-                let why = format!("not an overlay entry: {e}");
-                eprintln!(
-                    "sluice: approval overlay: refused a message from the gateway: {}",
-                    printable(&why)
-                );
-                HandoffReply::Refused(why)
-            }
-        },
+    let mut lines = BufReader::new(&stream);
+    let read_line = |lines: &mut BufReader<&UnixStream>| {
+        let mut line = Vec::new();
+        let limit = u64::try_from(MAX_MESSAGE_BYTES + 1).unwrap_or(u64::MAX);
+        lines.take(limit).read_until(b'\n', &mut line).map(|_| line)
+    };
+    let reply = |r: &HandoffReply| {
+        r.to_line()
+            .is_ok_and(|bytes| (&stream).write_all(&bytes).is_ok())
+    };
+    let line = match read_line(&mut lines) {
+        Ok(line) => line,
         Err(e) => {
             eprintln!("sluice: approval overlay: reading from the gateway: {e}");
             return;
         }
     };
-    if let Ok(bytes) = reply.to_line() {
-        let _ = (&stream).write_all(&bytes);
+    let entry = match OverlayEntry::parse(line.trim_ascii()) {
+        Ok(entry) => entry,
+        Err(e) => {
+            let why = format!("not an overlay entry: {e}");
+            eprintln!(
+                "sluice: approval overlay: refused a message from the gateway: {}",
+                printable(&why)
+            );
+            reply(&HandoffReply::Refused(why));
+            return;
+        }
+    };
+    let refused = |why: String| {
+        eprintln!(
+            "sluice: approval overlay: refused {} from the gateway: {}",
+            printable(&entry.name),
+            printable(&why)
+        );
+        HandoffReply::Refused(why)
+    };
+    let placed = gate
+        .refuses(&entry)
+        .map_or_else(|| place(policy, sandbox, &entry), Err);
+    let (prepared, path) = match placed {
+        Err(why) => {
+            reply(&refused(why));
+            return;
+        }
+        Ok(Placed::Listed) => {
+            reply(&HandoffReply::Written);
+            return;
+        }
+        Ok(Placed::Prepared(prepared, path)) => (prepared, path),
+    };
+    // Renamed into place only if the gateway still waits for the outcome:
+    // otherwise `prepared` is dropped, and with it the temporary file.
+    if !reply(&HandoffReply::Prepared) || !read_line(&mut lines).is_ok_and(|l| is_commit(&l)) {
+        eprintln!(
+            "sluice: approval overlay: the gateway gave up on {} before it was written; \
+             nothing written",
+            printable(&entry.name)
+        );
+        return;
     }
+    let outcome = match prepared.commit() {
+        Ok(()) => {
+            gate.written += 1;
+            eprintln!(
+                "sluice: {} approved always: added to {} (review it and fold it into the policy)",
+                printable(&entry.name),
+                path.display()
+            );
+            HandoffReply::Written
+        }
+        Err(e) => refused(e.to_string()),
+    };
+    reply(&outcome);
 }
 
-/// Validates `entry` against the policy at `policy` as it is now and adds
-/// it to the policy's overlay; the overlay's path, or why not.
-pub(crate) fn place(policy: &Path, sandbox: &str, entry: &OverlayEntry) -> Result<PathBuf, String> {
+/// What [`place`] did with an entry.
+#[derive(Debug)]
+pub(crate) enum Placed {
+    /// The overlay already lists the name.
+    Listed,
+    /// The new overlay is ready to replace the one at this path.
+    Prepared(sluice_policy::overlay::Prepared, PathBuf),
+}
+
+/// Validates `entry` against the policy at `policy` as it is now and
+/// prepares the policy's overlay with it added, or why not.
+pub(crate) fn place(policy: &Path, sandbox: &str, entry: &OverlayEntry) -> Result<Placed, String> {
     let first_line = |e: &dyn std::fmt::Display| {
         let text = e.to_string();
         text.lines().next().unwrap_or_default().to_owned()
@@ -218,7 +259,7 @@ pub(crate) fn place(policy: &Path, sandbox: &str, entry: &OverlayEntry) -> Resul
         .ok()
         .and_then(|v| v.as_str().map(str::to_owned))
         .unwrap_or_default();
-    sluice_policy::overlay::append(
+    let prepared = sluice_policy::overlay::prepare(
         policy,
         &sluice_policy::overlay::Approved {
             name: &entry.name,
@@ -230,7 +271,11 @@ pub(crate) fn place(policy: &Path, sandbox: &str, entry: &OverlayEntry) -> Resul
         },
     )
     .map_err(|e| e.to_string())?;
-    Ok(sluice_policy::overlay::overlay_path(policy))
+    let path = sluice_policy::overlay::overlay_path(policy);
+    Ok(match prepared {
+        Some(p) => Placed::Prepared(p, path),
+        None => Placed::Listed,
+    })
 }
 
 #[cfg(test)]
@@ -269,10 +314,21 @@ mod tests {
         }
     }
 
+    /// [`place`], and the prepared file committed.
+    fn write(policy: &Path, sandbox: &str, e: &OverlayEntry) -> Result<PathBuf, String> {
+        match place(policy, sandbox, e)? {
+            Placed::Listed => Ok(sluice_policy::overlay::overlay_path(policy)),
+            Placed::Prepared(prepared, path) => {
+                prepared.commit().map_err(|e| e.to_string())?;
+                Ok(path)
+            }
+        }
+    }
+
     #[test]
     fn a_plain_miss_is_written_and_loads_with_the_policy() {
         let (_t, p) = policy("ok", true);
-        let path = place(&p, "sb-1", &entry("new.example.com", &[443])).unwrap();
+        let path = write(&p, "sb-1", &entry("new.example.com", &[443])).unwrap();
         assert_eq!(path, sluice_policy::overlay::overlay_path(&p));
         let text = fs::read_to_string(&path).unwrap();
         assert!(
@@ -282,7 +338,10 @@ mod tests {
         let loaded = sluice_policy::load_file(&p, &CompileOptions::default()).unwrap();
         assert!(!loaded.would_ask("new.example.com"), "now listed");
         // Twice is fine, and still one entry.
-        place(&p, "sb-1", &entry("new.example.com", &[443])).unwrap();
+        assert!(matches!(
+            place(&p, "sb-1", &entry("new.example.com", &[443])).unwrap(),
+            Placed::Listed
+        ));
         assert_eq!(
             fs::read_to_string(&path)
                 .unwrap()
@@ -343,13 +402,7 @@ mod tests {
         let run = t.0.join("run");
         fs::create_dir(&run).unwrap();
         let w = OverlayWriter::start(&run, p.clone(), "sb".into(), None).unwrap();
-        let ask = |line: &[u8]| {
-            let mut s = UnixStream::connect(&w.socket).unwrap();
-            s.write_all(line).unwrap();
-            let mut reply = String::new();
-            BufReader::new(&s).read_line(&mut reply).unwrap();
-            HandoffReply::parse(reply.trim().as_bytes()).unwrap()
-        };
+        let ask = |line: &[u8]| ask_on(&w.socket, line);
         let good = entry("new.example.com", &[443]).to_line().unwrap();
         assert_eq!(ask(&good), HandoffReply::Written);
         let bad = entry("blocked.example.com", &[443]).to_line().unwrap();
@@ -362,12 +415,88 @@ mod tests {
         );
     }
 
+    /// Sends `line` as the gateway does; on `prepared`, the go-ahead.
     fn ask_on(socket: &Path, line: &[u8]) -> HandoffReply {
         let mut s = UnixStream::connect(socket).unwrap();
         s.write_all(line).unwrap();
+        let mut r = BufReader::new(s.try_clone().unwrap());
+        let mut reply = String::new();
+        r.read_line(&mut reply).unwrap();
+        match HandoffReply::parse(reply.trim().as_bytes()).unwrap() {
+            HandoffReply::Prepared => {
+                s.write_all(sluice_approval::handoff::COMMIT).unwrap();
+                reply.clear();
+                r.read_line(&mut reply).unwrap();
+                HandoffReply::parse(reply.trim().as_bytes()).unwrap()
+            }
+            done => done,
+        }
+    }
+
+    /// The gateway's own side of the hand-off, with its deadline.
+    fn hand_off(socket: &Path, e: &OverlayEntry, within: Duration) -> Result<HandoffReply, String> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let deadline = tokio::time::Instant::now() + within;
+            sluice_approval::handoff::hand_off(socket, e, deadline)
+                .await
+                .map_err(|e| e.to_string())
+        })
+    }
+
+    #[test]
+    fn a_gateway_that_gave_up_waiting_gets_nothing_written() {
+        let (t, p) = policy("late", true);
+        let run = t.0.join("run");
+        fs::create_dir(&run).unwrap();
+        let w = OverlayWriter::start(&run, p.clone(), "sb".into(), None).unwrap();
+        let overlay = sluice_policy::overlay::overlay_path(&p);
+        // Prepared, then the gateway goes away without its go-ahead.
+        let mut s = UnixStream::connect(&w.socket).unwrap();
+        s.write_all(&entry("dropped.example.com", &[443]).to_line().unwrap())
+            .unwrap();
         let mut reply = String::new();
         BufReader::new(&s).read_line(&mut reply).unwrap();
-        HandoffReply::parse(reply.trim().as_bytes()).unwrap()
+        assert_eq!(
+            HandoffReply::parse(reply.trim().as_bytes()).unwrap(),
+            HandoffReply::Prepared
+        );
+        drop(s);
+        // A launcher busy with a connection that sends nothing (it waits
+        // READ_TIMEOUT on it, serially): the gateway's deadline passes
+        // first, and the entry it sent is never written.
+        let stall = UnixStream::connect(&w.socket).unwrap();
+        let late = hand_off(
+            &w.socket,
+            &entry("late.example.com", &[443]),
+            Duration::from_secs(1),
+        );
+        assert!(late.is_err(), "{late:?}");
+        drop(stall);
+        // Served after both (one at a time): only this one is in the file.
+        assert_eq!(
+            hand_off(
+                &w.socket,
+                &entry("kept.example.com", &[443]),
+                Duration::from_secs(60)
+            ),
+            Ok(HandoffReply::Written)
+        );
+        let text = fs::read_to_string(&overlay).unwrap();
+        assert!(text.contains("kept.example.com"), "{text}");
+        assert!(
+            !text.contains("dropped.example.com") && !text.contains("late.example.com"),
+            "written after the gateway gave up: {text}"
+        );
+        // No temporary file left beside the policy.
+        let names: Vec<String> = fs::read_dir(&t.0)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(!names.iter().any(|n| n.ends_with(".tmp")), "{names:?}");
     }
 
     #[test]

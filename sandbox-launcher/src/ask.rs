@@ -10,16 +10,18 @@
 //! When that stdin is the controlling terminal itself, the terminal has
 //! one reader, the stdin forwarder, and the prompt owns the keys while a
 //! question waits ([`Keys`]): they go to the prompt then, never to the
-//! guest, and to the guest otherwise.
+//! guest, and to the guest otherwise. Whenever it prompts, the guest's
+//! output is held while a question is shown (`run::terminal::TerminalGate`).
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 
 use anyhow::Context;
-use sluice_approval::backend::terminal::{Mode, Served, serve_routed};
+use sluice_approval::backend::terminal::{Mode, NotShared, Served, TerminalShare, serve_shared};
+
+use crate::run::terminal::TerminalGate;
 
 /// The socket's name in the run dir.
 const SOCKET: &str = "approve.sock";
@@ -35,23 +37,20 @@ pub(crate) struct AskServer {
     /// The prompt's input when stdin is the terminal (taken by the stdin
     /// forwarder).
     keys: Option<Keys>,
+    /// The terminal the prompt shares with the guest, when it prompts.
+    gate: Option<Arc<TerminalGate>>,
 }
 
 /// The terminal's keys, when the guest's stdin is the same terminal: the
-/// stdin forwarder reads the terminal and, while [`Keys::pending`], writes
-/// what it read to `to_prompt` (the prompt's input) instead of the guest.
+/// stdin forwarder reads the terminal and, while a question waits, writes
+/// what it read to `to_prompt` (the prompt's input) instead of the guest
+/// ([`TerminalGate::take_keys`]).
 #[derive(Debug)]
 pub(crate) struct Keys {
-    pending: Arc<AtomicBool>,
+    /// Where the keys go.
+    pub(crate) gate: Arc<TerminalGate>,
     /// The write end of the pipe the prompt reads.
     pub(crate) to_prompt: fs::File,
-}
-
-impl Keys {
-    /// Whether a prompt is shown and waits for its key.
-    pub(crate) fn pending(&self) -> bool {
-        self.pending.load(Ordering::SeqCst)
-    }
 }
 
 /// Whether stdin is this process's controlling terminal (what `/dev/tty`
@@ -87,29 +86,26 @@ impl AskServer {
                 .map_err(|e| format!("no terminal ({e})"))
         };
         let auto_deny = tty.as_ref().err().cloned();
+        let gate = tty
+            .as_ref()
+            .ok()
+            .map(|f| Arc::new(TerminalGate::new(f.try_clone().ok())));
         // One reader of the terminal: the prompt reads a pipe the stdin
         // forwarder fills while a question waits.
-        let (input, keys) = match &tty {
-            Ok(_) if stdin_is_the_terminal() => {
+        let (input, keys) = match &gate {
+            Some(gate) if stdin_is_the_terminal() => {
                 let (r, w) = std::io::pipe().context("--ask: a pipe for the prompt's keys")?;
-                let pending = Arc::new(AtomicBool::new(false));
                 (
                     Some(fs::File::from(std::os::fd::OwnedFd::from(r))),
-                    Some((
-                        Keys {
-                            pending: Arc::clone(&pending),
-                            to_prompt: fs::File::from(std::os::fd::OwnedFd::from(w)),
-                        },
-                        pending,
-                    )),
+                    Some(Keys {
+                        gate: Arc::clone(gate),
+                        to_prompt: fs::File::from(std::os::fd::OwnedFd::from(w)),
+                    }),
                 )
             }
             _ => (None, None),
         };
-        let pending = keys
-            .as_ref()
-            .map_or_else(|| Arc::new(AtomicBool::new(false)), |(_, p)| Arc::clone(p));
-        let keys = keys.map(|(k, _)| k);
+        let share = gate.clone();
         let served = Arc::new(Mutex::new(Served::default()));
         let keep = Arc::clone(&served);
         thread::Builder::new()
@@ -127,7 +123,7 @@ impl AskServer {
                     };
                     // The keys are read through the reactor (not a
                     // blocking read), so that what is already typed when a
-                    // question arrives can be discarded (`serve_routed`).
+                    // question arrives can be discarded (`serve_shared`).
                     let mode = match tty.and_then(|f| {
                         let r = match input {
                             Some(pipe) => tokio::net::unix::pipe::Receiver::from_file(pipe),
@@ -150,7 +146,11 @@ impl AskServer {
                         }
                         Err(why) => Mode::AutoDeny(why),
                     };
-                    serve_routed(listener, mode, keep, &pending).await;
+                    let share: &dyn TerminalShare = match &share {
+                        Some(gate) => &**gate,
+                        None => &NotShared,
+                    };
+                    serve_shared(listener, mode, keep, share).await;
                 });
             })
             .context("--ask: starting the prompt thread")?;
@@ -159,7 +159,14 @@ impl AskServer {
             served,
             auto_deny,
             keys,
+            gate,
         })
+    }
+
+    /// The terminal the prompt shares with the guest's output, when it
+    /// prompts (none with `--json` or without a terminal).
+    pub(crate) fn gate(&self) -> Option<Arc<TerminalGate>> {
+        self.gate.clone()
     }
 
     /// The prompt's record (what it answered; the names answered

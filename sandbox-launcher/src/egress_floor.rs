@@ -19,10 +19,16 @@
 //! transaction replaces the table), so a network a reload names is
 //! reachable and one it drops is not.
 //!
+//! A policy whose approval backend is a webhook (without `--ask`) gets the
+//! webhook's resolved addresses opened on its port, exactly and nothing
+//! else of their networks (the webhook is often on loopback or a private
+//! address): the floor's per-resolver rule, which accepts that address and
+//! port. A link-local or cloud host service address is never opened.
+//!
 //! Rootless there is no floor: nftables in the host's namespace needs
 //! root. The run reports it off, with that reason.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs as _};
 use std::path::Path;
 
 use anyhow::{Context, anyhow};
@@ -30,7 +36,7 @@ use ipnet::IpNet;
 use sluice_floor::egress::{EgressFloor, EgressSpec, Owner, always_denied, non_public};
 use sluice_gateway::metrics::{MetricsAddr, MetricsListener};
 use sluice_policy::platform::{CLOUD_HOST_SERVICES_V4, CLOUD_HOST_SERVICES_V6};
-use sluice_policy::{CompiledPolicy, Upstream};
+use sluice_policy::{ApprovalBackend, CompiledPolicy, Upstream};
 
 use crate::jail::Layer;
 
@@ -109,6 +115,80 @@ fn resolvers(policy: &CompiledPolicy) -> anyhow::Result<Vec<SocketAddr>> {
     }
 }
 
+/// The `host` and port of a webhook `url` (`http`/`https`, default ports
+/// 80/443); `None` if it is not such a URL.
+fn webhook_host_port(url: &str) -> Option<(String, u16)> {
+    let (scheme, rest) = url.split_once("://")?;
+    let default = match scheme.to_ascii_lowercase().as_str() {
+        "https" => 443,
+        "http" => 80,
+        _ => return None,
+    };
+    let authority = rest.split(['/', '?', '#']).next()?;
+    let authority = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
+        let (host, after) = v6.split_once(']')?;
+        (host, after.strip_prefix(':'))
+    } else {
+        match authority.rsplit_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (authority, None),
+        }
+    };
+    let port = match port {
+        Some(p) => p.parse().ok()?,
+        None => default,
+    };
+    (!host.is_empty()).then(|| (host.to_owned(), port))
+}
+
+/// Where the floor must let the gateway reach its approval webhook under
+/// `policy`: the URL's host resolved here, on the URL's port. Empty for
+/// another backend. An address that is link-local or a cloud host service
+/// is left out (the metadata service is never opened), and so is a host
+/// that does not resolve (the webhook is then unreachable: every question
+/// is denied), each said on stderr.
+pub(crate) fn approval_webhook(policy: &CompiledPolicy) -> Vec<SocketAddr> {
+    let Some(ApprovalBackend::Webhook { url, .. }) = policy.approval().map(|a| &a.backend) else {
+        return Vec::new();
+    };
+    let Some((host, port)) = webhook_host_port(url) else {
+        return Vec::new();
+    };
+    let resolved = match (host.as_str(), port).to_socket_addrs() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!(
+                "sluice: approval webhook {host}: {e}; the gateway's egress floor opens nothing for it"
+            );
+            return Vec::new();
+        }
+    };
+    let never: Vec<IpNet> = cloud_host_services()
+        .chain(
+            ["169.254.0.0/16", "fe80::/10"]
+                .iter()
+                .filter_map(|n| n.parse().ok()),
+        )
+        .collect();
+    let mut out: Vec<SocketAddr> = Vec::new();
+    for a in resolved {
+        let ip = match a.ip() {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
+            v4 => v4,
+        };
+        if never.iter().any(|n| n.contains(&ip)) {
+            eprintln!(
+                "sluice: approval webhook {host} is at {ip}, a link-local or cloud host service \
+                 address: the gateway's egress floor does not open it"
+            );
+        } else if !out.contains(&SocketAddr::new(ip, port)) {
+            out.push(SocketAddr::new(ip, port));
+        }
+    }
+    out
+}
+
 /// Cloud host services: always dropped (the policy cannot name them).
 fn cloud_host_services() -> impl Iterator<Item = IpNet> {
     let v4 = CLOUD_HOST_SERVICES_V4
@@ -120,9 +200,20 @@ fn cloud_host_services() -> impl Iterator<Item = IpNet> {
     v4.chain(v6)
 }
 
+/// What the gateway listens on and asks besides the policy's networks.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Openings {
+    /// Its published host ports and a TCP metrics port: its replies from
+    /// them are not its own egress.
+    pub(crate) reply_ports: Vec<u16>,
+    /// Whether `--ask` answers the gateway's questions (over a socket):
+    /// then the policy's webhook is not asked and not opened.
+    pub(crate) ask: bool,
+}
+
 /// What the floor holds the gateway of gid `gid` to, under `policy`, on a
-/// host whose own addresses are `host`, when the gateway listens on
-/// `reply_ports` (its published host ports and a TCP metrics port).
+/// host whose own addresses are `host`, with the `webhook` addresses
+/// ([`approval_webhook`]) and the `reply_ports` opened.
 ///
 /// # Errors
 /// As for [`resolvers`].
@@ -131,11 +222,17 @@ pub(crate) fn spec(
     host: &[IpAddr],
     gid: u32,
     reply_ports: &[u16],
+    webhook: &[SocketAddr],
 ) -> anyhow::Result<EgressSpec> {
     Ok(EgressSpec {
         owner: Owner::Gid(gid),
         reply_ports: reply_ports.to_vec(),
-        resolvers: resolvers(policy)?,
+        // The webhook's exact address and port, by the resolvers' rule
+        // (accepted before anything is dropped, that port only).
+        resolvers: resolvers(policy)?
+            .into_iter()
+            .chain(webhook.iter().copied())
+            .collect(),
         // What no policy opens (loopback, link-local, multicast, the host's
         // addresses, cloud host services) before anything the policy names:
         // the gateway's own check denies them whatever the policy says, and
@@ -159,10 +256,15 @@ pub(crate) fn spec(
 pub(crate) fn install(
     policy: &CompiledPolicy,
     gid: u32,
-    reply_ports: &[u16],
+    open: &Openings,
 ) -> anyhow::Result<EgressFloor> {
     let host = sluice_gateway::decide::host_addresses();
-    let spec = spec(policy, &host, gid, reply_ports)?;
+    let webhook = if open.ask {
+        Vec::new()
+    } else {
+        approval_webhook(policy)
+    };
+    let spec = spec(policy, &host, gid, &open.reply_ports, &webhook)?;
     EgressFloor::install(None, &spec).map_err(|e| anyhow!("the gateway's egress floor: {e}"))
 }
 
@@ -172,12 +274,12 @@ pub(crate) fn install(
 ///
 /// # Errors
 /// The file does not compile, or `nft` fails.
-pub(crate) fn refresh(path: &Path, gid: u32, reply_ports: &[u16]) -> anyhow::Result<()> {
+pub(crate) fn refresh(path: &Path, gid: u32, open: &Openings) -> anyhow::Result<()> {
     let policy = sluice_policy::load_file(path, &sluice_policy::CompileOptions::default())
         .map_err(|e| anyhow!("{e}"))
         .with_context(|| format!("recompiling {} for the egress floor", path.display()))?;
     // Replaced in one transaction; the supervisor still owns its removal.
-    let floor = install(&policy, gid, reply_ports)?;
+    let floor = install(&policy, gid, open)?;
     let _table = floor.hand_off();
     Ok(())
 }
@@ -188,7 +290,7 @@ pub(crate) fn refresh(path: &Path, gid: u32, reply_ports: &[u16]) -> anyhow::Res
 pub(crate) fn install_for_run(
     policy: &CompiledPolicy,
     allow_missing: &std::collections::BTreeSet<Layer>,
-    reply_ports: &[u16],
+    open: &Openings,
 ) -> anyhow::Result<(Option<EgressFloor>, String)> {
     if crate::jail::is_rootless() {
         return Ok((
@@ -197,8 +299,16 @@ pub(crate) fn install_for_run(
         ));
     }
     let gid = gateway_gid();
-    match install(policy, gid, reply_ports) {
+    match install(policy, gid, open) {
         Ok(floor) => {
+            if !open.ask {
+                for a in approval_webhook(policy) {
+                    eprintln!(
+                        "sluice: the gateway's egress floor lets it reach the approval webhook \
+                         at {a} (that address and port only)"
+                    );
+                }
+            }
             let status = format!(
                 "on: nftables table inet {} drops the gateway's (gid {gid}) packets to \
                  loopback, link-local, host and non-public addresses the policy does not name",
@@ -265,14 +375,16 @@ mod tests {
              internal:\n  - 192.168.7.0/24\ndns:\n  upstream: [10.0.0.53, \"[fd00::53]:5353\"]\n",
         );
         let host: Vec<IpAddr> = vec!["10.1.2.3".parse().unwrap()];
-        let s = spec(&policy, &host, gateway_gid(), &[8080]).unwrap();
+        let hook: SocketAddr = "127.0.0.1:18443".parse().unwrap();
+        let s = spec(&policy, &host, gateway_gid(), &[8080], &[hook]).unwrap();
         assert_eq!(s.reply_ports, vec![8080]);
         assert_eq!(s.owner, Owner::Gid(GATEWAY_GID_BASE + std::process::id()));
         assert_eq!(
             s.resolvers,
             vec![
                 "10.0.0.53:53".parse::<SocketAddr>().unwrap(),
-                "[fd00::53]:5353".parse().unwrap()
+                "[fd00::53]:5353".parse().unwrap(),
+                hook,
             ]
         );
         let allow: Vec<String> = s.allow.iter().map(ToString::to_string).collect();
@@ -286,6 +398,38 @@ mod tests {
         assert!(s.deny_first.contains(&"169.254.0.0/16".parse().unwrap()));
         assert!(s.deny_first.contains(&"127.0.0.0/8".parse().unwrap()));
         assert!(s.deny.contains(&"10.0.0.0/8".parse().unwrap()));
+    }
+
+    #[test]
+    fn a_webhook_is_opened_at_its_address_and_port_only() {
+        for (url, want) in [
+            ("https://127.0.0.1:18443/ask", Some(("127.0.0.1", 18443))),
+            ("http://10.0.0.5/ask?x=1", Some(("10.0.0.5", 80))),
+            ("https://[::1]:9000/", Some(("::1", 9000))),
+            ("HTTPS://hook.example:8443", Some(("hook.example", 8443))),
+            ("https://u:p@10.0.0.5", Some(("10.0.0.5", 443))),
+            ("ftp://10.0.0.5/", None),
+            ("https://10.0.0.5:notaport/", None),
+        ] {
+            assert_eq!(
+                webhook_host_port(url),
+                want.map(|(h, p)| (h.to_owned(), p)),
+                "{url}"
+            );
+        }
+        let hooked = |url: &str| {
+            compile(&format!(
+                "version: 1\nid: t\nunlisted: ask\napproval:\n  backend:\n    webhook:\n      url: {url}\n"
+            ))
+        };
+        assert_eq!(
+            approval_webhook(&hooked("https://127.0.0.1:18443/ask")),
+            vec!["127.0.0.1:18443".parse::<SocketAddr>().unwrap()]
+        );
+        // The metadata service and link-local addresses: never opened.
+        assert!(approval_webhook(&hooked("http://169.254.169.254/latest")).is_empty());
+        assert!(approval_webhook(&hooked("http://168.63.129.16/")).is_empty());
+        assert!(approval_webhook(&compile("version: 1\nid: t\n")).is_empty());
     }
 
     /// Every network the floor drops is one the policy crate calls

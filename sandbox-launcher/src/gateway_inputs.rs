@@ -288,6 +288,22 @@ pub(crate) fn approval_inputs(policy: &CompiledPolicy) -> anyhow::Result<Vec<Pat
     Ok(read)
 }
 
+/// `read` without the paths another of its paths already covers (a file
+/// of a directory bound whole): the jail binds each path read-only at its
+/// own place, and a mount point cannot be made inside a read-only bind (a
+/// webhook's key beside the policy, say). What such a path holds is seen
+/// through its directory.
+pub(crate) fn without_covered(read: Vec<PathBuf>) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = Vec::new();
+    for p in &read {
+        let covered = read.iter().any(|d| d != p && p.starts_with(d));
+        if !covered && !out.contains(p) {
+            out.push(p.clone());
+        }
+    }
+    out
+}
+
 /// Writes a file of the run dir that the jailed gateway reads (mode 0644;
 /// the run dir itself is 0700 and owned by the jail's uid: 65534 as root,
 /// the caller rootless).
@@ -345,6 +361,25 @@ pub(crate) fn hand_socket_to_jail(socket: &Path, run_dir: &Path) -> anyhow::Resu
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_file_inside_a_bound_directory_is_not_bound_again() {
+        let read = vec![
+            PathBuf::from("/etc/sluice"),
+            PathBuf::from("/etc/sluice/hook.key"),
+            PathBuf::from("/etc/sluice-other/ca.pem"),
+            PathBuf::from("/etc/sluice"),
+            PathBuf::from("/run/approve.sock"),
+        ];
+        assert_eq!(
+            without_covered(read),
+            vec![
+                PathBuf::from("/etc/sluice"),
+                PathBuf::from("/etc/sluice-other/ca.pem"),
+                PathBuf::from("/run/approve.sock"),
+            ]
+        );
+    }
     use std::os::unix::fs::symlink;
 
     struct Tmp(PathBuf);

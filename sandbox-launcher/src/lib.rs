@@ -7,7 +7,10 @@
 //! choice and the QEMU command line), `phases` (where a run's time goes),
 //! [`network_mode`] (`--network`: how the
 //! guest's link reaches the gateway), `spawn` (children that never outlive
-//! the launcher), [`run`] (`sluice run`), [`doctor`] (`sluice doctor`), [`policy_cmd`]
+//! the launcher), [`run`] (`sluice run`; `run::gateway` starts its gateway,
+//! `run::terminal` passes the guest's stdin and output and holds them while
+//! an `--ask` question is shown), `ask` and `approved` (`--ask`'s prompt and
+//! the `always` overlay writer), [`doctor`] (`sluice doctor`), [`policy_cmd`]
 //! (`sluice policy check|explain`), [`audit_cmd`] (`sluice audit`).
 
 use std::io::Write as _;

@@ -20,7 +20,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::io::{self, Read, Write};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -35,19 +35,21 @@ use sluice_agent_proto::{
     CHUNK, ExecRequest, ExitStatus, Message, VERSION, read_frame, write_frame,
 };
 
-use crate::egress_floor;
-use crate::gateway_inputs::{FileView, approval_inputs, jail_ids, secret_inputs, write_for_jail};
+use crate::gateway_inputs::jail_ids;
 use crate::image::{self, ImageOptions};
 use crate::jail::{self, CgroupLimits, FdMap, JailSpec, Layer};
 use crate::network_mode::{self, GuestNetwork, HeldNetwork, NetworkMode};
 use crate::phases::Phases;
 use crate::qemu::{self, AGENT_FD, CONSOLE_FD, NET_FD, VmConfig};
-use crate::spawn::{GatewayJail, Isolation, QemuJail, Sidecar, gateway_spec, qemu_spec};
-use sluice_floor::egress::EgressFloor;
-use sluice_gateway::args::{AuditFormat, GatewayArgs, LogFormat};
+use crate::spawn::{Isolation, QemuJail, Sidecar, qemu_spec};
+use gateway::{GatewayHandles, parse_metrics_addr, spawn_gateway};
+use sluice_gateway::args::AuditFormat;
 use sluice_gateway::config::PublishSpec;
-use sluice_gateway::flow::Transport;
-use sluice_gateway::metrics::{MetricsAddr, MetricsListener};
+use sluice_gateway::metrics::MetricsAddr;
+use terminal::GuestOutput;
+
+mod gateway;
+pub(crate) mod terminal;
 
 /// Exit status when `--timeout` expired.
 pub const EXIT_TIMEOUT: i32 = 124;
@@ -58,8 +60,6 @@ pub const EXIT_INTERRUPTED: i32 = 130;
 
 /// How much of the serial console is kept for `--debug` and boot failures.
 const CONSOLE_KEEP: usize = 256 * 1024;
-/// How much output `--json` captures per stream.
-const JSON_CAPTURE: usize = 16 * 1024 * 1024;
 
 /// Options of `sluice run`.
 #[derive(Debug, clap::Args)]
@@ -266,8 +266,8 @@ struct Session {
     console: Arc<Mutex<Vec<u8>>>,
     qemu_log: Arc<Mutex<Vec<u8>>>,
     gateway: Option<GatewayHandles>,
-    stdout: Vec<u8>,
-    stderr: Vec<u8>,
+    /// Where the guest's stdout and stderr go (`terminal`).
+    guest_output: GuestOutput,
     accel: qemu::Accel,
     image_built: bool,
     /// The run dir (policy, CA); the gateway's helper removes it too.
@@ -279,23 +279,6 @@ struct Session {
     network: Option<HeldNetwork>,
     /// When the launcher first saw the gateway gone (`next`).
     gateway_gone: std::sync::OnceLock<Instant>,
-}
-
-/// The launcher's side of the gateway: its audit lines, log and readiness.
-struct GatewayHandles {
-    audit: Arc<Mutex<Vec<serde_json::Value>>>,
-    audit_reader: Option<thread::JoinHandle<()>>,
-    log: Arc<Mutex<Vec<u8>>>,
-    /// When the gateway wrote its ready line; disconnected when it
-    /// closed the pipe without one (it stopped first).
-    ready: Receiver<Instant>,
-    /// Where the gateway writes the sandbox CA if the policy inspects a
-    /// host (the gateway decides; no file otherwise).
-    ca_out: PathBuf,
-    /// The egress floor's state, for `--json` (`on: ...` / `off: why`).
-    egress_floor: String,
-    /// `--ask`: the prompt the gateway's questions go to.
-    ask: Option<crate::ask::AskServer>,
 }
 
 /// A per-run directory, removed (with its contents) when dropped.
@@ -311,6 +294,9 @@ impl Drop for RunDir {
 /// on before the run fails: lines it wrote before (or as) the network went
 /// away are not lost.
 const GATEWAY_GONE_GRACE: Duration = Duration::from_secs(1);
+
+/// Messages from the agent read ahead of the session's loop.
+const EVENTS_QUEUED: usize = 16;
 
 /// How long to wait for the gateway's "starting" line before giving the
 /// guest its CA (the gateway writes the CA before it starts serving).
@@ -471,7 +457,9 @@ impl Session {
             .map(|s| qemu_started + Duration::from_secs_f64(s.max(0.0)));
 
         let reader = agent_host.try_clone().context("cloning the agent socket")?;
-        let (tx, events) = mpsc::channel();
+        // Bounded: while the guest's output waits (an `--ask` question with
+        // a full hold) the reader stops too, and the agent's writes wait.
+        let (tx, events) = mpsc::sync_channel(EVENTS_QUEUED);
         thread::spawn(move || {
             let mut reader = reader;
             loop {
@@ -493,6 +481,10 @@ impl Session {
             }
         });
 
+        let gate = gateway
+            .as_ref()
+            .and_then(|g| g.ask.as_ref())
+            .and_then(crate::ask::AskServer::gate);
         let isolation =
             isolation_summary(&children, gateway.as_ref().map(|g| g.egress_floor.as_str()));
         Ok(Session {
@@ -512,8 +504,7 @@ impl Session {
             console,
             qemu_log,
             gateway,
-            stdout: Vec::new(),
-            stderr: Vec::new(),
+            guest_output: GuestOutput::new(args.json, gate),
             accel,
             image_built: image.built,
             isolation,
@@ -685,11 +676,11 @@ impl Session {
             .as_mut()
             .and_then(|g| g.ask.as_mut())
             .and_then(crate::ask::AskServer::take_keys);
-        self.forward_stdin(keys);
+        terminal::forward_stdin(Arc::clone(&self.writer), keys);
         let status = loop {
             match self.next()? {
-                Message::Stdout(d) => self.output(false, &d, args.json),
-                Message::Stderr(d) => self.output(true, &d, args.json),
+                Message::Stdout(d) => self.output(false, &d)?,
+                Message::Stderr(d) => self.output(true, &d)?,
                 Message::Exit(s) => break s,
                 other => {
                     return Err(Stop::Failed(anyhow!(
@@ -700,6 +691,7 @@ impl Session {
         };
         self.timings.exited = Some(Instant::now());
         self.phases.mark("command_exited");
+        self.guest_output.release();
 
         let mut copy_failed = false;
         for spec in &args.copy_out {
@@ -726,74 +718,24 @@ impl Session {
         Ok(status)
     }
 
-    fn output(&mut self, err: bool, data: &[u8], json: bool) {
+    /// The guest's output: timed (its first byte), then passed on. While
+    /// an `--ask` question holds it and the hold is full, this waits for the
+    /// answer (the guest's output is not read meanwhile), or the run's end.
+    fn output(&mut self, err: bool, data: &[u8]) -> Result<(), Stop> {
         if self.timings.first_output.is_none() {
             self.timings.first_output = Some(Instant::now());
             self.phases.mark("first_output");
         }
-        if json {
-            let buf = if err {
-                &mut self.stderr
+        let (interrupted, deadline) = (&self.interrupted, self.deadline);
+        self.guest_output.write(err, data, || {
+            if interrupted.load(Ordering::Relaxed) {
+                Err(Stop::Interrupted)
+            } else if deadline.is_some_and(|d| Instant::now() >= d) {
+                Err(Stop::Timeout)
             } else {
-                &mut self.stdout
-            };
-            let room = JSON_CAPTURE.saturating_sub(buf.len());
-            buf.extend_from_slice(&data[..data.len().min(room)]);
-            return;
-        }
-        // A closed stdout/stderr on the host is not the guest's problem.
-        if err {
-            let mut e = io::stderr().lock();
-            let _ = e.write_all(data).and_then(|()| e.flush());
-        } else {
-            let mut o = io::stdout().lock();
-            let _ = o.write_all(data).and_then(|()| o.flush());
-        }
-    }
-
-    /// Forwards the launcher's stdin to the command until EOF. With `keys`
-    /// (`--ask`, stdin is the terminal the prompt uses), what is read while
-    /// a question waits goes to the prompt instead, and the terminal is
-    /// still read after the guest's EOF, for later prompts, until it ends.
-    fn forward_stdin(&self, keys: Option<crate::ask::Keys>) {
-        let writer = Arc::clone(&self.writer);
-        thread::spawn(move || {
-            let mut stdin = io::stdin().lock();
-            let mut buf = vec![0u8; CHUNK];
-            let mut guest_open = true;
-            loop {
-                let read = stdin.read(&mut buf);
-                if let (Some(k), Ok(n @ 1..)) = (&keys, &read)
-                    && k.pending()
-                {
-                    if (&k.to_prompt).write_all(&buf[..*n]).is_err() {
-                        return;
-                    }
-                    continue;
-                }
-                let msg = match read {
-                    Ok(0) | Err(_) => Message::StdinEof,
-                    Ok(n) => Message::Stdin(buf[..n].to_vec()),
-                };
-                let eof = msg == Message::StdinEof;
-                if !guest_open {
-                    // Keys typed with no question pending after the
-                    // guest's EOF are dropped; the terminal's end ends it.
-                    if eof {
-                        return;
-                    }
-                    continue;
-                }
-                let sent = writer
-                    .lock()
-                    .map(|mut w| write_frame(&mut *w, &msg).is_ok())
-                    .unwrap_or(false);
-                if !sent || (eof && keys.is_none()) {
-                    return;
-                }
-                guest_open = !eof;
+                Ok(())
             }
-        });
+        })
     }
 
     fn copy_in(&self, host: &Path, guest: &str) -> Result<(), Stop> {
@@ -873,6 +815,7 @@ impl Session {
     fn report(mut self, args: &RunArgs, outcome: Result<ExitStatus, Stop>) -> i32 {
         let end = Instant::now();
         self.phases.mark("vm_stopped");
+        self.guest_output.release();
         // Both sidecars are gone (killed by the caller, waited for here):
         // the audit pipe has ended.
         self.children.kill_all();
@@ -963,8 +906,8 @@ impl Session {
                 "status": status,
                 "signal": signal,
                 "error": error,
-                "stdout": String::from_utf8_lossy(&self.stdout),
-                "stderr": String::from_utf8_lossy(&self.stderr),
+                "stdout": String::from_utf8_lossy(self.guest_output.captured(false)),
+                "stderr": String::from_utf8_lossy(self.guest_output.captured(true)),
                 "timings_ms": {
                     "setup": ms(t.start, t.qemu_started),
                     "boot": t.qemu_started.and_then(|q| ms(q, t.hello)),
@@ -1125,22 +1068,6 @@ fn log_tail(log: &Mutex<Vec<u8>>) -> String {
     out
 }
 
-/// Reads the gateway's `--ready-fd` pipe: sends once when the ready line
-/// arrives; the sender is dropped (the receiver sees "disconnected") when
-/// the pipe closes without it, i.e. the gateway stopped before serving.
-fn spawn_ready_reader(pipe: io::PipeReader) -> Receiver<Instant> {
-    let (tx, rx) = mpsc::channel();
-    thread::spawn(move || {
-        let mut line = String::new();
-        let read = io::BufRead::read_line(&mut io::BufReader::new(pipe), &mut line);
-        // A message sent before the sender drops is still received first.
-        if read.is_ok() && line == "ready\n" {
-            let _ = tx.send(Instant::now());
-        }
-    });
-    rx
-}
-
 /// Reads a child's stderr: keeps the tail and echoes it under `--debug`.
 fn spawn_log_reader(
     stream: io::PipeReader,
@@ -1246,306 +1173,4 @@ fn check_isolation(allow_missing: &BTreeSet<Layer>) -> anyhow::Result<()> {
         reasons.join("; "),
         flags.join(" ")
     )
-}
-
-/// The gateway's end of its readiness pipe (`--ready-fd`).
-const READY_FD: i32 = 4;
-
-/// The gateway's metrics listener (`--metrics fd:5`), when `--metrics` is given.
-const METRICS_FD: i32 = 5;
-
-/// `--metrics`: an address or a unix path; `fd:N` is the gateway's alone.
-fn parse_metrics_addr(s: &str) -> Result<MetricsAddr, String> {
-    match s.parse::<MetricsAddr>() {
-        Ok(MetricsAddr::Fd(_)) => Err("expected [HOST:]PORT or unix:PATH".to_owned()),
-        Ok(a) => Ok(a),
-        Err(e) => Err(e.to_string()),
-    }
-}
-
-/// Spawns `sluice-gateway --fd 3` in its jail on the gateway's end of the
-/// guest's link (with `--dgram` or `--packet` as the link's mode says;
-/// `network_mode`). The policy is `--policy FILE` (its directory bound
-/// read-only into the jail, so reload sees a rename-replace:
-/// `gateway_inputs`) or an inline policy written into the run dir. The
-/// policy's secret files are bound the same way and its `env:` secrets'
-/// variables passed from this process's environment. `--ca-out` is passed
-/// when the policy inspects a host, `--upstream-ca` copies from the run dir.
-/// Audit lines come on the gateway's stdout: they are summarised here and,
-/// with `--audit PATH`, appended to that file by the launcher (the gateway
-/// itself writes no file but the CA).
-fn spawn_gateway(
-    gateway: &Path,
-    args: &RunArgs,
-    run_dir: &Path,
-    sandbox_id: &str,
-    (net, link): (OwnedFd, Option<&HeldNetwork>),
-    iso: &Isolation,
-) -> anyhow::Result<(Sidecar, GatewayHandles)> {
-    let gateway =
-        fs::canonicalize(gateway).with_context(|| format!("resolving {}", gateway.display()))?;
-    let mut gw_args = GatewayArgs::with_fd(NET_FD);
-    if let Some(link) = link {
-        link.gateway_args(&mut gw_args, NET_FD);
-    }
-    gw_args.sandbox_id = sandbox_id.to_owned();
-    let compile = sluice_policy::CompileOptions::default();
-    // What the gateway's jail binds read-only: the policy (its directory,
-    // so that reload sees a file replaced by rename) and secret files.
-    let mut read = Vec::new();
-    let (policy_path, compiled) = match &args.policy {
-        Some(p) => {
-            let view =
-                FileView::of_policy(p).with_context(|| format!("--policy {}", p.display()))?;
-            if let Some(why) = &view.file_only {
-                eprintln!(
-                    "sluice: --policy {}: binding the file alone into the gateway's jail ({why}): \
-                     a reload sees edits made in place, not a file replaced by rename",
-                    p.display()
-                );
-            }
-            let compiled = sluice_policy::load_file(&view.path, &compile)
-                .map_err(|e| anyhow!("invalid policy {}:\n{e}", view.path.display()))?;
-            read.push(view.bind);
-            // A file bound alone hides its overlay: bind that too (a new
-            // one appears only for the next run; approved.rs).
-            let overlay = sluice_policy::overlay::overlay_path(&view.path);
-            if view.file_only.is_some() && overlay.is_file() {
-                read.push(overlay);
-            }
-            (view.path, compiled)
-        }
-        None => {
-            let (yaml, compiled) = if args.allow_domain.is_empty() {
-                let compiled = sluice_policy::default_policy(&compile)
-                    .map_err(|e| anyhow!("the default policy: {e}"))?;
-                (sluice_policy::DEFAULT_POLICY_YAML.to_owned(), compiled)
-            } else {
-                // Refuse bad names here, with the policy crate's message,
-                // rather than as a gateway start failure.
-                let names: Vec<&str> = args.allow_domain.iter().map(String::as_str).collect();
-                let compiled = sluice_policy::from_domains(&names, &compile)
-                    .map_err(|e| anyhow!("--allow-domain: {e}"))?;
-                (sluice_policy::allow_domains_yaml(&names), compiled)
-            };
-            let p = run_dir.join("policy.yaml");
-            write_for_jail(&p, yaml.as_bytes())?;
-            (p, compiled)
-        }
-    };
-    gw_args.policy = Some(policy_path);
-    // The policy's resolvers (`dns.upstream`) are read by the gateway from
-    // the policy itself, so that a reload can change them.
-    let secrets = secret_inputs(&compiled)?;
-    for (path, why) in &secrets.file_only {
-        eprintln!(
-            "sluice: secret file {}: binding the file alone into the gateway's jail ({why}): \
-             a reload sees it rewritten in place, not replaced by rename",
-            path.display()
-        );
-    }
-    read.extend(secrets.read);
-    if !args.ask {
-        read.extend(approval_inputs(&compiled)?);
-    }
-    // The gateway decides whether the policy needs a sandbox CA (it inspects
-    // a host: a bound secret or `inspect:`) and writes it before it serves.
-    let ca_out = run_dir.join("ca.pem");
-    gw_args.ca_out = Some(ca_out.clone());
-    for (i, pem) in args.upstream_ca.iter().enumerate() {
-        let data = fs::read(pem).with_context(|| format!("--upstream-ca {}", pem.display()))?;
-        let copy = run_dir.join(format!("upstream-ca-{i}.pem"));
-        write_for_jail(&copy, &data)?;
-        gw_args.upstream_ca.push(copy);
-    }
-    gw_args.audit = "-".to_owned();
-    gw_args.audit_format = args.audit_format;
-    gw_args.publish.clone_from(&args.publish);
-    gw_args.allow_missing_landlock = iso.allow_missing.contains(&Layer::Landlock);
-    gw_args.log_format = LogFormat::Human;
-    gw_args.ready_fd = Some(READY_FD);
-    // Bound here, where the path or port is the operator's, not inside the
-    // jail (which has neither the path's directory nor a TCP bind right).
-    let metrics = match &args.metrics {
-        Some(addr) => {
-            let listener =
-                egress_floor::bind_metrics(addr).with_context(|| format!("--metrics {addr}"))?;
-            let bound = listener.local_addr().context("--metrics")?;
-            eprintln!("sluice: gateway metrics at {bound} (/metrics)");
-            gw_args.metrics = Some(MetricsAddr::Fd(METRICS_FD));
-            Some(listener)
-        }
-        None => None,
-    };
-    let ask = if args.ask {
-        let server = crate::ask::AskServer::start(run_dir, args.json)?;
-        gw_args.approval_socket = Some(server.socket.clone());
-        Some(server)
-    } else {
-        None
-    };
-    // `always` answers are written beside the policy by the launcher: the
-    // gateway's jail keeps the policy's directory read-only (approved.rs).
-    if let Some(policy) = args.policy.as_ref().and(gw_args.policy.clone()) {
-        let prompt = ask.as_ref().map(crate::ask::AskServer::served);
-        let writer =
-            crate::approved::OverlayWriter::start(run_dir, policy, sandbox_id.to_owned(), prompt)?;
-        gw_args.approval_overlay_socket = Some(writer.socket);
-    }
-    let argv = gw_args
-        .to_argv()
-        .into_iter()
-        .map(|a| {
-            a.into_string()
-                .map_err(|a| anyhow!("a gateway argument is not UTF-8: {}", a.display()))
-        })
-        .collect::<anyhow::Result<Vec<String>>>()?;
-
-    // The kernel floor under the gateway's own egress: installed before the
-    // gateway exists, its removal handed to the gateway's jail supervisor
-    // once the gateway runs (egress_floor.rs).
-    // The ports the gateway listens on: its replies from them are not its
-    // own egress.
-    let reply_ports: Vec<u16> = args
-        .publish
-        .iter()
-        .map(|p| p.host.port())
-        .chain(match metrics.as_ref().map(MetricsListener::local_addr) {
-            Some(Ok(MetricsAddr::Tcp(a))) => Some(a.port()),
-            _ => None,
-        })
-        .collect();
-    let (floor, egress_floor) =
-        egress_floor::install_for_run(&compiled, &iso.allow_missing, &reply_ports)?;
-    let floor_gid = floor.as_ref().map(|_| egress_floor::gateway_gid());
-
-    let (audit_read, audit_write) = io::pipe().context("pipe")?;
-    let (log_read, log_write) = io::pipe().context("pipe")?;
-    let (ready_read, ready_write) = io::pipe().context("pipe")?;
-    let mut spec = gateway_spec(
-        &GatewayJail {
-            name: format!("{sandbox_id}-gateway"),
-            gateway: &gateway,
-            args: argv,
-            read,
-            env: secrets.env,
-            run_dir,
-            tcp_bind: args
-                .publish
-                .iter()
-                .filter(|p| p.proto == Transport::Tcp)
-                .map(|p| p.host.port())
-                .collect(),
-            fds: vec![
-                FdMap {
-                    parent: audit_write.as_raw_fd(),
-                    child: 1,
-                },
-                FdMap {
-                    parent: log_write.as_raw_fd(),
-                    child: 2,
-                },
-                FdMap {
-                    parent: net.as_raw_fd(),
-                    child: NET_FD,
-                },
-                FdMap {
-                    parent: ready_write.as_raw_fd(),
-                    child: READY_FD,
-                },
-            ]
-            .into_iter()
-            .chain(metrics.as_ref().map(|m| FdMap {
-                parent: m.as_fd().as_raw_fd(),
-                child: METRICS_FD,
-            }))
-            .collect(),
-            sandbox_id: sandbox_id.to_owned(),
-        },
-        iso,
-    )
-    .context("the gateway's jail")?;
-    if let (Some(floor), Some(gid)) = (&floor, floor_gid) {
-        // Its own gid for the floor's match; the jail's group (65534) as a
-        // supplementary one, so files shared with it stay readable
-        // (`chgrp 65534 FILE && chmod g+r FILE`, docs/launcher.md).
-        spec.groups = vec![spec.gid];
-        spec.gid = gid;
-        spec.egress_floor = Some(floor.table().to_owned());
-    }
-    let sidecar = Sidecar::spawn("the gateway", &spec)
-        .with_context(|| format!("starting {} in its jail", gateway.display()))?;
-    // From here the supervisor removes the floor when the gateway ends (on
-    // an error above, dropping `floor` removed it).
-    let _table = floor.map(EgressFloor::hand_off);
-    drop((audit_write, log_write, ready_write, net, metrics));
-
-    let log = Arc::new(Mutex::new(Vec::new()));
-    spawn_log_reader(log_read, Arc::clone(&log), args.debug, "gateway");
-    let ready = spawn_ready_reader(ready_read);
-    let audit = Arc::new(Mutex::new(Vec::new()));
-    let mut audit_file = match &args.audit {
-        Some(p) => Some(
-            fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(p)
-                .with_context(|| format!("--audit {}", p.display()))?,
-        ),
-        None => None,
-    };
-    let debug = args.debug;
-    let keep = Arc::clone(&audit);
-    // A reload the gateway applied may name other networks: the floor
-    // follows the policy file (an inline policy never reloads).
-    let refresh = floor_gid.filter(|_| args.policy.is_some()).map(|gid| {
-        let path = gw_args.policy.clone().unwrap_or_default();
-        move || {
-            if let Err(e) = egress_floor::refresh(&path, gid, &reply_ports) {
-                eprintln!("sluice: {e:#}; the egress floor keeps the previous policy's networks");
-            }
-        }
-    });
-    let audit_reader = thread::spawn(move || {
-        let mut lines = io::BufReader::new(audit_read);
-        let mut line = String::new();
-        while matches!(io::BufRead::read_line(&mut lines, &mut line), Ok(n) if n > 0) {
-            if debug {
-                eprint!("sluice: gateway audit: {line}");
-            }
-            if let Some(f) = audit_file.as_mut()
-                && let Err(e) = f.write_all(line.as_bytes())
-            {
-                eprintln!("sluice: --audit: {e}; no more lines written there");
-                audit_file = None;
-            }
-            if let (Ok(v), Ok(mut a)) = (
-                serde_json::from_str::<serde_json::Value>(&line),
-                keep.lock(),
-            ) {
-                // The --json summary counts schema-1 fields, in either format.
-                let v = crate::audit_cmd::entry::schema1_view(v);
-                if v["kind"] == "policy_reload"
-                    && v["reason"] == "reload_applied"
-                    && let Some(refresh) = &refresh
-                {
-                    refresh();
-                }
-                a.push(v);
-            }
-            line.clear();
-        }
-    });
-    Ok((
-        sidecar,
-        GatewayHandles {
-            audit,
-            audit_reader: Some(audit_reader),
-            log,
-            ready,
-            ca_out,
-            egress_floor,
-            ask,
-        },
-    ))
 }

@@ -750,6 +750,14 @@ impl Drop for Tmux {
     }
 }
 
+/// Whether the last question shown as `line` on `screen` settled: its
+/// `choice> ` is shown, and keys typed now answer it.
+fn question_settled(screen: &str, line: &str) -> bool {
+    screen
+        .rfind(line)
+        .is_some_and(|at| screen[at..].contains("choice> "))
+}
+
 #[test]
 #[ignore = "needs root: run via scripts/test"]
 fn terminal_backend_prompts_on_a_real_pty_and_takes_the_key() -> Result<()> {
@@ -775,8 +783,11 @@ fn terminal_backend_prompts_on_a_real_pty_and_takes_the_key() -> Result<()> {
             let asked = s.spawn(|| dig(&w, name));
             // The prompt names the exact host and the ports it would open.
             let line = format!("wants to reach {name} (TCP 443)");
-            wait_until("the prompt", DEADLINE, || tmux.screen().contains(&line))
-                .with_context(|| tmux.screen())?;
+            // Keys count from `choice> `: what comes before it is discarded.
+            wait_until("the prompt", DEADLINE, || {
+                question_settled(&tmux.screen(), &line)
+            })
+            .with_context(|| tmux.screen())?;
             tmux.keys(key)?;
             let text = asked
                 .join()

@@ -7,8 +7,17 @@
 //! name is printed with every character outside printable ASCII escaped, so
 //! a hostile name cannot move the cursor or rewrite the prompt. Input that
 //! is not a key is asked again, three times at most, then denied.
+//!
+//! A terminal the prompt shares with others ([`TerminalShare`]: the guest's
+//! output and stdin under `sluice run --ask`) is told when a prompt begins
+//! and ends, so that nothing else draws on it meanwhile. What arrives from
+//! the terminal within [`SETTLE`] of the question being drawn is discarded:
+//! replies to terminal queries sent before (a cursor position report comes
+//! back as input) and keys typed ahead for something else. The `choice> `
+//! line appears only then; a key is read from that moment.
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use tokio::io::{AsyncBufRead, AsyncWrite, AsyncWriteExt};
 
@@ -43,9 +52,52 @@ fn ports(q: &Question) -> String {
     }
 }
 
-/// The key for each choice offered.
+/// How long after a question is drawn the terminal's input is discarded.
+pub const SETTLE: Duration = Duration::from_millis(300);
+
+/// Others that use the prompt's terminal: told when a prompt begins and
+/// ends. Each method is called from the prompt's task and must not block
+/// for long.
+pub trait TerminalShare: Sync {
+    /// A question is about to be drawn: hold other output to the terminal
+    /// and stop passing its keys to anyone but the prompt.
+    fn begin(&self);
+    /// The question has settled ([`SETTLE`]): throw away what the terminal
+    /// holds unread (a partial line in the line discipline, keys read for
+    /// the prompt before now); keys read from now on answer it.
+    fn settled(&self) {}
+    /// The answer is shown: release what was held, in order, and give the
+    /// keys back.
+    fn end(&self);
+}
+
+/// A terminal nobody else uses.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NotShared;
+
+impl TerminalShare for NotShared {
+    fn begin(&self) {}
+    fn end(&self) {}
+}
+
+/// A flag that is true exactly while a prompt is shown.
+impl TerminalShare for AtomicBool {
+    fn begin(&self) {
+        self.store(true, Ordering::SeqCst);
+    }
+    fn end(&self) {
+        self.store(false, Ordering::SeqCst);
+    }
+}
+
+/// The key for each choice offered. A line with a control character (an
+/// escape sequence: a terminal's reply to a query) is never a key.
 fn choice_for(key: &str, always: bool) -> Option<Choice> {
-    match key.trim() {
+    let key = key.trim();
+    if key.chars().any(char::is_control) {
+        return None;
+    }
+    match key {
         "o" | "O" => Some(Choice::AllowOnce),
         "s" | "S" => Some(Choice::AllowSandbox),
         "a" | "A" if always => Some(Choice::AllowAlways),
@@ -55,11 +107,20 @@ fn choice_for(key: &str, always: bool) -> Option<Choice> {
     }
 }
 
-/// Shows `q` on `out` and reads the choice from `input`.
+/// Shows `q` on `out` and reads the choice from `input`. What `input`
+/// gives within `settle` of the question being drawn is discarded, then
+/// `share` is told the question settled and `choice> ` is shown (a zero
+/// `settle`: at once, nothing discarded).
 ///
 /// # Errors
 /// The terminal closed or failed; the caller denies.
-pub async fn prompt<R, W>(q: &Question, input: &mut R, out: &mut W) -> Result<Answer, BackendError>
+pub async fn prompt<R, W>(
+    q: &Question,
+    input: &mut R,
+    out: &mut W,
+    settle: Duration,
+    share: &dyn TerminalShare,
+) -> Result<Answer, BackendError>
 where
     R: AsyncBufRead + Unpin,
     W: AsyncWrite + Unpin,
@@ -90,6 +151,13 @@ where
     out.write_all(text.as_bytes())
         .await
         .map_err(BackendError::Io)?;
+    out.flush().await.map_err(BackendError::Io)?;
+    if !settle.is_zero() {
+        discard_for(input, settle).await?;
+        share.settled();
+        // What the other reader of the terminal passed on before it knew.
+        discard_ready(input).await;
+    }
     for _ in 0..ATTEMPTS {
         out.write_all(b"choice> ").await.map_err(BackendError::Io)?;
         out.flush().await.map_err(BackendError::Io)?;
@@ -100,6 +168,8 @@ where
             out.write_all(msg.as_bytes())
                 .await
                 .map_err(BackendError::Io)?;
+            // On the terminal before anything the caller releases after.
+            out.flush().await.map_err(BackendError::Io)?;
             return Ok(Answer {
                 decision: choice,
                 by: Some("terminal".into()),
@@ -112,10 +182,29 @@ where
     out.write_all(b"sluice: no choice; denied\n")
         .await
         .map_err(BackendError::Io)?;
+    out.flush().await.map_err(BackendError::Io)?;
     Ok(Answer {
         decision: Choice::DenyOnce,
         by: Some("terminal: no choice".into()),
     })
+}
+
+/// Discards every line `input` gives for `window`. A line over the wire's
+/// bound is discarded too; only the input's end is an error.
+async fn discard_for<R: AsyncBufRead + Unpin>(
+    input: &mut R,
+    window: Duration,
+) -> Result<(), BackendError> {
+    let until = tokio::time::Instant::now() + window;
+    loop {
+        // A read cut short at the deadline loses what it took: the start
+        // of a line typed within the window, which is to be discarded.
+        match tokio::time::timeout_at(until, read_line(input)).await {
+            Err(_elapsed) => return Ok(()),
+            Ok(Ok(_) | Err(BackendError::Wire(_))) => {}
+            Ok(Err(e)) => return Err(e),
+        }
+    }
 }
 
 /// Discards what `input` holds ready now: its buffer and what its source
@@ -190,18 +279,19 @@ pub async fn serve<R, W>(
     R: AsyncBufRead + Unpin,
     W: AsyncWrite + Unpin,
 {
-    serve_routed(listener, mode, served, &AtomicBool::new(false)).await;
+    serve_shared(listener, mode, served, &NotShared).await;
 }
 
-/// As [`serve`], and `pending` is true exactly while a prompt is shown and
-/// waits for its key: a caller whose terminal is also another reader's
-/// input (the guest's stdin under `sluice run --ask`) routes the keys typed
-/// meanwhile to the prompt's input, and to the other reader otherwise.
-pub async fn serve_routed<R, W>(
+/// As [`serve`], on a terminal shared with others: `share` is told when
+/// each prompt begins, settles and ends ([`TerminalShare`]). A caller
+/// whose terminal is also another reader's input (the guest's stdin under
+/// `sluice run --ask`) routes the keys typed meanwhile to the prompt's
+/// input, and holds the other writers' output.
+pub async fn serve_shared<R, W>(
     listener: tokio::net::UnixListener,
     mut mode: Mode<R, W>,
     served: std::sync::Arc<std::sync::Mutex<Served>>,
-    pending: &AtomicBool,
+    share: &dyn TerminalShare,
 ) where
     R: AsyncBufRead + Unpin,
     W: AsyncWrite + Unpin,
@@ -219,9 +309,9 @@ pub async fn serve_routed<R, W>(
                         // this question) must not answer it.
                         discard_ready(input).await;
                         *prompted = true;
-                        pending.store(true, Ordering::SeqCst);
-                        let asked = prompt(&q, input, out).await;
-                        pending.store(false, Ordering::SeqCst);
+                        share.begin();
+                        let asked = prompt(&q, input, out, SETTLE, share).await;
+                        share.end();
                         match asked {
                             Ok(a) => {
                                 if a.decision == Choice::AllowAlways
@@ -286,7 +376,7 @@ mod tests {
     async fn run(input: &str, always: bool) -> (Result<Answer, BackendError>, String) {
         let mut r = tokio::io::BufReader::new(input.as_bytes());
         let mut out = Vec::new();
-        let a = prompt(&q(always), &mut r, &mut out).await;
+        let a = prompt(&q(always), &mut r, &mut out, Duration::ZERO, &NotShared).await;
         (a, String::from_utf8(out).unwrap())
     }
 
@@ -331,7 +421,9 @@ mod tests {
         };
         let mut out = Vec::new();
         let mut r = tokio::io::BufReader::new(&b"d\n"[..]);
-        prompt(&q, &mut r, &mut out).await.unwrap();
+        prompt(&q, &mut r, &mut out, Duration::ZERO, &NotShared)
+            .await
+            .unwrap();
         let out = String::from_utf8(out).unwrap();
         let lines: Vec<&str> = out
             .lines()
@@ -339,6 +431,72 @@ mod tests {
             .collect();
         assert_eq!(lines.len(), 1, "{out}");
         assert!(lines[0].contains("312 other name(s)"), "{out}");
+    }
+
+    #[tokio::test]
+    async fn a_terminal_query_reply_is_never_a_key() {
+        // Cursor position and device attribute reports, then a real key.
+        let (a, out) = run("\u{1b}[12;1Ro\n\u{1b}[?62;c\nd\n", false).await;
+        assert_eq!(a.unwrap().decision, Choice::DenyOnce);
+        assert_eq!(out.matches("press o, s, d or n").count(), 2, "{out}");
+        let (a, _) = run("o\u{1b}\no\u{7}\n\u{1b}[Oo\n", false).await;
+        assert_eq!(a.unwrap().decision, Choice::DenyOnce, "no key: denied");
+    }
+
+    /// Records the calls a prompt makes on its shared terminal.
+    #[derive(Default)]
+    struct Recorded(std::sync::Mutex<Vec<&'static str>>);
+
+    impl TerminalShare for Recorded {
+        fn begin(&self) {
+            self.0.lock().unwrap().push("begin");
+        }
+        fn settled(&self) {
+            self.0.lock().unwrap().push("settled");
+        }
+        fn end(&self) {
+            self.0.lock().unwrap().push("end");
+        }
+    }
+
+    #[tokio::test]
+    async fn what_arrives_while_the_question_settles_is_discarded() {
+        use tokio::io::AsyncReadExt as _;
+        let (mut key_w, key_r) = tokio::io::duplex(64);
+        let (mut out_w, mut screen) = tokio::io::duplex(4096);
+        let share = Recorded::default();
+        let asking = async {
+            let mut input = tokio::io::BufReader::new(key_r);
+            prompt(
+                &q(false),
+                &mut input,
+                &mut out_w,
+                Duration::from_secs(3),
+                &share,
+            )
+            .await
+        };
+        let typing = async {
+            let mut seen = String::new();
+            let mut typed_early = false;
+            while !seen.contains("choice> ") {
+                if !typed_early && seen.contains("[n] deny for this sandbox") {
+                    // A key (or a query reply) arriving as the question
+                    // is drawn: not an answer.
+                    key_w.write_all(b"o\n").await.unwrap();
+                    typed_early = true;
+                }
+                let mut chunk = [0u8; 256];
+                let n = screen.read(&mut chunk).await.unwrap();
+                assert!(n > 0, "{seen}");
+                seen.push_str(&String::from_utf8_lossy(&chunk[..n]));
+            }
+            assert!(typed_early, "{seen}");
+            key_w.write_all(b"d\n").await.unwrap();
+        };
+        let (answer, ()) = tokio::join!(asking, typing);
+        assert_eq!(answer.unwrap().decision, Choice::DenyOnce);
+        assert_eq!(*share.0.lock().unwrap(), vec!["settled"]);
     }
 
     #[tokio::test]

@@ -85,7 +85,8 @@ enum OverlaySink {
     Launcher(PathBuf),
 }
 
-/// How long the launcher may take to write an overlay entry.
+/// How long the launcher may take to prepare an overlay entry (after
+/// that, nothing is written and the answer counts as `allow_sandbox`).
 const HANDOFF_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A backend's answer (or its failure) to one question, back on the
@@ -371,8 +372,11 @@ fn decided_by(kind: &str, a: &Answer) -> String {
 }
 
 /// Hands the approved name to the launcher on `socket`, which validates it
-/// and writes the overlay beside the policy; bounded by
-/// [`HANDOFF_TIMEOUT`]. Only its `written` counts as written.
+/// and writes the overlay beside the policy. The launcher must have
+/// prepared the file within [`HANDOFF_TIMEOUT`], else nothing is written;
+/// once it has, the gateway waits for the rename's outcome
+/// (`sluice_approval::handoff`), so that only a `written` counts as
+/// written and a `written` is always in the file.
 async fn hand_overlay(
     socket: &std::path::Path,
     q: &sluice_approval::Question,
@@ -385,13 +389,15 @@ async fn hand_overlay(
         udp_ports: q.udp_ports.clone(),
         by: decided_by(kind, a),
     };
-    match tokio::time::timeout(HANDOFF_TIMEOUT, hand_off(socket, &entry)).await {
-        Ok(Ok(HandoffReply::Written)) => Ok(()),
-        Ok(Ok(HandoffReply::Refused(why))) => Err(format!("the launcher refused it: {why}")),
-        Ok(Err(e)) => Err(format!("handing it to the launcher: {e}")),
-        Err(_) => Err(format!(
-            "the launcher did not answer within {} s",
+    let deadline = tokio::time::Instant::now() + HANDOFF_TIMEOUT;
+    match hand_off(socket, &entry, deadline).await {
+        Ok(HandoffReply::Written) => Ok(()),
+        Ok(HandoffReply::Refused(why)) => Err(format!("the launcher refused it: {why}")),
+        Ok(HandoffReply::Prepared) => Err("the launcher answered out of turn".to_owned()),
+        Err(BackendError::Timeout) => Err(format!(
+            "the launcher had not prepared it within {} s: nothing written",
             HANDOFF_TIMEOUT.as_secs()
         )),
+        Err(e) => Err(format!("handing it to the launcher: {e}")),
     }
 }

@@ -1,0 +1,422 @@
+//! The run's terminal side: the launcher's stdin forwarded to the guest
+//! command (with `--ask`, the prompt's keys routed away from it), and the
+//! guest's stdout and stderr passed on to the launcher's (or captured for
+//! `--json`).
+//!
+//! Under `--ask` the prompt shares the terminal with the guest
+//! ([`TerminalGate`]): while a question is shown, the guest's output is
+//! held (up to [`HOLD_LIMIT`], then not read at all, so the guest waits)
+//! and released in order after the answer, so the guest can neither draw
+//! over the prompt nor ask the terminal something whose reply would reach
+//! it; what is typed goes to the prompt, and what arrives before the
+//! question settled is discarded.
+
+use std::fs;
+use std::io::{self, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use sluice_agent_proto::{CHUNK, Message, write_frame};
+use sluice_approval::backend::terminal::TerminalShare;
+
+use crate::ask::Keys;
+
+/// The most guest output held while a question is shown. Beyond it the
+/// launcher stops reading the guest's output until the answer: the agent's
+/// writes, then the guest's, wait. Nothing is dropped or reordered.
+pub(crate) const HOLD_LIMIT: usize = 1024 * 1024;
+
+/// How often a write waiting for the answer checks whether the run ends.
+const HOLD_POLL: Duration = Duration::from_millis(100);
+
+/// The terminal shared by the `--ask` prompt and the guest: the prompt
+/// tells it when a question begins, settles and ends
+/// ([`TerminalShare`]); the guest's output and the stdin forwarder ask it
+/// where their bytes go.
+pub(crate) struct TerminalGate {
+    keys: Mutex<KeyRoute>,
+    held: Mutex<Held>,
+    released: Condvar,
+    /// The controlling terminal, whose unread input a settled question
+    /// discards (`tcflush`); `None` if it could not be duplicated.
+    tty: Option<fs::File>,
+    /// Where the guest's output goes ([`write_out`]; tests: a recorder).
+    sink: Sink,
+}
+
+/// Takes one chunk of the guest's stdout (or, `true`, stderr).
+type Sink = Box<dyn Fn(bool, &[u8]) + Send + Sync>;
+
+impl std::fmt::Debug for TerminalGate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TerminalGate")
+            .field("keys", &self.keys)
+            .field("held", &self.held)
+            .field("tty", &self.tty)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Where the terminal's keys go.
+#[derive(Debug, Clone, Copy)]
+enum KeyRoute {
+    /// No question: to the guest.
+    Guest,
+    /// A question is drawn and settling: nowhere.
+    Settling,
+    /// A question waits for its key: to the prompt, if read from `since`.
+    Prompt { since: Instant },
+}
+
+/// The guest's output held while a question is shown.
+#[derive(Debug, Default)]
+struct Held {
+    holding: bool,
+    /// Chunks in arrival order, each stdout or (`true`) stderr.
+    chunks: Vec<(bool, Vec<u8>)>,
+    bytes: usize,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Nothing panics while holding these: a poisoned one is still whole.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl TerminalGate {
+    /// A gate for the controlling terminal `tty` (`None`: its unread input
+    /// cannot be discarded, only what was read of it).
+    pub(crate) fn new(tty: Option<fs::File>) -> Self {
+        Self {
+            keys: Mutex::new(KeyRoute::Guest),
+            held: Mutex::new(Held::default()),
+            released: Condvar::new(),
+            tty,
+            sink: Box::new(write_out),
+        }
+    }
+
+    /// Takes `data`, read from the terminal at `at`, if it is not the
+    /// guest's: written to `to_prompt` when a settled question waits and
+    /// it was read since, else discarded. `Ok(false)`: the guest's.
+    ///
+    /// # Errors
+    /// Writing to the prompt's pipe failed.
+    pub(crate) fn take_keys(
+        &self,
+        at: Instant,
+        data: &[u8],
+        mut to_prompt: &fs::File,
+    ) -> io::Result<bool> {
+        // Under the lock: a question that settles meanwhile (and drains
+        // the pipe) sees this write before it, or this sees it settled.
+        match *lock(&self.keys) {
+            KeyRoute::Guest => Ok(false),
+            KeyRoute::Settling => Ok(true),
+            KeyRoute::Prompt { since } if at < since => Ok(true),
+            KeyRoute::Prompt { .. } => to_prompt.write_all(data).map(|()| true),
+        }
+    }
+
+    /// Passes on the guest's `data` (stdout, or `err`: stderr), or holds
+    /// it while a question is shown. When the hold is full, waits for the
+    /// answer, asking `check` now and then whether to stop waiting.
+    ///
+    /// # Errors
+    /// What `check` returned.
+    fn write<E>(&self, err: bool, data: &[u8], check: impl Fn() -> Result<(), E>) -> Result<(), E> {
+        let mut held = lock(&self.held);
+        loop {
+            if !held.holding {
+                (self.sink)(err, data);
+                return Ok(());
+            }
+            if held.chunks.is_empty() || held.bytes + data.len() <= HOLD_LIMIT {
+                held.bytes += data.len();
+                held.chunks.push((err, data.to_vec()));
+                return Ok(());
+            }
+            held = self
+                .released
+                .wait_timeout(held, HOLD_POLL)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+            check()?;
+        }
+    }
+}
+
+impl TerminalShare for TerminalGate {
+    fn begin(&self) {
+        *lock(&self.keys) = KeyRoute::Settling;
+        // Waits for a write in progress: the question starts on a
+        // terminal the guest has finished writing to.
+        lock(&self.held).holding = true;
+    }
+
+    fn settled(&self) {
+        let mut keys = lock(&self.keys);
+        if let Some(tty) = &self.tty {
+            // A partial line (a query's reply has no newline) waits in the
+            // line discipline: gone, with everything else unread.
+            let _ = rustix::termios::tcflush(tty, rustix::termios::QueueSelector::IFlush);
+        }
+        *keys = KeyRoute::Prompt {
+            since: Instant::now(),
+        };
+    }
+
+    fn end(&self) {
+        *lock(&self.keys) = KeyRoute::Guest;
+        let mut held = lock(&self.held);
+        for (err, data) in std::mem::take(&mut held.chunks) {
+            (self.sink)(err, &data);
+        }
+        held.bytes = 0;
+        held.holding = false;
+        self.released.notify_all();
+    }
+}
+
+/// How much output `--json` captures per stream.
+const JSON_CAPTURE: usize = 16 * 1024 * 1024;
+
+/// Where the guest's stdout and stderr go: the launcher's own, or with
+/// `--json` a bounded capture for the result document.
+pub(super) struct GuestOutput {
+    json: bool,
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+    /// The `--ask` prompt's terminal, when it prompts.
+    gate: Option<Arc<TerminalGate>>,
+}
+
+impl GuestOutput {
+    /// Passes output on (`json`: captures it instead), through `gate`
+    /// when a prompt shares the terminal.
+    pub(super) fn new(json: bool, gate: Option<Arc<TerminalGate>>) -> Self {
+        Self {
+            json,
+            stdout: Vec::new(),
+            stderr: Vec::new(),
+            gate,
+        }
+    }
+
+    /// Passes on one chunk of the guest's stdout (`err`: stderr). While a
+    /// question is shown it is held, and when the hold is full this waits
+    /// for the answer, asking `check` now and then whether to stop.
+    ///
+    /// # Errors
+    /// What `check` returned.
+    pub(super) fn write<E>(
+        &mut self,
+        err: bool,
+        data: &[u8],
+        check: impl Fn() -> Result<(), E>,
+    ) -> Result<(), E> {
+        if self.json {
+            let buf = if err {
+                &mut self.stderr
+            } else {
+                &mut self.stdout
+            };
+            let room = JSON_CAPTURE.saturating_sub(buf.len());
+            buf.extend_from_slice(&data[..data.len().min(room)]);
+            return Ok(());
+        }
+        match &self.gate {
+            Some(gate) => gate.write(err, data, check),
+            None => {
+                write_out(err, data);
+                Ok(())
+            }
+        }
+    }
+
+    /// Releases what a question still holds, in order: at the end of the
+    /// run (the guest exited, or the run stops) no output is kept back,
+    /// though a question is still shown.
+    pub(super) fn release(&self) {
+        if let Some(gate) = &self.gate {
+            gate.end();
+        }
+    }
+
+    /// What `--json` captured of stdout (`err`: stderr).
+    pub(super) fn captured(&self, err: bool) -> &[u8] {
+        if err { &self.stderr } else { &self.stdout }
+    }
+}
+
+/// Writes to the launcher's stdout (`err`: stderr) and flushes.
+fn write_out(err: bool, data: &[u8]) {
+    // A closed stdout/stderr on the host is not the guest's problem.
+    if err {
+        let mut e = io::stderr().lock();
+        let _ = e.write_all(data).and_then(|()| e.flush());
+    } else {
+        let mut o = io::stdout().lock();
+        let _ = o.write_all(data).and_then(|()| o.flush());
+    }
+}
+
+/// Forwards the launcher's stdin to the command (through the agent's
+/// `writer`) until EOF, on a thread of its own. With `keys` (`--ask`, stdin
+/// is the terminal the prompt uses), what is read while a question waits
+/// goes to the prompt instead, and the terminal is still read after the
+/// guest's EOF, for later prompts, until it ends ([`TerminalGate`]).
+pub(super) fn forward_stdin(writer: Arc<Mutex<UnixStream>>, keys: Option<Keys>) {
+    thread::spawn(move || {
+        let mut stdin = io::stdin().lock();
+        let mut buf = vec![0u8; CHUNK];
+        let mut guest_open = true;
+        loop {
+            let read = stdin.read(&mut buf);
+            let at = Instant::now();
+            if let (Some(k), Ok(n @ 1..)) = (&keys, &read) {
+                match k.gate.take_keys(at, &buf[..*n], &k.to_prompt) {
+                    Ok(true) => continue,
+                    Ok(false) => {}
+                    Err(_) => return,
+                }
+            }
+            let msg = match read {
+                Ok(0) | Err(_) => Message::StdinEof,
+                Ok(n) => Message::Stdin(buf[..n].to_vec()),
+            };
+            let eof = msg == Message::StdinEof;
+            if !guest_open {
+                // Keys typed with no question pending after the
+                // guest's EOF are dropped; the terminal's end ends it.
+                if eof {
+                    return;
+                }
+                continue;
+            }
+            let sent = writer
+                .lock()
+                .map(|mut w| write_frame(&mut *w, &msg).is_ok())
+                .unwrap_or(false);
+            if !sent || (eof && keys.is_none()) {
+                return;
+            }
+            guest_open = !eof;
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    type Seen = Arc<Mutex<Vec<(bool, Vec<u8>)>>>;
+
+    fn recording() -> (TerminalGate, Seen) {
+        let seen: Seen = Arc::default();
+        let keep = Arc::clone(&seen);
+        let mut gate = TerminalGate::new(None);
+        gate.sink = Box::new(move |err, data| keep.lock().unwrap().push((err, data.to_vec())));
+        (gate, seen)
+    }
+
+    fn ok() -> Result<(), ()> {
+        Ok(())
+    }
+
+    #[test]
+    fn output_during_a_question_is_held_and_released_in_order_after_it() {
+        let (gate, seen) = recording();
+        gate.write(false, b"before\n", ok).unwrap();
+        gate.begin();
+        gate.write(false, b"one\n", ok).unwrap();
+        gate.write(true, b"two\n", ok).unwrap();
+        gate.write(false, b"three\n", ok).unwrap();
+        assert_eq!(seen.lock().unwrap().len(), 1, "written during the question");
+        gate.settled();
+        gate.end();
+        gate.write(true, b"after\n", ok).unwrap();
+        let seen = seen.lock().unwrap();
+        let want: Vec<(bool, Vec<u8>)> = [
+            (false, "before\n"),
+            (false, "one\n"),
+            (true, "two\n"),
+            (false, "three\n"),
+            (true, "after\n"),
+        ]
+        .into_iter()
+        .map(|(e, d)| (e, d.as_bytes().to_vec()))
+        .collect();
+        assert_eq!(*seen, want);
+    }
+
+    #[test]
+    fn a_full_hold_makes_the_writer_wait_for_the_answer_and_drops_nothing() {
+        let (gate, seen) = recording();
+        let gate = Arc::new(gate);
+        gate.begin();
+        let big = vec![b'x'; HOLD_LIMIT];
+        gate.write(false, &big, ok).unwrap();
+        let checks = Arc::new(AtomicUsize::new(0));
+        let writer = {
+            let (gate, checks) = (Arc::clone(&gate), Arc::clone(&checks));
+            thread::spawn(move || {
+                gate.write(true, b"one more", || {
+                    checks.fetch_add(1, Ordering::SeqCst);
+                    Ok::<(), ()>(())
+                })
+            })
+        };
+        // The writer is waiting (it asked whether to stop) and nothing
+        // reached the terminal.
+        while checks.load(Ordering::SeqCst) == 0 {
+            thread::sleep(Duration::from_millis(10));
+        }
+        assert!(seen.lock().unwrap().is_empty());
+        assert!(!writer.is_finished());
+        gate.end();
+        writer.join().unwrap().unwrap();
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.len(), 2);
+        assert_eq!(seen[0], (false, big));
+        assert_eq!(seen[1], (true, b"one more".to_vec()));
+    }
+
+    #[test]
+    fn a_full_hold_stops_waiting_when_the_run_ends() {
+        let (gate, _) = recording();
+        gate.begin();
+        gate.write(false, &vec![b'x'; HOLD_LIMIT], ok).unwrap();
+        assert_eq!(
+            gate.write(false, b"more", || Err("interrupted")),
+            Err("interrupted")
+        );
+    }
+
+    #[test]
+    fn keys_go_to_the_guest_then_nowhere_then_to_the_prompt() {
+        let (gate, _) = recording();
+        let (r, w) = io::pipe().unwrap();
+        let (mut r, w) = (
+            fs::File::from(std::os::fd::OwnedFd::from(r)),
+            fs::File::from(std::os::fd::OwnedFd::from(w)),
+        );
+        assert!(!gate.take_keys(Instant::now(), b"g\n", &w).unwrap());
+        gate.begin();
+        assert!(gate.take_keys(Instant::now(), b"early\n", &w).unwrap());
+        let before = Instant::now();
+        gate.settled();
+        // Read before the question settled (passed on after): discarded.
+        assert!(gate.take_keys(before, b"late\n", &w).unwrap());
+        assert!(gate.take_keys(Instant::now(), b"o\n", &w).unwrap());
+        gate.end();
+        assert!(!gate.take_keys(Instant::now(), b"g2\n", &w).unwrap());
+        drop(w);
+        let mut got = String::new();
+        r.read_to_string(&mut got).unwrap();
+        assert_eq!(got, "o\n");
+    }
+}
