@@ -21,6 +21,13 @@
 //! namespace is known by the descriptor opened at install, never by its
 //! path again.
 //!
+//! Leftovers: a floor kept by a normal end stays while its interface
+//! exists; when the interface goes after its gateway (and keeper) ended,
+//! nobody is left to delete the two tables, and they stay, harmless (the
+//! ingress chain hooks nothing), until the namespace goes or the next
+//! floor is installed there, which deletes such orphans
+//! ([`IngressFloor::install_in`]).
+//!
 //! Bypasses: nftables runs every base chain on a hook in priority order,
 //! so a chain of someone else's on the interface's ingress before the
 //! floor's (a `fwd` or `dup` statement there) would carry the guest's
@@ -251,6 +258,43 @@ fn foreign_bypass(rules: &Ruleset, iface: &str, table: &str) -> Option<String> {
     })
 }
 
+/// The floor tables of earlier instances, in `rules`, that guard no
+/// interface any more: every chain in them a bare floor chain as
+/// installed, and the ingress one hooked on device names none of which
+/// exists now (looked up with `probe`, in the calling thread's
+/// namespace). What a TAP deleted after its gateway ended leaves behind;
+/// deleting it opens nothing, as its ingress chain drops nothing. A table
+/// altered by anyone, or hooked on a wildcard, is left alone.
+fn orphans(rules: &Ruleset, own: &str, probe: &OwnedFd) -> Vec<String> {
+    use std::collections::BTreeMap;
+    // name -> (an orphaned ingress chain seen, every chain a bare floor chain)
+    let mut seen: BTreeMap<&str, (bool, bool)> = BTreeMap::new();
+    for c in &rules.chains {
+        if !c.table.starts_with(TABLE_PREFIX) || c.table == own {
+            continue;
+        }
+        let entry = seen.entry(c.table.as_str()).or_insert((false, true));
+        let bare = c.policy_drop && !c.has_rules;
+        match (c.family.as_str(), c.name.as_str(), c.hook.as_str()) {
+            ("netdev", INGRESS_CHAIN, "ingress") if bare => {
+                let gone = !c.devices.is_empty()
+                    && c.devices.iter().all(|d| {
+                        !d.ends_with('*')
+                            && rustix::net::netdevice::name_to_index(probe, d).is_err()
+                    });
+                entry.0 |= gone;
+                entry.1 &= gone;
+            }
+            ("inet", FORWARD_CHAIN, "forward") if bare => {}
+            _ => entry.1 = false,
+        }
+    }
+    seen.into_iter()
+        .filter(|(_, (orphaned, bare))| *orphaned && *bare)
+        .map(|(name, _)| name.to_owned())
+        .collect()
+}
+
 impl IngressFloor {
     /// Installs and verifies the floor on `iface` in the namespace at
     /// `netns` (the caller's when `None`). The path is opened once; the
@@ -274,7 +318,10 @@ impl IngressFloor {
     /// checks and its removal enter that namespace and no other, and keep
     /// it alive while the floor lives. With [`Foreign::Refuse`], a chain
     /// or flowtable of someone else's that sees `iface`'s frames before
-    /// the floor's drop is refused.
+    /// the floor's drop is refused. Once its own floor holds, it deletes
+    /// the tables of earlier floors whose interface is gone (what a TAP
+    /// deleted after its gateway ended leaves, since no keeper is left to
+    /// see it go), and no other.
     ///
     /// # Errors
     /// `nft` missing or refusing, the interface missing, a foreign bypass,
@@ -311,9 +358,16 @@ impl IngressFloor {
                 });
             }
             nft::apply(WHAT, objects(iface, &table))?;
-            if let Err(e) = ruleset().and_then(|r| verify(&r, iface, &table)) {
-                let _ = delete_tables(&table);
-                return Err(e);
+            let rules = match ruleset().and_then(|r| verify(&r, iface, &table).map(|()| r)) {
+                Ok(rules) => rules,
+                Err(e) => {
+                    let _ = delete_tables(&table);
+                    return Err(e);
+                }
+            };
+            // Best effort: a leftover that stays is harmless (module docs).
+            for orphan in orphans(&rules, &table, &probe) {
+                let _ = delete_tables(&orphan);
             }
             Ok(index)
         })?;

@@ -357,6 +357,39 @@ fn a_successors_floor_survives_the_end_of_the_floor_before_it() {
 }
 
 #[test]
+fn the_next_floor_deletes_the_tables_of_one_whose_interface_went_after_its_end() {
+    if !is_root() && sluice_test_skip::may_skip("root", "nft and namespaces need root") {
+        return;
+    }
+    let (g, _p) = pair("or");
+    ok(&[
+        "ip", "-n", &g.0, "link", "add", "h0", "type", "veth", "peer", "name", "h1",
+    ]);
+    ok(&[
+        "ip", "-n", &g.0, "link", "add", "k0", "type", "veth", "peer", "name", "k1",
+    ]);
+    // Two gateways ended normally: their interfaces exist, their floors
+    // are kept. Then one interface goes (the VMM closed its TAP), with
+    // nobody left to delete its floor.
+    let gone = install(&g.path(), "h0");
+    let gone_table = gone.table().to_owned();
+    assert_eq!(gone.remove().unwrap(), Ended::Kept);
+    let kept = install(&g.path(), "k0");
+    let kept_table = kept.table().to_owned();
+    assert_eq!(kept.remove().unwrap(), Ended::Kept);
+    ok(&["ip", "-n", &g.0, "link", "del", "h0"]);
+    assert!(g.tables().contains(&gone_table), "{}", g.tables());
+    // The next floor installed in the namespace deletes the orphan, and
+    // only it: the kept floor of a live interface stays.
+    let next = install(&g.path(), "g0");
+    let tables = g.tables();
+    assert!(!tables.contains(&gone_table), "{tables}");
+    assert!(tables.contains(&kept_table), "{tables}");
+    assert!(tables.contains(next.table()), "{tables}");
+    assert_eq!(tables.matches("sluice_floor").count(), 4, "{tables}");
+}
+
+#[test]
 fn a_renamed_interface_is_still_the_floors_and_its_floor_follows_the_name() {
     if !is_root() && sluice_test_skip::may_skip("root", "nft and namespaces need root") {
         return;
