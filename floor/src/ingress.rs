@@ -203,7 +203,11 @@ fn verify(rules: &Ruleset, iface: &str, table: &str) -> Result<(), FloorError> {
                 c.hook, c.devices, c.policy_drop, c.has_rules
             )));
         }
-        None => return Err(bad(format!("no ingress drop chain netdev {table} on {iface}"))),
+        None => {
+            return Err(bad(format!(
+                "no ingress drop chain netdev {table} on {iface}"
+            )));
+        }
     }
     match ours("inet", FORWARD_CHAIN) {
         Some(c) if c.hook == "forward" && c.policy_drop && !c.has_rules => Ok(()),
@@ -231,9 +235,10 @@ fn foreign_bypass(rules: &Ruleset, iface: &str, table: &str) -> Option<String> {
         if another_floor {
             continue;
         }
-        let at = c
-            .priority
-            .map_or_else(|| "an unreadable priority".to_owned(), |p| format!("priority {p}"));
+        let at = c.priority.map_or_else(
+            || "an unreadable priority".to_owned(),
+            |p| format!("priority {p}"),
+        );
         match c.hook.as_str() {
             "ingress" if c.priority.is_none_or(|p| p <= PRIORITY) => {
                 return Some(format!(
@@ -302,7 +307,11 @@ impl IngressFloor {
     ///
     /// # Errors
     /// As for [`Self::install_in`], and a path that cannot be opened.
-    pub fn install(netns: Option<&Path>, iface: &str, foreign: Foreign) -> Result<Self, FloorError> {
+    pub fn install(
+        netns: Option<&Path>,
+        iface: &str,
+        foreign: Foreign,
+    ) -> Result<Self, FloorError> {
         match netns {
             Some(path) => {
                 let ns = netns::open(path)?;

@@ -59,7 +59,9 @@ pub enum FloorError {
     },
     /// Something of someone else's sees the interface's frames before the
     /// floor's drop (or the gateway's on their way to the guest).
-    #[error("`{iface}` has {what}, which sees its frames outside the floor: remove it or attach to an interface without one")]
+    #[error(
+        "`{iface}` has {what}, which sees its frames outside the floor: remove it or attach to an interface without one"
+    )]
     Bypass {
         /// The interface.
         iface: String,

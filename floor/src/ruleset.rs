@@ -98,13 +98,12 @@ pub(crate) fn parse(text: &str) -> Ruleset {
                 },
                 _ => Block::Other,
             };
-        } else if before == 2 {
-            if let Block::Chain { body, .. } | Block::Flowtable { body, .. } = &mut block
-                && !line.is_empty()
-                && line != "}"
-            {
-                body.push(line.to_owned());
-            }
+        } else if before == 2
+            && let Block::Chain { body, .. } | Block::Flowtable { body, .. } = &mut block
+            && !line.is_empty()
+            && line != "}"
+        {
+            body.push(line.to_owned());
         }
         depth = next_depth(depth, line);
         if before >= 2 && depth < 2 {
@@ -141,7 +140,9 @@ fn finish(out: &mut Ruleset, family: &str, table: &str, block: Block) {
                 return; // a regular chain: reached only by a jump from a base chain
             };
             let has_rules = body.iter().any(|l| {
-                !std::ptr::eq(l, hook_line) && !l.starts_with("policy ") && !l.starts_with("comment ")
+                !std::ptr::eq(l, hook_line)
+                    && !l.starts_with("policy ")
+                    && !l.starts_with("comment ")
             });
             out.chains.push(BaseChain {
                 family: family.to_owned(),

@@ -234,7 +234,13 @@ fn delete_by_hand(ns: &Netns, table: &str) {
 
 /// `nft list ruleset` in `ns`.
 fn ruleset_of(ns: &Netns) -> String {
-    String::from_utf8(ns.exec(&["nft", "list", "ruleset"]).output().unwrap().stdout).unwrap()
+    String::from_utf8(
+        ns.exec(&["nft", "list", "ruleset"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap()
 }
 
 #[test]
@@ -273,7 +279,9 @@ fn the_ingress_floor_acts_only_in_the_namespace_it_was_installed_in_even_once_un
         std::os::fd::AsRawFd::as_raw_fd(&fd)
     );
     assert_eq!(
-        std::fs::metadata(&held).map(|m| std::os::unix::fs::MetadataExt::ino(&m)).ok(),
+        std::fs::metadata(&held)
+            .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
+            .ok(),
         g_inode.ok()
     );
     let kept = Command::new("nsenter")
@@ -282,7 +290,10 @@ fn the_ingress_floor_acts_only_in_the_namespace_it_was_installed_in_even_once_un
         .output()
         .unwrap();
     let before = String::from_utf8_lossy(&kept.stdout).into_owned();
-    assert!(before.contains(&table) && before.contains(",UP"), "{before}");
+    assert!(
+        before.contains(&table) && before.contains(",UP"),
+        "{before}"
+    );
     let held_path = PathBuf::from(&held);
     let result = floor_remove_keeping(floor, &held_path);
     let _ = std::fs::remove_file(&link);
@@ -407,7 +418,11 @@ fn a_renamed_interface_is_still_the_floors_and_its_floor_follows_the_name() {
     // floor put back on its new name.
     assert_eq!(floor.remove().unwrap(), Ended::Kept);
     assert!(link_of(&g, "g9").contains("state DOWN"));
-    assert!(ruleset_of(&g).contains("device \"g9\""), "{}", ruleset_of(&g));
+    assert!(
+        ruleset_of(&g).contains("device \"g9\""),
+        "{}",
+        ruleset_of(&g)
+    );
     ok(&["ip", "-n", &g.0, "link", "set", "g9", "up"]);
     assert!(
         !kernel_answers(&p, "10.99.0.1"),
@@ -422,7 +437,11 @@ fn a_foreign_chain_before_the_floor_is_refused_and_the_check_sees_one_added_late
     }
     let (g, _p) = pair("fb");
     let nft = |script: &str| {
-        let mut c = g.exec(&["nft", "-f", "-"]).stdin(Stdio::piped()).spawn().unwrap();
+        let mut c = g
+            .exec(&["nft", "-f", "-"])
+            .stdin(Stdio::piped())
+            .spawn()
+            .unwrap();
         std::io::Write::write_all(&mut c.stdin.take().unwrap(), script.as_bytes()).unwrap();
         assert!(c.wait().unwrap().success(), "{script}");
     };
@@ -486,9 +505,11 @@ fn bad_interfaces_and_namespaces_are_one_line_errors_and_leave_nothing() {
     assert!(matches!(e, FloorError::NoInterface { .. }), "{e}");
     assert!(!e.to_string().contains('\n'));
     assert!(!g.tables().contains("sluice"), "{}", g.tables());
-    let e = IngressFloor::install(Some(Path::new("/etc/hostname")), "lo", Foreign::Refuse).unwrap_err();
+    let e =
+        IngressFloor::install(Some(Path::new("/etc/hostname")), "lo", Foreign::Refuse).unwrap_err();
     assert!(e.to_string().contains("not a network namespace"), "{e}");
-    let e = IngressFloor::install(Some(Path::new("/nonexistent/ns")), "lo", Foreign::Refuse).unwrap_err();
+    let e = IngressFloor::install(Some(Path::new("/nonexistent/ns")), "lo", Foreign::Refuse)
+        .unwrap_err();
     assert!(matches!(e, FloorError::Netns { .. }), "{e}");
     for name in ["", "a/b", "waytoolonginterfacename", "x y"] {
         assert!(

@@ -415,7 +415,12 @@ fn bad_input_fails_with_one_line_and_leaves_nothing_behind() -> Result<()> {
 
     let cases: [(&str, &str, u16, &str); 8] = [
         ("x2", path.as_str(), 1500, "`clsact` qdisc"),
-        ("x8", path.as_str(), 1500, "nftables ingress chain `netdev other c`"),
+        (
+            "x8",
+            path.as_str(),
+            1500,
+            "nftables ingress chain `netdev other c`",
+        ),
         ("x3", path.as_str(), 1500, "a master (`slbr`"),
         ("nope", path.as_str(), 1500, "no interface `nope`"),
         ("lo", path.as_str(), 1500, "not a layer-2"),
@@ -829,8 +834,7 @@ fn kernel_answers_arp(tap: &mut std::fs::File, tries: u32) -> Result<bool> {
 
 #[test]
 #[ignore = "needs root: run via scripts/test"]
-fn a_successors_floor_outlives_its_predecessor_and_a_tap_is_refused_after_the_end()
--> Result<()> {
+fn a_successors_floor_outlives_its_predecessor_and_a_tap_is_refused_after_the_end() -> Result<()> {
     sluice_e2e::require_root()?;
     let base = unique_name();
     let host = Netns::new(&format!("{base}h"))?;
