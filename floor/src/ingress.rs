@@ -492,7 +492,14 @@ impl IngressFloor {
     /// rules, when the last descriptor or process holding it is gone. No
     /// removal is attempted then, which could only open the guest to that
     /// namespace's kernel while the VM still runs.
-    pub fn keep_with_namespace(mut self) {
+    pub fn keep_with_namespace(self) {
+        self.hand_over();
+    }
+
+    /// Forgets the floor, leaving it installed and closing this copy of
+    /// its namespace's descriptor: for a process whose copy of the floor
+    /// another process now owns (the gateway after forking the keeper).
+    pub fn hand_over(mut self) {
         self.removed = true;
     }
 

@@ -543,8 +543,9 @@ impl FloorKeeper {
                 drop(theirs);
                 let iface = floor.iface().to_owned();
                 // The keeper owns the floor now; this process must not run
-                // `nft` (its jail forbids exec) when its copy drops.
-                std::mem::forget(floor);
+                // `nft` (its jail forbids exec) when its copy drops, nor
+                // hold the namespace through it.
+                floor.hand_over();
                 Ok(Self {
                     channel: ours,
                     iface,
@@ -661,6 +662,10 @@ fn keeper_main(floor: IngressFloor, mut channel: UnixStream, gateway: libc::pid_
             }
         };
         let _ = channel.write_all(format!("{answer}\n").as_bytes());
+    } else if tampered.is_some() {
+        // The gateway died (of the SIGTERM, before it could handle it)
+        // without asking: the interface is down, put the floor back.
+        let _ = floor.remove();
     } else {
         // The gateway died without asking: the floor stays (fail closed).
         std::mem::forget(floor);
