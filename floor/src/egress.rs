@@ -32,7 +32,7 @@ use nftables::schema::{Chain, NfCmd, NfListObject, NfObject, Rule, Table};
 use nftables::stmt::{self, Accept, Counter, Match, Operator, Statement};
 use nftables::types::{NfChainPolicy, NfChainType, NfFamily, NfHook};
 
-use crate::netns::run_in;
+use crate::netns::run_in_path as run_in;
 use crate::nft::{self, FloorError};
 
 const WHAT: &str = "egress floor";

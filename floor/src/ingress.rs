@@ -9,36 +9,80 @@
 //! there, a network manager) may set the link up again; the guest's frames
 //! then still meet the ingress drop, never the kernel's stack. The tables
 //! go only with the interface (removal finds it gone) or with the
-//! namespace itself; whoever attaches next replaces them with its own
-//! floor. The interface is known by its index, recorded at install: a
-//! renamed interface is still the floor's, and is kept down and floored.
-//! Removal acts only in the namespace the floor was installed in, known by
-//! identity (the device and inode of its nsfs file), not by the path,
-//! which may since name another.
+//! namespace itself.
+//!
+//! Ownership: each floor's tables carry a name of its own instance
+//! ([`table_prefix`] then the installer's pid and install time), so a
+//! gateway attaching after another to the same interface, or to a new
+//! interface of the same name, installs its own tables beside any left
+//! behind, and the earlier one's removal deletes only its own. The
+//! interface is known by its index, recorded at install: a renamed
+//! interface is still the floor's, and is kept down and floored. The
+//! namespace is known by the descriptor opened at install, never by its
+//! path again.
+//!
+//! Leftovers: a floor kept by a normal end stays while its interface
+//! exists; when the interface goes after its gateway (and keeper) ended,
+//! nobody is left to delete the two tables, and they stay, harmless (the
+//! ingress chain hooks nothing), until the namespace goes or the next
+//! floor is installed there, which deletes such orphans
+//! ([`IngressFloor::install_in`]).
+//!
+//! Bypasses: nftables runs every base chain on a hook in priority order,
+//! so a chain of someone else's on the interface's ingress before the
+//! floor's (a `fwd` or `dup` statement there) would carry the guest's
+//! frames past it, as would a flowtable taking the interface. Install
+//! refuses them ([`Foreign::Refuse`]) and [`IngressFloor::check`] looks
+//! again.
 
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use nftables::schema::{Chain, NfCmd, NfListObject, NfObject, Table};
 use nftables::types::{NfChainPolicy, NfChainType, NfFamily, NfHook};
 
-use crate::netns::{NsId, run_in_id, run_in_same};
+use crate::netns;
 use crate::nft::{self, FloorError};
+use crate::ruleset::{self, Ruleset};
 
 /// Priority of our chains: before anything else on the same hook.
 pub const PRIORITY: i32 = -500;
 
+/// Every floor table's name starts so (then the interface, then the
+/// instance: [`table_prefix`]).
+pub const TABLE_PREFIX: &str = "sluice_floor_";
+
 const WHAT: &str = "ingress floor";
+
+/// The floor's two chains.
+const INGRESS_CHAIN: &str = "guest_in";
+const FORWARD_CHAIN: &str = "no_forward";
+
+/// Whether a foreign chain or flowtable that sees the interface's frames
+/// before the floor's drop is refused ([`IngressFloor::install_in`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Foreign {
+    /// Refused at install, and a reason for [`IngressFloor::check`] to fail.
+    Refuse,
+    /// Tolerated (`--allow-missing-isolation nftables`).
+    Allow,
+}
 
 /// The floor on one interface, until [`IngressFloor::remove`] (or drop).
 #[derive(Debug)]
 pub struct IngressFloor {
-    netns: Option<PathBuf>,
-    /// The namespace `netns` named when the floor was installed.
-    ns_id: Option<NsId>,
+    /// The namespace the floor is in (`None`: the caller's), held open:
+    /// every later step enters it by this descriptor, never by a path.
+    ns: Option<OwnedFd>,
+    /// What names the namespace in messages.
+    label: PathBuf,
     iface: String,
-    /// The interface's index in the namespace at install.
+    /// The interface's index in the namespace at install: the interface
+    /// is found by it (a renamed one is still the floor's).
     index: u32,
+    /// This instance's table name (in both families).
     table: String,
+    foreign: Foreign,
     removed: bool,
 }
 
@@ -48,19 +92,28 @@ pub enum Ended {
     /// The interface still exists: it is down, and the floor stays on it
     /// (fail closed) until the interface or the namespace goes.
     Kept,
-    /// The interface or the namespace is gone, and so is the floor.
+    /// The interface is gone, and so is the floor.
     Removed,
 }
 
-/// The table holding the floor for `iface` (one per interface, so floors on
-/// two interfaces of one namespace do not collide).
+/// The start of the name of every floor table on `iface`.
 #[must_use]
-pub fn table_name(iface: &str) -> String {
+pub fn table_prefix(iface: &str) -> String {
     let safe: String = iface
         .chars()
         .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
         .collect();
-    format!("sluice_floor_{safe}")
+    format!("{TABLE_PREFIX}{safe}_")
+}
+
+/// A table name of this floor instance's own: two gateways attaching one
+/// after the other to the same interface (or to a new interface of the
+/// same name) never share, replace or delete each other's tables.
+fn instance_table(iface: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("{}{:x}_{nanos:x}", table_prefix(iface), std::process::id())
 }
 
 fn check_iface(iface: &str) -> Result<(), FloorError> {
@@ -69,12 +122,12 @@ fn check_iface(iface: &str) -> Result<(), FloorError> {
         && iface.len() < 16
         && iface
             .bytes()
-            .all(|b| b.is_ascii_graphic() && b != b'/' && b != b':');
+            .all(|b| b.is_ascii_graphic() && b != b'/' && b != b':' && b != b'"');
     if ok {
         Ok(())
     } else {
         Err(FloorError::Invalid(format!(
-            "`{iface}` is not an interface name (1-15 printable characters, no '/' or ':')"
+            "`{iface}` is not an interface name (1-15 printable characters, no '/', ':' or '\"')"
         )))
     }
 }
@@ -88,7 +141,8 @@ fn objects(iface: &str, table: &str) -> Vec<NfObject<'static>> {
     let add = |o| NfObject::CmdObject(NfCmd::Add(o));
     let del = |o| NfObject::CmdObject(NfCmd::Delete(o));
     vec![
-        // Replace any floor of ours left behind: add (a no-op when present),
+        // Replace this instance's floor as it may have been left (altered,
+        // or on the interface's old name): add (a no-op when present),
         // delete, add again, all in one transaction.
         add(NfListObject::Table(t(NfFamily::NetDev))),
         del(NfListObject::Table(t(NfFamily::NetDev))),
@@ -98,7 +152,7 @@ fn objects(iface: &str, table: &str) -> Vec<NfObject<'static>> {
         add(NfListObject::Chain(Chain {
             family: NfFamily::NetDev,
             table: table.to_owned().into(),
-            name: "guest_in".into(),
+            name: INGRESS_CHAIN.into(),
             _type: Some(NfChainType::Filter),
             hook: Some(NfHook::Ingress),
             prio: Some(PRIORITY),
@@ -110,7 +164,7 @@ fn objects(iface: &str, table: &str) -> Vec<NfObject<'static>> {
         add(NfListObject::Chain(Chain {
             family: NfFamily::INet,
             table: table.to_owned().into(),
-            name: "no_forward".into(),
+            name: FORWARD_CHAIN.into(),
             _type: Some(NfChainType::Filter),
             hook: Some(NfHook::Forward),
             prio: Some(PRIORITY),
@@ -120,98 +174,316 @@ fn objects(iface: &str, table: &str) -> Vec<NfObject<'static>> {
     ]
 }
 
-/// The chains of `table` in `family` as nft lists them.
-fn chains(family: &'static str, table: &str) -> Result<Vec<Chain<'static>>, FloorError> {
-    let listed = nft::list_table(WHAT, family, table)?;
-    Ok(listed
-        .objects
-        .iter()
-        .filter_map(|o| match o {
-            NfObject::ListObject(NfListObject::Chain(c)) => Some(c.clone()),
-            _ => None,
-        })
-        .collect())
+/// The namespace's ruleset (in the calling thread's namespace).
+fn ruleset() -> Result<Ruleset, FloorError> {
+    Ok(ruleset::parse(&nft::list_text(WHAT, &["ruleset"])?))
 }
 
-fn verify(iface: &str, table: &str) -> Result<(), FloorError> {
+/// Whether `table`'s floor is in `rules` as installed, on `iface`: the
+/// ingress drop chain on it and the forward drop chain, neither with a
+/// rule (one `accept` would open it).
+fn verify(rules: &Ruleset, iface: &str, table: &str) -> Result<(), FloorError> {
     let bad = |detail: String| FloorError::Verify { what: WHAT, detail };
-    let ingress = chains("netdev", table)?;
-    let hooked = ingress
-        .iter()
-        .any(|c| c.hook == Some(NfHook::Ingress) && c.policy == Some(NfChainPolicy::Drop));
-    // The JSON listing of nft 1.0.6 omits the device; the text names it.
-    let text = nft::list_text(WHAT, &["chain", "netdev", table, "guest_in"])?;
-    let on_iface = text.contains(&format!("device \"{iface}\""));
-    if !(hooked && on_iface) {
-        return Err(bad(format!(
-            "no ingress drop chain on {iface} in netdev {table}"
-        )));
+    let ours = |family: &str, name: &str| {
+        rules
+            .chains
+            .iter()
+            .find(|c| c.family == family && c.table == table && c.name == name)
+    };
+    match ours("netdev", INGRESS_CHAIN) {
+        Some(c)
+            if c.hook == "ingress"
+                && c.devices == [iface]
+                && c.policy_drop
+                && !c.has_rules
+                && c.priority == Some(PRIORITY) => {}
+        Some(c) => {
+            return Err(bad(format!(
+                "netdev {table} {INGRESS_CHAIN} is not a bare drop on {iface} (hook {}, devices {:?}, drop {}, rules {})",
+                c.hook, c.devices, c.policy_drop, c.has_rules
+            )));
+        }
+        None => {
+            return Err(bad(format!(
+                "no ingress drop chain netdev {table} on {iface}"
+            )));
+        }
     }
-    let forward = chains("inet", table)?;
-    if !forward
-        .iter()
-        .any(|c| c.hook == Some(NfHook::Forward) && c.policy == Some(NfChainPolicy::Drop))
-    {
-        return Err(bad(format!("no forward drop chain in inet {table}")));
+    match ours("inet", FORWARD_CHAIN) {
+        Some(c) if c.hook == "forward" && c.policy_drop && !c.has_rules => Ok(()),
+        _ => Err(bad(format!("no bare forward drop chain in inet {table}"))),
     }
-    Ok(())
+}
+
+/// What in `rules`, besides `table`'s own two chains, sees `iface`'s
+/// frames before the floor's drop or the gateway's frames on their way
+/// to the guest, if anything: an ingress chain on it at the floor's
+/// priority or before (it could `fwd` or `dup` them elsewhere), any
+/// egress chain on it, any flowtable taking it. Another floor (a table of
+/// ours left by an earlier gateway: a bare drop chain) is no bypass.
+fn foreign_bypass(rules: &Ruleset, iface: &str, table: &str) -> Option<String> {
+    for c in &rules.chains {
+        let own = c.table == table && (c.name == INGRESS_CHAIN || c.name == FORWARD_CHAIN);
+        if own || !c.on(iface) {
+            continue;
+        }
+        let another_floor = c.table.starts_with(TABLE_PREFIX)
+            && c.name == INGRESS_CHAIN
+            && c.hook == "ingress"
+            && c.policy_drop
+            && !c.has_rules;
+        if another_floor {
+            continue;
+        }
+        let at = c.priority.map_or_else(
+            || "an unreadable priority".to_owned(),
+            |p| format!("priority {p}"),
+        );
+        match c.hook.as_str() {
+            "ingress" if c.priority.is_none_or(|p| p <= PRIORITY) => {
+                return Some(format!(
+                    "an nftables ingress chain `{} {} {}` at {at} (the floor's is {PRIORITY})",
+                    c.family, c.table, c.name
+                ));
+            }
+            "egress" => {
+                return Some(format!(
+                    "an nftables egress chain `{} {} {}` at {at}",
+                    c.family, c.table, c.name
+                ));
+            }
+            _ => {}
+        }
+    }
+    rules.flowtables.iter().find(|f| f.on(iface)).map(|f| {
+        format!(
+            "an nftables flowtable `{} {} {}`",
+            f.family, f.table, f.name
+        )
+    })
+}
+
+/// The floor tables of earlier instances, in `rules`, that guard no
+/// interface any more: every chain in them a bare floor chain as
+/// installed, and the ingress one hooked on device names none of which
+/// exists now (looked up with `probe`, in the calling thread's
+/// namespace). What a TAP deleted after its gateway ended leaves behind;
+/// deleting it opens nothing, as its ingress chain drops nothing. A table
+/// altered by anyone, or hooked on a wildcard, is left alone.
+fn orphans(rules: &Ruleset, own: &str, probe: &OwnedFd) -> Vec<String> {
+    use std::collections::BTreeMap;
+    // name -> (an orphaned ingress chain seen, every chain a bare floor chain)
+    let mut seen: BTreeMap<&str, (bool, bool)> = BTreeMap::new();
+    for c in &rules.chains {
+        if !c.table.starts_with(TABLE_PREFIX) || c.table == own {
+            continue;
+        }
+        let entry = seen.entry(c.table.as_str()).or_insert((false, true));
+        let bare = c.policy_drop && !c.has_rules;
+        match (c.family.as_str(), c.name.as_str(), c.hook.as_str()) {
+            ("netdev", INGRESS_CHAIN, "ingress") if bare => {
+                let gone = !c.devices.is_empty()
+                    && c.devices.iter().all(|d| {
+                        !d.ends_with('*')
+                            && rustix::net::netdevice::name_to_index(probe, d).is_err()
+                    });
+                entry.0 |= gone;
+                entry.1 &= gone;
+            }
+            ("inet", FORWARD_CHAIN, "forward") if bare => {}
+            _ => entry.1 = false,
+        }
+    }
+    seen.into_iter()
+        .filter(|(_, (orphaned, bare))| *orphaned && *bare)
+        .map(|(name, _)| name.to_owned())
+        .collect()
 }
 
 impl IngressFloor {
     /// Installs and verifies the floor on `iface` in the namespace at
-    /// `netns` (the caller's when `None`).
+    /// `netns` (the caller's when `None`). The path is opened once; the
+    /// floor keeps that descriptor and never opens the path again.
     ///
     /// # Errors
-    /// `nft` missing or refusing (an interface that does not exist gives
-    /// nft's "No such file or directory"), the namespace unusable, or the
-    /// rules not what was applied. Nothing is left behind on error.
-    pub fn install(netns: Option<&Path>, iface: &str) -> Result<Self, FloorError> {
+    /// As for [`Self::install_in`], and a path that cannot be opened.
+    pub fn install(
+        netns: Option<&Path>,
+        iface: &str,
+        foreign: Foreign,
+    ) -> Result<Self, FloorError> {
+        match netns {
+            Some(path) => {
+                let ns = netns::open(path)?;
+                Self::install_in(Some(ns.as_fd()), path, iface, foreign)
+            }
+            None => Self::install_in(None, Path::new("(this network namespace)"), iface, foreign),
+        }
+    }
+
+    /// Installs and verifies the floor on `iface` in the namespace `ns`
+    /// (the caller's when `None`; `label` names it in messages). The floor
+    /// keeps a duplicate of `ns` (close-on-exec; [`Self::netns_fd`]): its
+    /// checks and its removal enter that namespace and no other, and keep
+    /// it alive while the floor lives. With [`Foreign::Refuse`], a chain
+    /// or flowtable of someone else's that sees `iface`'s frames before
+    /// the floor's drop is refused. Once its own floor holds, it deletes
+    /// the tables of earlier floors whose interface is gone (what a TAP
+    /// deleted after its gateway ended leaves, since no keeper is left to
+    /// see it go), and no other.
+    ///
+    /// # Errors
+    /// `nft` missing or refusing, the interface missing, a foreign bypass,
+    /// the namespace unusable, or the rules not what was applied. Nothing
+    /// is left behind on error.
+    pub fn install_in(
+        ns: Option<BorrowedFd<'_>>,
+        label: &Path,
+        iface: &str,
+        foreign: Foreign,
+    ) -> Result<Self, FloorError> {
         check_iface(iface)?;
-        let table = table_name(iface);
-        let (index, ns_id) = run_in_id(netns, || {
+        let ns = ns
+            .map(|fd| fd.try_clone_to_owned())
+            .transpose()
+            .map_err(|e| netns::netns_err(label, format!("duplicating its descriptor: {e}")))?;
+        let table = instance_table(iface);
+        let index = netns::run_in(ns.as_ref().map(AsFd::as_fd), label, || {
             // nft accepts a netdev chain for a device that does not exist
             // (it binds when one appears): check first.
             let probe = probe_socket()?;
             let Ok(index) = rustix::net::netdevice::name_to_index(&probe, iface) else {
                 return Err(FloorError::NoInterface {
                     iface: iface.to_owned(),
-                    netns: netns.map_or_else(
-                        || "this network namespace".to_owned(),
-                        |p| format!("network namespace {}", p.display()),
-                    ),
+                    netns: format!("network namespace {}", label.display()),
                 });
             };
+            if foreign == Foreign::Refuse
+                && let Some(what) = foreign_bypass(&ruleset()?, iface, &table)
+            {
+                return Err(FloorError::Bypass {
+                    iface: iface.to_owned(),
+                    what,
+                });
+            }
             nft::apply(WHAT, objects(iface, &table))?;
-            if let Err(e) = verify(iface, &table) {
-                let _ = nft::delete_table(WHAT, NfFamily::NetDev, &table);
-                let _ = nft::delete_table(WHAT, NfFamily::INet, &table);
-                return Err(e);
+            let rules = match ruleset().and_then(|r| verify(&r, iface, &table).map(|()| r)) {
+                Ok(rules) => rules,
+                Err(e) => {
+                    let _ = delete_tables(&table);
+                    return Err(e);
+                }
+            };
+            // Best effort: a leftover that stays is harmless (module docs).
+            for orphan in orphans(&rules, &table, &probe) {
+                let _ = delete_tables(&orphan);
             }
             Ok(index)
         })?;
         Ok(Self {
-            netns: netns.map(Path::to_owned),
-            ns_id,
+            ns,
+            label: label.to_owned(),
             iface: iface.to_owned(),
             index,
             table,
+            foreign,
             removed: false,
         })
     }
 
-    /// The interface the floor is on.
+    /// The interface the floor was installed on (by this name).
     #[must_use]
     pub fn iface(&self) -> &str {
         &self.iface
     }
 
-    /// Whether the floor is still in place as installed.
+    /// This floor's table (the same name in the netdev and inet families).
+    #[must_use]
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
+    /// The floor's own descriptor of its namespace (`None`: the caller's),
+    /// for a caller that closes descriptors wholesale and must keep it.
+    #[must_use]
+    pub fn netns_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.ns.as_ref().map(AsFd::as_fd)
+    }
+
+    fn run_in<T: Send>(
+        &self,
+        f: impl FnOnce() -> Result<T, FloorError> + Send,
+    ) -> Result<T, FloorError> {
+        netns::run_in(self.netns_fd(), &self.label, f)
+    }
+
+    /// Whether the floor is still in place as installed: the interface
+    /// (found by its index) still has the name the floor's chain is hooked
+    /// on (the kernel unhooks a netdev chain from an interface renamed
+    /// away from it), both chains are there unaltered and, unless
+    /// [`Foreign::Allow`], nothing of someone else's sees the interface's
+    /// frames before the floor.
     ///
     /// # Errors
-    /// As for [`Self::install`].
+    /// [`FloorError::NoInterface`] when the interface is gone (nothing to
+    /// protect any more); [`FloorError::Verify`] or
+    /// [`FloorError::Bypass`] when the floor no longer holds; `nft`
+    /// errors.
     pub fn check(&self) -> Result<(), FloorError> {
-        run_in_same(self.netns.as_deref(), self.ns_id, || {
-            verify(&self.iface, &self.table)
+        self.run_in(|| {
+            let probe = probe_socket()?;
+            let name = match rustix::net::netdevice::index_to_name(&probe, self.index) {
+                Ok(name) => name,
+                Err(rustix::io::Errno::NODEV) => {
+                    return Err(FloorError::NoInterface {
+                        iface: self.iface.clone(),
+                        netns: format!("network namespace {}", self.label.display()),
+                    });
+                }
+                Err(e) => return Err(FloorError::Invalid(format!(
+                    "looking up interface index {}: {e}",
+                    self.index
+                ))),
+            };
+            if name != self.iface {
+                return Err(FloorError::Verify {
+                    what: WHAT,
+                    detail: format!(
+                        "`{}` was renamed to `{name}`, and the kernel unhooks the floor's chain from it",
+                        self.iface
+                    ),
+                });
+            }
+            let rules = ruleset()?;
+            verify(&rules, &self.iface, &self.table)?;
+            if self.foreign == Foreign::Refuse
+                && let Some(what) = foreign_bypass(&rules, &self.iface, &self.table)
+            {
+                return Err(FloorError::Bypass {
+                    iface: self.iface.clone(),
+                    what,
+                });
+            }
+            Ok(())
+        })
+    }
+
+    /// Sets the interface (found by its index) down, now; one that is gone
+    /// needs nothing.
+    ///
+    /// # Errors
+    /// `ip` missing or refusing.
+    pub fn cut(&self) -> Result<(), FloorError> {
+        self.run_in(|| {
+            let probe = probe_socket()?;
+            match rustix::net::netdevice::index_to_name(&probe, self.index) {
+                Ok(name) => cut_link(&name),
+                Err(rustix::io::Errno::NODEV) => Ok(()),
+                Err(e) => Err(FloorError::LinkDown {
+                    iface: self.iface.clone(),
+                    message: format!("looking up interface index {}: {e}", self.index),
+                }),
+            }
         })
     }
 
@@ -220,32 +492,36 @@ impl IngressFloor {
     /// rules, when the last descriptor or process holding it is gone. No
     /// removal is attempted then, which could only open the guest to that
     /// namespace's kernel while the VM still runs.
-    pub fn keep_with_namespace(mut self) {
+    pub fn keep_with_namespace(self) {
+        self.hand_over();
+    }
+
+    /// Forgets the floor, leaving it installed and closing this copy of
+    /// its namespace's descriptor: for a process whose copy of the floor
+    /// another process now owns (the gateway after forking the keeper).
+    pub fn hand_over(mut self) {
         self.removed = true;
     }
 
     /// The end of the gateway that served the interface (module docs):
-    /// sets the interface down and keeps the floor while the interface
-    /// exists ([`Ended::Kept`]); deletes the floor when the interface or
-    /// the namespace is already gone ([`Ended::Removed`]).
+    /// sets the interface down and keeps the floor on it while it exists
+    /// ([`Ended::Kept`]: put back as installed, on the interface's current
+    /// name, whatever was done to it meanwhile); deletes this floor's own
+    /// tables, and no one else's, when the interface is already gone
+    /// ([`Ended::Removed`]). All in the floor's namespace, entered by its
+    /// descriptor, whatever its path names now.
     ///
     /// # Errors
-    /// The path now names another namespace than the floor's (nothing is
-    /// touched), the interface could not be set down (the rules stay), or
-    /// `nft` failed.
+    /// The interface could not be set down or its floor put back (what is
+    /// there stays), or `nft` failed.
     pub fn remove(mut self) -> Result<Ended, FloorError> {
         self.removed = true;
-        if let Some(ns) = &self.netns
-            && !ns.exists()
-        {
-            return Ok(Ended::Removed);
-        }
-        run_in_same(self.netns.as_deref(), self.ns_id, || {
+        self.run_in(|| {
             let probe = probe_socket()?;
             match rustix::net::netdevice::index_to_name(&probe, self.index) {
                 // Gone: the guest's link went with it, the floor may go.
                 Err(rustix::io::Errno::NODEV) => {
-                    self.delete_tables()?;
+                    delete_tables(&self.table)?;
                     Ok(Ended::Removed)
                 }
                 Err(e) => Err(FloorError::LinkDown {
@@ -255,39 +531,38 @@ impl IngressFloor {
                 // Possibly renamed since: still the floor's interface.
                 Ok(name) => {
                     cut_link(&name)?;
+                    nft::apply(WHAT, objects(&name, &self.table))?;
+                    verify(&ruleset()?, &name, &self.table)?;
                     Ok(Ended::Kept)
                 }
             }
         })
     }
 
-    fn delete_tables(&self) -> Result<(), FloorError> {
-        nft::delete_table(WHAT, NfFamily::NetDev, &self.table)?;
-        nft::delete_table(WHAT, NfFamily::INet, &self.table)
-    }
-
     /// A floor that never served (a failure before the gateway set the
     /// interface up): the interface is set down and the floor removed, so
     /// a refused attach leaves nothing behind.
     fn discard(&self) -> Result<(), FloorError> {
-        if let Some(ns) = &self.netns
-            && !ns.exists()
-        {
-            return Ok(());
-        }
-        run_in_same(self.netns.as_deref(), self.ns_id, || {
+        self.run_in(|| {
             let probe = probe_socket()?;
             if let Ok(name) = rustix::net::netdevice::index_to_name(&probe, self.index) {
                 cut_link(&name)?;
             }
-            self.delete_tables()
+            delete_tables(&self.table)
         })
     }
 }
 
+/// Deletes the floor table `table` of both families (in the calling
+/// thread's namespace).
+fn delete_tables(table: &str) -> Result<(), FloorError> {
+    nft::delete_table(WHAT, NfFamily::NetDev, table)?;
+    nft::delete_table(WHAT, NfFamily::INet, table)
+}
+
 /// A socket for interface ioctls in the calling thread's namespace (never
 /// inherited by the `nft` or `ip` this crate runs).
-fn probe_socket() -> Result<rustix::fd::OwnedFd, FloorError> {
+fn probe_socket() -> Result<OwnedFd, FloorError> {
     use rustix::net::{AddressFamily, SocketFlags, SocketType, socket_with};
     socket_with(
         AddressFamily::INET,

@@ -27,5 +27,6 @@ pub mod egress;
 pub mod ingress;
 mod netns;
 mod nft;
+mod ruleset;
 
 pub use nft::FloorError;

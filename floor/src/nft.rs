@@ -57,6 +57,17 @@ pub enum FloorError {
         /// Why.
         message: String,
     },
+    /// Something of someone else's sees the interface's frames before the
+    /// floor's drop (or the gateway's on their way to the guest).
+    #[error(
+        "`{iface}` has {what}, which sees its frames outside the floor: remove it or attach to an interface without one"
+    )]
+    Bypass {
+        /// The interface.
+        iface: String,
+        /// What was found.
+        what: String,
+    },
     /// An argument that cannot be used (an interface name too long, say).
     #[error("{0}")]
     Invalid(String),

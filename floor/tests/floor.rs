@@ -15,7 +15,7 @@ use sluice_floor::FloorError;
 use sluice_floor::egress::{
     EgressFloor, EgressSpec, Owner, Removal, always_denied, non_public, remove_table,
 };
-use sluice_floor::ingress::{Ended, IngressFloor, table_name};
+use sluice_floor::ingress::{Ended, Foreign, IngressFloor, table_prefix};
 
 fn is_root() -> bool {
     rustix::process::geteuid().is_root()
@@ -136,8 +136,8 @@ fn the_ingress_floor_silences_the_kernel_while_a_packet_socket_reads_every_frame
         "the kernel answers before the floor"
     );
 
-    let floor = IngressFloor::install(Some(&g.path()), "g0").unwrap();
-    assert!(g.tables().contains(&table_name("g0")));
+    let floor = install(&g.path(), "g0");
+    assert!(g.tables().contains(floor.table()));
     floor.check().unwrap();
     // A packet socket in the namespace still sees the guest's frames.
     let mut reader = g
@@ -159,22 +159,30 @@ fn the_ingress_floor_silences_the_kernel_while_a_packet_socket_reads_every_frame
     let frames: u32 = line.trim().parse().unwrap();
     assert!(frames >= 1, "the packet socket read {frames} frames");
 
-    // Installing twice replaces, never duplicates.
-    let again = IngressFloor::install(Some(&g.path()), "g0").unwrap();
+    // A second instance gets tables of its own beside the first's.
+    let again = install(&g.path(), "g0");
+    assert_ne!(floor.table(), again.table());
     assert_eq!(
-        g.tables().matches(&table_name("g0")).count(),
+        g.tables().matches(&table_prefix("g0")).count(),
+        4,
+        "{}",
+        g.tables()
+    );
+    // The first, never having served, goes with its own tables only.
+    drop(floor);
+    assert_eq!(
+        g.tables().matches(&table_prefix("g0")).count(),
         2,
         "{}",
         g.tables()
     );
-    std::mem::forget(floor);
+    again.check().unwrap();
+    let table = again.table().to_owned();
     // The end of a gateway on a live interface is fail closed: the link is
     // cut AND the floor stays on it.
     assert_eq!(again.remove().unwrap(), Ended::Kept);
-    assert!(g.tables().contains(&table_name("g0")), "{}", g.tables());
-    let link =
-        String::from_utf8(run(&["ip", "-n", &g.0, "-o", "link", "show", "g0"]).stdout).unwrap();
-    assert!(link.contains("state DOWN"), "{link}");
+    assert!(g.tables().contains(&table), "{}", g.tables());
+    assert!(link_of(&g, "g0").contains("state DOWN"));
     assert!(
         !kernel_answers(&p, "10.99.0.1"),
         "the kernel answered after the gateway's end"
@@ -189,28 +197,54 @@ fn the_ingress_floor_silences_the_kernel_while_a_packet_socket_reads_every_frame
     );
     // Control: the same probe, with the kept floor deleted by hand, is
     // answered (so the probe above could have failed).
-    let table = table_name("g0");
-    ok(&[
-        "ip", "netns", "exec", &g.0, "nft", "delete", "table", "netdev", &table,
-    ]);
-    ok(&[
-        "ip", "netns", "exec", &g.0, "nft", "delete", "table", "inet", &table,
-    ]);
+    delete_by_hand(&g, &table);
     assert!(
         (0..5).any(|_| kernel_answers(&p, "10.99.0.1")),
         "the kernel answers with the link up and no floor"
     );
     // An interface gone by the end (the VM went first) takes the floor
     // with it: nothing is left.
-    let floor = IngressFloor::install(Some(&g.path()), "g0").unwrap();
-    assert!(g.tables().contains(&table), "{}", g.tables());
+    let floor = install(&g.path(), "g0");
+    assert!(g.tables().contains(floor.table()), "{}", g.tables());
     ok(&["ip", "-n", &g.0, "link", "del", "g0"]);
     assert_eq!(floor.remove().unwrap(), Ended::Removed);
     assert!(!g.tables().contains("sluice_floor"), "{}", g.tables());
 }
 
+/// Installs the floor on `iface` in the namespace at `path`, refusing
+/// foreign bypasses.
+fn install(path: &Path, iface: &str) -> IngressFloor {
+    IngressFloor::install(Some(path), iface, Foreign::Refuse).unwrap()
+}
+
+/// `ip -o link show IFACE` in `ns`.
+fn link_of(ns: &Netns, iface: &str) -> String {
+    String::from_utf8(run(&["ip", "-n", &ns.0, "-o", "link", "show", iface]).stdout).unwrap()
+}
+
+/// Deletes the floor table `table` of both families in `ns`, as an
+/// operator would.
+fn delete_by_hand(ns: &Netns, table: &str) {
+    for family in ["netdev", "inet"] {
+        ok(&[
+            "ip", "netns", "exec", &ns.0, "nft", "delete", "table", family, table,
+        ]);
+    }
+}
+
+/// `nft list ruleset` in `ns`.
+fn ruleset_of(ns: &Netns) -> String {
+    String::from_utf8(
+        ns.exec(&["nft", "list", "ruleset"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap()
+}
+
 #[test]
-fn the_ingress_floor_is_removed_only_from_the_namespace_it_was_installed_in() {
+fn the_ingress_floor_acts_only_in_the_namespace_it_was_installed_in_even_once_unnamed() {
     if !is_root() && sluice_test_skip::may_skip("root", "nft and namespaces need root") {
         return;
     }
@@ -225,22 +259,235 @@ fn the_ingress_floor_is_removed_only_from_the_namespace_it_was_installed_in() {
     let link = std::env::temp_dir().join(format!("sfl-id-{}", std::process::id()));
     let _ = std::fs::remove_file(&link);
     std::os::unix::fs::symlink(g.path(), &link).unwrap();
-    let floor = IngressFloor::install(Some(&link), "g0").unwrap();
+    let floor = install(&link, "g0");
+    let table = floor.table().to_owned();
     std::fs::remove_file(&link).unwrap();
     std::os::unix::fs::symlink(other.path(), &link).unwrap();
     other_floor_free(&other);
-    let e = floor.check().unwrap_err();
-    assert!(e.to_string().contains("now names another namespace"), "{e}");
-    let e = floor.remove().unwrap_err();
+    // Checked where it was installed, whatever the path names now.
+    floor.check().unwrap();
+    // The namespace loses its name too (`ip netns del`): the floor's
+    // descriptor still holds it, and the removal acts there, truthfully:
+    // the interface exists, so it is set down and kept floored.
+    let g_inode = std::fs::metadata(g.path()).map(|m| std::os::unix::fs::MetadataExt::ino(&m));
+    ok(&["ip", "netns", "del", &g.0]);
+    assert!(!g.path().exists());
+    let fd = floor.netns_fd().unwrap();
+    let held = format!(
+        "/proc/{}/fd/{}",
+        std::process::id(),
+        std::os::fd::AsRawFd::as_raw_fd(&fd)
+    );
+    assert_eq!(
+        std::fs::metadata(&held)
+            .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
+            .ok(),
+        g_inode.ok()
+    );
+    let kept = Command::new("nsenter")
+        .arg(format!("--net={held}"))
+        .args(["sh", "-c", "nft list tables; ip -o link show g0"])
+        .output()
+        .unwrap();
+    let before = String::from_utf8_lossy(&kept.stdout).into_owned();
+    assert!(
+        before.contains(&table) && before.contains(",UP"),
+        "{before}"
+    );
+    let held_path = PathBuf::from(&held);
+    let result = floor_remove_keeping(floor, &held_path);
     let _ = std::fs::remove_file(&link);
-    assert!(matches!(e, FloorError::Netns { .. }), "{e}");
-    assert!(!e.to_string().contains('\n'), "{e}");
-    // Nothing was touched in either: g keeps its floor, other's g0 stays up.
-    assert!(g.tables().contains(&table_name("g0")), "{}", g.tables());
+    assert_eq!(result.0, Ended::Kept);
+    assert!(result.1.contains(&table), "{}", result.1);
+    assert!(result.1.contains("state DOWN"), "{}", result.1);
+    // Nothing was touched in the namespace the path names now.
     other_floor_free(&other);
-    let up =
-        String::from_utf8(run(&["ip", "-n", &other.0, "-o", "link", "show", "g0"]).stdout).unwrap();
+    let up = link_of(&other, "g0");
     assert!(up.contains(",UP"), "{up}");
+}
+
+/// Removes `floor` while a descriptor of its namespace (opened from
+/// `held`, a `/proc/PID/fd` path of the floor's own) is kept, and returns
+/// the outcome and what that namespace then lists (its tables, `g0`).
+fn floor_remove_keeping(floor: IngressFloor, held: &Path) -> (Ended, String) {
+    let keep = std::fs::File::open(held).unwrap();
+    let ended = floor.remove().unwrap();
+    let path = format!(
+        "/proc/{}/fd/{}",
+        std::process::id(),
+        std::os::fd::AsRawFd::as_raw_fd(&keep)
+    );
+    let out = Command::new("nsenter")
+        .arg(format!("--net={path}"))
+        .args(["sh", "-c", "nft list tables; ip -o link show g0"])
+        .output()
+        .unwrap();
+    (ended, String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[test]
+fn a_successors_floor_survives_the_end_of_the_floor_before_it() {
+    if !is_root() && sluice_test_skip::may_skip("root", "nft and namespaces need root") {
+        return;
+    }
+    let (g, p) = pair("sc");
+    // The first gateway's floor; its interface goes (the VMM restarted),
+    // and a new one of the same name comes, with a floor of a second
+    // gateway's, before the first's keeper ends.
+    let first = install(&g.path(), "g0");
+    ok(&["ip", "-n", &g.0, "link", "del", "g0"]);
+    ok(&[
+        "ip", "link", "add", "g0", "netns", &g.0, "type", "veth", "peer", "name", "p0", "netns",
+        &p.0,
+    ]);
+    ok(&["ip", "-n", &g.0, "addr", "add", "10.99.0.1/24", "dev", "g0"]);
+    ok(&["ip", "-n", &p.0, "addr", "add", "10.99.0.2/24", "dev", "p0"]);
+    ok(&["ip", "-n", &p.0, "link", "set", "p0", "up"]);
+    let second = install(&g.path(), "g0");
+    ok(&["ip", "-n", &g.0, "link", "set", "g0", "up"]);
+    // The first ends: its interface is gone, so its own tables go, and
+    // only them.
+    let first_table = first.table().to_owned();
+    assert_eq!(first.remove().unwrap(), Ended::Removed);
+    let tables = g.tables();
+    assert!(!tables.contains(&first_table), "{tables}");
+    assert!(tables.contains(second.table()), "{tables}");
+    second.check().unwrap();
+    assert!(
+        !kernel_answers(&p, "10.99.0.1"),
+        "the kernel answered the guest behind the second floor"
+    );
+    // Control: without the second floor the kernel answers.
+    let table = second.table().to_owned();
+    std::mem::forget(second);
+    delete_by_hand(&g, &table);
+    assert!(
+        (0..5).any(|_| kernel_answers(&p, "10.99.0.1")),
+        "the kernel answers with no floor"
+    );
+}
+
+#[test]
+fn the_next_floor_deletes_the_tables_of_one_whose_interface_went_after_its_end() {
+    if !is_root() && sluice_test_skip::may_skip("root", "nft and namespaces need root") {
+        return;
+    }
+    let (g, _p) = pair("or");
+    ok(&[
+        "ip", "-n", &g.0, "link", "add", "h0", "type", "veth", "peer", "name", "h1",
+    ]);
+    ok(&[
+        "ip", "-n", &g.0, "link", "add", "k0", "type", "veth", "peer", "name", "k1",
+    ]);
+    // Two gateways ended normally: their interfaces exist, their floors
+    // are kept. Then one interface goes (the VMM closed its TAP), with
+    // nobody left to delete its floor.
+    let gone = install(&g.path(), "h0");
+    let gone_table = gone.table().to_owned();
+    assert_eq!(gone.remove().unwrap(), Ended::Kept);
+    let kept = install(&g.path(), "k0");
+    let kept_table = kept.table().to_owned();
+    assert_eq!(kept.remove().unwrap(), Ended::Kept);
+    ok(&["ip", "-n", &g.0, "link", "del", "h0"]);
+    assert!(g.tables().contains(&gone_table), "{}", g.tables());
+    // The next floor installed in the namespace deletes the orphan, and
+    // only it: the kept floor of a live interface stays.
+    let next = install(&g.path(), "g0");
+    let tables = g.tables();
+    assert!(!tables.contains(&gone_table), "{tables}");
+    assert!(tables.contains(&kept_table), "{tables}");
+    assert!(tables.contains(next.table()), "{tables}");
+    assert_eq!(tables.matches("sluice_floor").count(), 4, "{tables}");
+}
+
+#[test]
+fn a_renamed_interface_is_still_the_floors_and_its_floor_follows_the_name() {
+    if !is_root() && sluice_test_skip::may_skip("root", "nft and namespaces need root") {
+        return;
+    }
+    let (g, p) = pair("rn");
+    let floor = install(&g.path(), "g0");
+    ok(&["ip", "-n", &g.0, "link", "set", "g0", "down"]);
+    ok(&["ip", "-n", &g.0, "link", "set", "g0", "name", "g9"]);
+    ok(&["ip", "-n", &g.0, "link", "set", "g9", "up"]);
+    // The kernel unhooks a netdev chain from an interface renamed away
+    // from its device name: the check says so.
+    let e = floor.check().unwrap_err();
+    assert!(e.to_string().contains("renamed to `g9`"), "{e}");
+    // The end finds the interface by its index, not gone: down, and the
+    // floor put back on its new name.
+    assert_eq!(floor.remove().unwrap(), Ended::Kept);
+    assert!(link_of(&g, "g9").contains("state DOWN"));
+    assert!(
+        ruleset_of(&g).contains("device \"g9\""),
+        "{}",
+        ruleset_of(&g)
+    );
+    ok(&["ip", "-n", &g.0, "link", "set", "g9", "up"]);
+    assert!(
+        !kernel_answers(&p, "10.99.0.1"),
+        "the kernel answered the renamed interface after the end"
+    );
+}
+
+#[test]
+fn a_foreign_chain_before_the_floor_is_refused_and_the_check_sees_one_added_later() {
+    if !is_root() && sluice_test_skip::may_skip("root", "nft and namespaces need root") {
+        return;
+    }
+    let (g, _p) = pair("fb");
+    let nft = |script: &str| {
+        let mut c = g
+            .exec(&["nft", "-f", "-"])
+            .stdin(Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::io::Write::write_all(&mut c.stdin.take().unwrap(), script.as_bytes()).unwrap();
+        assert!(c.wait().unwrap().success(), "{script}");
+    };
+    // An ingress chain before the floor's, which could `fwd` the guest's
+    // frames elsewhere.
+    nft(
+        "table netdev tap_dup {\n chain c { type filter hook ingress device \"g0\" priority -600; policy accept; }\n}\n",
+    );
+    let e = IngressFloor::install(Some(&g.path()), "g0", Foreign::Refuse).unwrap_err();
+    assert!(matches!(e, FloorError::Bypass { .. }), "{e}");
+    assert!(e.to_string().contains("netdev tap_dup c"), "{e}");
+    assert!(!e.to_string().contains('\n'));
+    assert!(!g.tables().contains("sluice_floor"), "{}", g.tables());
+    // Allowed when asked (--allow-missing-isolation nftables).
+    drop(IngressFloor::install(Some(&g.path()), "g0", Foreign::Allow).unwrap());
+    ok(&[
+        "ip", "netns", "exec", &g.0, "nft", "delete", "table", "netdev", "tap_dup",
+    ]);
+    // One after the floor's never sees a frame: no bypass.
+    nft(
+        "table netdev late {\n chain c { type filter hook ingress device \"g0\" priority -400; policy accept; }\n}\n",
+    );
+    let floor = install(&g.path(), "g0");
+    floor.check().unwrap();
+    // An egress chain on the interface, added while the floor holds.
+    nft(
+        "table netdev out {\n chain c { type filter hook egress device \"g0\" priority 0; policy accept; }\n}\n",
+    );
+    let e = floor.check().unwrap_err();
+    assert!(e.to_string().contains("egress chain `netdev out c`"), "{e}");
+    ok(&[
+        "ip", "netns", "exec", &g.0, "nft", "delete", "table", "netdev", "out",
+    ]);
+    floor.check().unwrap();
+    // A rule slipped into the floor's own chain opens it.
+    let table = floor.table().to_owned();
+    ok(&[
+        "ip", "netns", "exec", &g.0, "nft", "add", "rule", "netdev", &table, "guest_in", "accept",
+    ]);
+    let e = floor.check().unwrap_err();
+    assert!(matches!(e, FloorError::Verify { .. }), "{e}");
+    // The floor's tables deleted by someone else.
+    delete_by_hand(&g, &table);
+    let e = floor.check().unwrap_err();
+    assert!(matches!(e, FloorError::Verify { .. }), "{e}");
+    std::mem::forget(floor);
 }
 
 /// `ns` holds no floor table.
@@ -254,18 +501,20 @@ fn bad_interfaces_and_namespaces_are_one_line_errors_and_leave_nothing() {
         return;
     }
     let g = Netns::new("bad");
-    let e = IngressFloor::install(Some(&g.path()), "nosuch0").unwrap_err();
+    let e = IngressFloor::install(Some(&g.path()), "nosuch0", Foreign::Refuse).unwrap_err();
     assert!(matches!(e, FloorError::NoInterface { .. }), "{e}");
     assert!(!e.to_string().contains('\n'));
     assert!(!g.tables().contains("sluice"), "{}", g.tables());
-    let e = IngressFloor::install(Some(Path::new("/etc/hostname")), "lo").unwrap_err();
+    let e =
+        IngressFloor::install(Some(Path::new("/etc/hostname")), "lo", Foreign::Refuse).unwrap_err();
     assert!(e.to_string().contains("not a network namespace"), "{e}");
-    let e = IngressFloor::install(Some(Path::new("/nonexistent/ns")), "lo").unwrap_err();
+    let e = IngressFloor::install(Some(Path::new("/nonexistent/ns")), "lo", Foreign::Refuse)
+        .unwrap_err();
     assert!(matches!(e, FloorError::Netns { .. }), "{e}");
     for name in ["", "a/b", "waytoolonginterfacename", "x y"] {
         assert!(
             matches!(
-                IngressFloor::install(Some(&g.path()), name),
+                IngressFloor::install(Some(&g.path()), name, Foreign::Refuse),
                 Err(FloorError::Invalid(_))
             ),
             "{name:?}"

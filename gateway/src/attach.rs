@@ -49,7 +49,8 @@ use std::path::Path;
 
 use anyhow::{Context as _, anyhow, bail};
 use rustix::thread::{LinkNameSpaceType, move_into_link_name_space};
-use sluice_floor::ingress::{Ended, IngressFloor};
+use sluice_floor::FloorError;
+use sluice_floor::ingress::{Ended, Foreign, IngressFloor};
 
 /// `<linux/if_packet.h>`: deliver a virtio-net header before each frame.
 const PACKET_VNET_HDR: libc::c_int = 15;
@@ -112,7 +113,15 @@ pub(crate) fn attach(
 ) -> anyhow::Result<Attached> {
     let ns = File::open(netns).map_err(|e| anyhow!("--netns {}: {e}", netns.display()))?;
     let (socket, index) = in_namespace(&ns, netns, || open_in_namespace(iface, netns, mtu))?;
-    let floor = match IngressFloor::install(Some(netns), iface) {
+    // By the descriptor opened above, never by the path again: the floor
+    // goes into the namespace the socket was bound in, and its keeper
+    // holds that namespace (docs/attach.md).
+    let foreign = if allow_missing_floor {
+        Foreign::Allow
+    } else {
+        Foreign::Refuse
+    };
+    let floor = match IngressFloor::install_in(Some(ns.as_fd()), netns, iface, foreign) {
         Ok(floor) => Some(floor),
         Err(e) if allow_missing_floor => {
             tracing::warn!(error = %e, "no nftables floor (--allow-missing-isolation nftables): the kernel may route the guest's traffic if the gateway stops");
@@ -503,12 +512,16 @@ const REMOVE: &[u8] = b"remove\n";
 /// is gone with it.
 const KEPT: &str = "kept";
 const REMOVED: &str = "removed";
+/// Starts the keeper's answer when the floor stopped holding while the
+/// gateway served; the rest is the one line the gateway exits with.
+const FAILED: &str = "failed: ";
 
 impl FloorKeeper {
     /// Forks the keeper. Must be called while the process has one thread
     /// (before the runtime starts): the child runs Rust code after fork.
     fn spawn(floor: IngressFloor) -> anyhow::Result<Self> {
         let (ours, theirs) = UnixStream::pair().context("creating the floor keeper's channel")?;
+        let gateway = libc::pid_t::try_from(std::process::id()).context("the gateway's pid")?;
         // SAFETY: the gateway is single-threaded here (main calls this
         // before it builds the runtime; the namespace thread has been
         // joined), so the child's copy of the heap and locks is consistent
@@ -522,7 +535,7 @@ impl FloorKeeper {
                 // not unwind into the copies of main's frames this child
                 // holds: abort instead. The floor then stays (fail closed).
                 let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    keeper_main(floor, theirs)
+                    keeper_main(floor, theirs, gateway)
                 }));
                 std::process::abort()
             }
@@ -530,8 +543,9 @@ impl FloorKeeper {
                 drop(theirs);
                 let iface = floor.iface().to_owned();
                 // The keeper owns the floor now; this process must not run
-                // `nft` (its jail forbids exec) when its copy drops.
-                std::mem::forget(floor);
+                // `nft` (its jail forbids exec) when its copy drops, nor
+                // hold the namespace through it.
+                floor.hand_over();
                 Ok(Self {
                     channel: ours,
                     iface,
@@ -557,51 +571,108 @@ impl FloorKeeper {
                 "the floor keeper ended without removing the floor on {}",
                 self.iface
             ),
+            other if other.starts_with(FAILED) => {
+                bail!("`{}`: {}", self.iface, &other[FAILED.len()..])
+            }
             other => bail!("removing the floor on {}: {other}", self.iface),
         }
     }
 }
 
+/// How often the keeper checks, while the gateway serves, that the floor
+/// still holds ([`IngressFloor::check`]).
+const CHECK_EVERY_MS: u16 = 3000;
+
 /// The keeper's whole life: ignore the signals a terminal or a process
-/// group sends (the gateway decides), wait for the request or the end of
-/// the channel, act, exit.
-fn keeper_main(floor: IngressFloor, mut channel: UnixStream) -> ! {
+/// group sends (the gateway decides), check the floor every
+/// [`CHECK_EVERY_MS`] until the request or the end of the channel, act,
+/// exit. A floor found gone or altered (its tables deleted, a rule slipped
+/// into its chain, the interface renamed away from it, a foreign chain or
+/// flowtable ahead of it) is the end of the service, fail closed: the
+/// keeper sets the interface down and asks the gateway to end (SIGTERM);
+/// the gateway's request then puts the floor back and its answer gives
+/// the gateway the reason, which it exits with.
+fn keeper_main(floor: IngressFloor, mut channel: UnixStream, gateway: libc::pid_t) -> ! {
     for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGPIPE] {
         // SAFETY: setting a signal's disposition to SIG_IGN has no
         // memory-safety preconditions.
         unsafe { libc::signal(sig, libc::SIG_IGN) };
     }
-    // Keep nothing of the gateway's open but stdio and the channel: a
-    // readiness pipe or the packet socket held here would outlive it.
-    let keep = channel.as_raw_fd();
-    // SAFETY: close_range only closes descriptors; the objects of the
-    // gateway that owned them are never used again in this process (it
-    // ends in `_exit` without returning or unwinding into them).
-    unsafe {
-        if keep > 3 {
-            libc::syscall(libc::SYS_close_range, 3u32, (keep - 1) as u32, 0u32);
-        }
-        libc::syscall(libc::SYS_close_range, (keep + 1) as u32, u32::MAX, 0u32);
-    }
+    // Keep nothing of the gateway's open but stdio, the channel and the
+    // floor's descriptor of its namespace: a readiness pipe or the packet
+    // socket held here would outlive the gateway.
+    let mut keep = vec![channel.as_raw_fd()];
+    keep.extend(floor.netns_fd().map(|fd| fd.as_raw_fd()));
+    // SAFETY: the objects of the gateway that owned the other descriptors
+    // are never used again in this process (it ends in `_exit` without
+    // returning or unwinding into them).
+    unsafe { crate::fds::close_all_but(&keep) };
     scrub_environment();
+    let mut tampered: Option<String> = None;
+    loop {
+        let mut pfd = libc::pollfd {
+            fd: channel.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd that outlives the call.
+        let ready = unsafe { libc::poll(&raw mut pfd, 1, libc::c_int::from(CHECK_EVERY_MS)) };
+        if ready > 0 {
+            break;
+        }
+        if ready < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+            break;
+        }
+        if ready < 0 || tampered.is_some() {
+            continue;
+        }
+        match floor.check() {
+            // Gone: the gateway's socket reports it and the gateway ends.
+            Ok(()) | Err(FloorError::NoInterface { .. }) => {}
+            Err(e) => {
+                let _ = floor.cut();
+                tampered = Some(e.to_string());
+                // SAFETY: kill has no memory effects; the parent is still
+                // the gateway (a dead gateway's keeper is reparented).
+                unsafe {
+                    if libc::getppid() == gateway {
+                        libc::kill(gateway, libc::SIGTERM);
+                    }
+                }
+            }
+        }
+    }
     let mut request = [0u8; REMOVE.len()];
     let asked = channel.read_exact(&mut request).is_ok() && request == REMOVE;
-    let code = if asked {
-        let answer = match floor.remove() {
-            Ok(Ended::Kept) => format!("{KEPT}\n"),
-            Ok(Ended::Removed) => format!("{REMOVED}\n"),
-            Err(e) => format!("{e}\n"),
+    if asked {
+        let ended = floor.remove();
+        let answer = match (&tampered, ended) {
+            (None, Ok(Ended::Kept)) => KEPT.to_owned(),
+            (None, Ok(Ended::Removed)) => REMOVED.to_owned(),
+            (None, Err(e)) => e.to_string(),
+            (Some(why), ended) => {
+                let after = match ended {
+                    Ok(Ended::Kept) => "its floor is back on it".to_owned(),
+                    Ok(Ended::Removed) => "it is gone now, and so is its floor".to_owned(),
+                    Err(e) => format!("putting its floor back failed: {e}"),
+                };
+                format!(
+                    "{FAILED}the floor stopped holding while the gateway served ({why}); the interface was set down and the gateway ended (fail closed), and {after}"
+                )
+            }
         };
-        let _ = channel.write_all(answer.as_bytes());
-        0
+        let _ = channel.write_all(format!("{answer}\n").as_bytes());
+    } else if tampered.is_some() {
+        // The gateway died (of the SIGTERM, before it could handle it)
+        // without asking: the interface is down, put the floor back.
+        let _ = floor.remove();
     } else {
         // The gateway died without asking: the floor stays (fail closed).
         std::mem::forget(floor);
-        0
-    };
+    }
     // SAFETY: `_exit` ends the process without running the gateway's
     // destructors or atexit handlers, which belong to the parent.
-    unsafe { libc::_exit(code) }
+    unsafe { libc::_exit(0) }
 }
 
 unsafe extern "C" {

@@ -88,6 +88,33 @@ impl Inherited {
         }
         Ok(taken)
     }
+
+    /// Closes every descriptor above the standard streams that no flag
+    /// named: whatever the parent leaked into the gateway (a descriptor
+    /// without `FD_CLOEXEC`) would otherwise be held for the gateway's
+    /// life, and passed on to the `ip`, `tc` and `nft` it runs at start
+    /// and to the floor keeper.
+    pub(crate) fn close_the_rest(&self) {
+        use std::os::fd::AsRawFd;
+        let guest = self.guest.as_ref().map(|g| match g {
+            GuestFd::Packet(fd) | GuestFd::Dgram(fd) | GuestFd::Stream(fd) => fd.as_raw_fd(),
+        });
+        let keep: Vec<i32> = [
+            self.ready.as_ref().map(AsRawFd::as_raw_fd),
+            self.metrics.as_ref().map(AsRawFd::as_raw_fd),
+            guest,
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        // SAFETY: called right after `take`, before anything else in the
+        // process opens a descriptor: every descriptor the gateway owns is
+        // one of `keep`.
+        #[allow(unsafe_code)]
+        unsafe {
+            crate::fds::close_all_but(&keep);
+        }
+    }
 }
 
 /// Refuses `sock` (`--fd fd`, for `mode`) unless it is a socket of

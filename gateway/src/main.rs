@@ -2,6 +2,8 @@
 
 #[allow(unsafe_code)]
 mod attach;
+#[allow(unsafe_code)]
+mod fds;
 mod inherited;
 #[allow(unsafe_code)]
 mod pages;
@@ -58,6 +60,7 @@ fn main() -> anyhow::Result<()> {
     }
     // Before anything opens a file or a socket (`inherited` module docs).
     let mut inherited = Inherited::take(&args)?;
+    inherited.close_the_rest();
     let ready = match inherited.ready.take() {
         Some(fd) => ReadySignal::new(std::fs::File::from(fd)),
         None => ReadySignal::default(),

@@ -91,3 +91,59 @@ fn a_socket_of_the_wrong_kind_is_refused_in_one_line() {
         "{errors:?}"
     );
 }
+
+#[test]
+fn a_descriptor_no_flag_names_is_closed_at_start() {
+    // fd 3: the guest's datagram socket (--fd 3 --dgram); fd 4: the
+    // readiness pipe (--ready-fd 4); fd 7: a pipe the parent leaked (no
+    // FD_CLOEXEC, no flag). Once the gateway is ready, no descriptor of
+    // its may be that pipe, and one must still be the guest's socket (so
+    // the probe can tell).
+    let code = r#"
+import os, socket, sys
+gw = sys.argv[1]
+a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+r, w = os.pipe()
+lr, lw = os.pipe()
+pid = os.fork()
+if pid == 0:
+    # Out of the way first, then placed: 3 the guest, 4 ready, 7 leaked.
+    src = [os.dup(fd) + 0 for fd in (b.fileno(), w, lw)]
+    high = [os.dup2(fd, 40 + i) for i, fd in enumerate(src)]
+    for i, target in enumerate((3, 4, 7)):
+        os.dup2(40 + i, target)
+    null = os.open("/dev/null", os.O_WRONLY)
+    os.dup2(null, 1)
+    os.dup2(null, 2)
+    os.execv(gw, [gw, "--fd", "3", "--dgram", "--ready-fd", "4",
+                  "--dns-upstream", "192.0.2.1", "--allow-missing-landlock"])
+try:
+    leaked = f"pipe:[{os.fstat(lw).st_ino}]"
+    guest = f"socket:[{os.fstat(b.fileno()).st_ino}]"
+    os.close(w)
+    os.close(lw)
+    ready = os.read(r, 16)
+    fds = f"/proc/{pid}/fd"
+    held = [os.readlink(f"{fds}/{n}") for n in os.listdir(fds)]
+    print(ready.decode().strip(), leaked in held, guest in held, flush=True)
+finally:
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+"#;
+    let out = Command::new("python3")
+        .args(["-c", code, GATEWAY])
+        .output()
+        .expect("running python3");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        stdout.trim(),
+        "ready False True",
+        "(ready, the leaked pipe held, the guest socket held): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -34,9 +34,24 @@ internal:
   - "203.0.113.0/24"
 "#;
 
-/// The floor's table for [`VM_IFACE`] (as the floor crate names it).
+/// The start of the name of every floor table on `iface` (each gateway's
+/// floor is a table of its own instance's: the floor crate's names).
 fn floor_table(iface: &str) -> String {
-    sluice_floor::ingress::table_name(iface)
+    sluice_floor::ingress::table_prefix(iface)
+}
+
+/// Deletes every floor table on `iface` in `ns`, as an operator would.
+fn delete_floors(ns: &Netns, iface: &str) -> Result<()> {
+    ns.sh_ok(
+        &format!(
+            "nft list tables | while read -r _ family name; do case $name in {}*) nft delete table $family $name;; esac; done",
+            floor_table(iface)
+        ),
+        30,
+    )?;
+    let left = tables(ns)?;
+    ensure!(!left.contains(&floor_table(iface)), "left: {left}");
+    Ok(())
 }
 
 /// `nft list tables` inside `ns`.
@@ -137,13 +152,7 @@ fn attach_serves_dhcp_dns_and_policy_and_ends_fail_closed_on_sigterm() -> Result
     );
     // Control: with the link up and the kept floor deleted by hand the
     // same ping is answered, so the checks above can fail.
-    vm.sh_ok(
-        &format!(
-            "nft delete table netdev {0}; nft delete table inet {0}",
-            floor_table(VM_IFACE)
-        ),
-        30,
-    )?;
+    delete_floors(vm, VM_IFACE)?;
     w.guest_ok(&ping, 30)
         .context("with the link up and no floor the kernel should answer")?;
     Ok(())
@@ -181,15 +190,61 @@ fn after_sigkill_the_floor_stays_and_the_kernel_answers_the_guest_nothing() -> R
     );
     // Control: the same ping with the floor removed is answered, so the
     // check above can fail.
-    vm.sh_ok(
-        &format!(
-            "nft delete table netdev {0}; nft delete table inet {0}",
-            floor_table(VM_IFACE)
-        ),
-        30,
-    )?;
+    delete_floors(vm, VM_IFACE)?;
     w.guest_ok(&ping, 30)
         .context("without the floor the kernel should answer")?;
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs root: run via scripts/test"]
+fn a_floor_deleted_while_serving_ends_the_gateway_fail_closed() -> Result<()> {
+    let mut w = World::builder().transport(Transport::Attach).start()?;
+    w.guest_ok(&format!("curl -sS --max-time 60 http://{ORIGIN_NAME}/"), 90)?;
+    let gateway = w.lease().and_then(|l| l.router).context("no router")?;
+    // Someone with CAP_NET_ADMIN in the VM namespace deletes the floor
+    // while the gateway serves: the keeper's next check finds it gone,
+    // sets the interface down and ends the gateway, which exits with the
+    // reason in one line.
+    delete_floors(vm(&w)?, VM_IFACE)?;
+    let sidecar = w.sidecar().context("no sidecar")?;
+    wait_until("the gateway to end", Duration::from_secs(60), || {
+        sidecar.check_alive().is_err()
+    })?;
+    let st = sidecar.signal_and_wait(0, Duration::from_secs(10))?;
+    let log = w.sidecar_log();
+    ensure!(st.code() == Some(1), "exit {st}\n{log}");
+    let errors: Vec<&str> = log.lines().filter(|l| l.starts_with("Error")).collect();
+    ensure!(
+        errors.len() == 1
+            && errors[0].contains("the floor stopped holding while the gateway served")
+            && errors[0].contains("its floor is back on it"),
+        "want one error line with the reason: {log}"
+    );
+    // Fail closed: the interface is down, the floor is back, and the
+    // guest reaches nothing through the namespace's kernel, even with
+    // the link set up again.
+    let vm = vm(&w)?;
+    ensure!(
+        tables(vm)?.contains(&floor_table(VM_IFACE)),
+        "no floor after the end: {}",
+        tables(vm)?
+    );
+    let link = vm.sh_ok(&format!("ip -o link show dev {VM_IFACE}"), 30)?;
+    ensure!(link.contains("state DOWN"), "{VM_IFACE}: {link}");
+    vm.ip(&["addr", "add", &format!("{gateway}/24"), "dev", VM_IFACE])?;
+    vm.ip(&["link", "set", VM_IFACE, "up"])?;
+    let ping = format!("ip neigh flush all; busybox ping -c 3 -w 10 {gateway}");
+    let out = w.guest_sh(&ping, 30)?;
+    ensure!(
+        !out.status.success(),
+        "the namespace's kernel answered the guest: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    // Control: with no floor, the same ping is answered.
+    delete_floors(vm, VM_IFACE)?;
+    w.guest_ok(&ping, 30)
+        .context("with the link up and no floor the kernel should answer")?;
     Ok(())
 }
 
@@ -350,17 +405,22 @@ fn bad_input_fails_with_one_line_and_leaves_nothing_behind() -> Result<()> {
     ns.sh_ok("tc qdisc add dev x2 clsact", 30)?;
     ns.ip(&["link", "add", "slbr", "type", "bridge"])?;
     ns.ip(&["link", "set", "x3", "master", "slbr"])?;
-    // tcx programs (kernel 6.6 and later: attached through bpf links, no
-    // qdisc, not listed by iproute2), one on each hook.
-    ns.ip(&["link", "add", "x4", "type", "veth", "peer", "name", "x5"])?;
-    ns.ip(&["link", "add", "x6", "type", "veth", "peer", "name", "x7"])?;
-    let tcx_in = tcx::attach(&path, "x4", tcx::INGRESS)?;
-    let tcx_out = tcx::attach(&path, "x6", tcx::EGRESS)?;
+    // An nftables chain of someone else's on the ingress hook before the
+    // floor's (where a `fwd` or `dup` would carry the frames past it).
+    ns.ip(&["link", "add", "x8", "type", "veth", "peer", "name", "x9"])?;
+    ns.sh_ok(
+        "printf 'table netdev other {\\n chain c { type filter hook ingress device \"x8\" priority -600; policy accept; }\\n}\\n' | nft -f -",
+        30,
+    )?;
 
-    let cases: [(&str, &str, u16, &str); 9] = [
+    let cases: [(&str, &str, u16, &str); 8] = [
         ("x2", path.as_str(), 1500, "`clsact` qdisc"),
-        ("x4", path.as_str(), 1500, "1 tcx ingress program"),
-        ("x6", path.as_str(), 1500, "1 tcx egress program"),
+        (
+            "x8",
+            path.as_str(),
+            1500,
+            "nftables ingress chain `netdev other c`",
+        ),
         ("x3", path.as_str(), 1500, "a master (`slbr`"),
         ("nope", path.as_str(), 1500, "no interface `nope`"),
         ("lo", path.as_str(), 1500, "not a layer-2"),
@@ -398,16 +458,14 @@ fn bad_input_fails_with_one_line_and_leaves_nothing_behind() -> Result<()> {
     );
     let t = tables(&ns)?;
     ensure!(!t.contains("sluice_floor"), "without nft: left {t}");
-    // Control: with the programs detached, the same interfaces pass the
-    // check and fail only at the next one (the MTU).
-    drop((tcx_in, tcx_out));
-    for iface in ["x4", "x6"] {
-        let (code, errors) = attach_once(&host, iface, &path, 65520)?;
-        ensure!(
-            code == Some(1) && errors.len() == 1 && errors[0].contains("exceeds the MTU"),
-            "{iface} without its tcx program: exit {code:?}, {errors:?}"
-        );
-    }
+    // Control: with the foreign chain gone, x8 passes that check and
+    // fails only at the next one (the MTU).
+    ns.sh_ok("nft delete table netdev other", 30)?;
+    let (code, errors) = attach_once(&host, "x8", &path, 65520)?;
+    ensure!(
+        code == Some(1) && errors.len() == 1 && errors[0].contains("exceeds the MTU"),
+        "x8 without the foreign chain: exit {code:?}, {errors:?}"
+    );
 
     // Already attached: a first gateway serves x0; a second is refused and
     // leaves the first's floor and service alone.
@@ -445,6 +503,63 @@ fn bad_input_fails_with_one_line_and_leaves_nothing_behind() -> Result<()> {
         "after the first gateway: {t}"
     );
     let _ = std::fs::remove_file(&log);
+    Ok(())
+}
+
+/// Whether the running kernel has tcx (Linux 6.6 and later), read from
+/// `/proc/sys/kernel/osrelease`.
+fn kernel_has_tcx() -> Result<bool> {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease")?;
+    let mut nums = release
+        .trim()
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|n| n.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (nums.next().unwrap_or(0), nums.next().unwrap_or(0));
+    Ok((major, minor) >= (6, 6))
+}
+
+#[test]
+#[ignore = "needs root: run via scripts/test"]
+fn an_interface_with_a_tcx_program_is_refused() -> Result<()> {
+    sluice_e2e::require_root()?;
+    if !kernel_has_tcx()?
+        && sluice_test_skip::may_skip("tcx", "the kernel is older than 6.6: it has no tcx")
+    {
+        return Ok(());
+    }
+    let base = unique_name();
+    let host = Netns::new(&format!("{base}h"))?;
+    let ns = Netns::new(&format!("{base}v"))?;
+    let path = format!("/run/netns/{}", ns.name());
+    // tcx programs (kernel 6.6 and later: attached through bpf links, no
+    // qdisc, not listed by iproute2), one on each hook.
+    ns.ip(&["link", "add", "x4", "type", "veth", "peer", "name", "x5"])?;
+    ns.ip(&["link", "add", "x6", "type", "veth", "peer", "name", "x7"])?;
+    let tcx_in = tcx::attach(&path, "x4", tcx::INGRESS)?;
+    let tcx_out = tcx::attach(&path, "x6", tcx::EGRESS)?;
+    for (iface, want) in [
+        ("x4", "1 tcx ingress program"),
+        ("x6", "1 tcx egress program"),
+    ] {
+        let (code, errors) = attach_once(&host, iface, &path, 1500)?;
+        ensure!(code == Some(1), "{iface}: exit {code:?}");
+        ensure!(
+            errors.len() == 1 && errors[0].contains(want),
+            "{iface}: want one error line with `{want}`, got {errors:?}"
+        );
+        let t = tables(&ns)?;
+        ensure!(!t.contains("sluice_floor"), "{iface}: left {t}");
+    }
+    // Control: with the programs detached, the same interfaces pass the
+    // check and fail only at the next one (the MTU).
+    drop((tcx_in, tcx_out));
+    for iface in ["x4", "x6"] {
+        let (code, errors) = attach_once(&host, iface, &path, 65520)?;
+        ensure!(
+            code == Some(1) && errors.len() == 1 && errors[0].contains("exceeds the MTU"),
+            "{iface} without its tcx program: exit {code:?}, {errors:?}"
+        );
+    }
     Ok(())
 }
 
@@ -649,6 +764,168 @@ fn a_frame_the_packet_socket_cannot_read_is_dropped_and_counted_and_the_gateway_
         read_log()
     );
     let _ = std::fs::remove_file(&log);
+    Ok(())
+}
+
+/// Starts a gateway attached to `iface` in the namespace at `netns`
+/// (from `host`), logging to `log`, and waits until it serves.
+fn start_attached(host: &Netns, iface: &str, netns: &str, log: &std::path::Path) -> Result<Proc> {
+    let mut c = host.cmd(bin_path("sluice-gateway")?);
+    c.args(["--attach", iface, "--netns", netns]).args([
+        "--mtu",
+        "1500",
+        "--dns-upstream",
+        "192.0.2.53",
+    ]);
+    let mut gw = Proc::spawn("gateway", &mut c, log)?;
+    let read_log = || std::fs::read_to_string(log).unwrap_or_default();
+    wait_until("the gateway", Duration::from_secs(60), || {
+        read_log().contains("ready: serving the guest") || gw.check_alive().is_err()
+    })?;
+    gw.check_alive().with_context(read_log)?;
+    Ok(gw)
+}
+
+/// The VM namespace's address in the ARP probe: outside the gateway's
+/// subnet, so only the namespace's kernel could answer for it.
+const KERNEL_ADDR: [u8; 4] = [192, 168, 77, 1];
+
+/// Whether the namespace's kernel answers an ARP request for
+/// [`KERNEL_ADDR`] written into `tap` (as the guest), within `tries`
+/// requests a second apart.
+fn kernel_answers_arp(tap: &mut std::fs::File, tries: u32) -> Result<bool> {
+    use std::io::Read as _;
+    use std::os::fd::AsRawFd as _;
+    let mac = [0x02, 0, 0, 0, 0, 0x15];
+    let mut request = vec![0u8; 10]; // a virtio-net header: no offload
+    request.extend_from_slice(&[0xff; 6]);
+    request.extend_from_slice(&mac);
+    request.extend_from_slice(&[0x08, 0x06, 0, 1, 0x08, 0, 6, 4, 0, 1]);
+    request.extend_from_slice(&mac);
+    request.extend_from_slice(&[192, 168, 77, 2]);
+    request.extend_from_slice(&[0; 6]);
+    request.extend_from_slice(&KERNEL_ADDR);
+    let mut buf = vec![0u8; 70_000];
+    for _ in 0..tries {
+        std::io::Write::write_all(tap, &request).context("writing an ARP request")?;
+        let sent = std::time::Instant::now();
+        while sent.elapsed() < Duration::from_secs(1) {
+            let mut pfd = libc::pollfd {
+                fd: tap.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd, which outlives the call.
+            #[allow(unsafe_code)]
+            let ready = unsafe { libc::poll(&raw mut pfd, 1, 200) };
+            if ready <= 0 {
+                continue;
+            }
+            let n = tap.read(&mut buf).context("reading the TAP")?;
+            let frame = buf.get(10..n).unwrap_or_default();
+            let reply = frame.get(12..14) == Some(&[8, 6]) && frame.get(20..22) == Some(&[0, 2]);
+            if reply && frame.get(28..32) == Some(&KERNEL_ADDR[..]) {
+                return Ok(true);
+            }
+        }
+    }
+    Ok(false)
+}
+
+#[test]
+#[ignore = "needs root: run via scripts/test"]
+fn a_successors_floor_outlives_its_predecessor_and_a_tap_is_refused_after_the_end() -> Result<()> {
+    sluice_e2e::require_root()?;
+    let base = unique_name();
+    let host = Netns::new(&format!("{base}h"))?;
+    let ns = Netns::new(&format!("{base}v"))?;
+    let path = format!("/run/netns/{}", ns.name());
+    let log1 = std::env::temp_dir().join(format!("{base}-first.log"));
+    let log2 = std::env::temp_dir().join(format!("{base}-second.log"));
+    // The first gateway serves a VMM's TAP; it is stopped (as a loaded
+    // machine may leave it) while the VMM restarts: its TAP goes and a new
+    // one of the same name comes, served by a second gateway.
+    let tap1 = open_tap(&path, "sltap")?;
+    let mut first = start_attached(&host, "sltap", &path, &log1)?;
+    let first_pid = i32::try_from(first.pid().context("first pid")?)?;
+    // SAFETY: kill has no memory effects; the pid is our own unreaped child.
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::kill(first_pid, libc::SIGSTOP);
+    }
+    drop(tap1);
+    wait_until("the first TAP to go", Duration::from_secs(60), || {
+        ns.sh("ip link show sltap", 30)
+            .is_ok_and(|o| !o.status.success())
+    })?;
+    let mut tap = open_tap(&path, "sltap")?;
+    let mut second = start_attached(&host, "sltap", &path, &log2)?;
+    // The first gateway goes on, finds its interface gone and ends: its
+    // keeper deletes its own floor, and not the second's.
+    // SAFETY: as above.
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::kill(first_pid, libc::SIGCONT);
+    }
+    wait_until("the first gateway to end", Duration::from_secs(60), || {
+        first.check_alive().is_err()
+    })?;
+    let st = first.signal_and_wait(0, Duration::from_secs(10))?;
+    let read = |p: &std::path::Path| std::fs::read_to_string(p).unwrap_or_default();
+    ensure!(st.code() == Some(0), "first exit {st}\n{}", read(&log1));
+    ensure!(
+        read(&log1).contains("interface is gone, and so is its floor"),
+        "{}",
+        read(&log1)
+    );
+    second.check_alive().with_context(|| read(&log2))?;
+    let t = tables(&ns)?;
+    ensure!(
+        t.matches(&floor_table("sltap")).count() == 2,
+        "the second gateway's floor (two tables) should remain: {t}"
+    );
+    // The kernel check: the VM namespace has an address the guest asks
+    // for; behind the second floor its kernel never hears the question.
+    ns.ip(&[
+        "addr",
+        "add",
+        &format!(
+            "{}.{}.{}.{}/24",
+            KERNEL_ADDR[0], KERNEL_ADDR[1], KERNEL_ADDR[2], KERNEL_ADDR[3]
+        ),
+        "dev",
+        "sltap",
+    ])?;
+    ensure!(
+        !kernel_answers_arp(&mut tap, 3)?,
+        "the namespace's kernel answered the guest behind the second floor"
+    );
+
+    // The second ends normally while the VMM holds its TAP: the TAP is
+    // down, so the VMM's writes are refused...
+    let st = second.signal_and_wait(libc::SIGTERM, Duration::from_secs(60))?;
+    ensure!(st.code() == Some(0), "second exit {st}\n{}", read(&log2));
+    let refused = std::io::Write::write(&mut tap, &[0u8; 60]);
+    ensure!(
+        refused
+            .as_ref()
+            .is_err_and(|e| e.raw_os_error() == Some(libc::EIO)),
+        "a write to the TAP after the end: {refused:?}"
+    );
+    // ...and, set up again by someone else, its frames meet the kept floor.
+    ns.ip(&["link", "set", "sltap", "up"])?;
+    ensure!(
+        !kernel_answers_arp(&mut tap, 3)?,
+        "the namespace's kernel answered the guest after the end"
+    );
+    // Control: with no floor the kernel answers the same request.
+    delete_floors(&ns, "sltap")?;
+    ensure!(
+        kernel_answers_arp(&mut tap, 30)?,
+        "with the TAP up and no floor the kernel should answer"
+    );
+    let _ = std::fs::remove_file(&log1);
+    let _ = std::fs::remove_file(&log2);
     Ok(())
 }
 

@@ -35,7 +35,7 @@ use std::os::fd::{AsRawFd as _, OwnedFd};
 use std::path::Path;
 
 use anyhow::{Context as _, anyhow, bail};
-use sluice_floor::ingress::{IngressFloor, table_name};
+use sluice_floor::ingress::{Foreign, IngressFloor};
 
 use crate::jail;
 
@@ -164,16 +164,18 @@ pub(super) fn install_floor(
     netns: Option<&Path>,
     allow_missing_floor: bool,
 ) -> anyhow::Result<FloorState> {
-    match IngressFloor::install(netns, IFACE) {
+    // The namespace is the run's own and fresh: nothing else is in it.
+    match IngressFloor::install(netns, IFACE, Foreign::Refuse) {
         Ok(floor) => {
+            let state = format!(
+                "on: nftables tables netdev and inet {} drop every frame of {IFACE} \
+                 before the namespace's kernel and forward nothing",
+                floor.table()
+            );
             // It goes with the namespace (module docs).
             floor.keep_with_namespace();
             Ok(FloorState {
-                state: format!(
-                    "on: nftables tables netdev and inet {} drop every frame of {IFACE} \
-                     before the namespace's kernel and forward nothing",
-                    table_name(IFACE)
-                ),
+                state,
                 warning: None,
             })
         }
@@ -259,7 +261,10 @@ mod tests {
         let tables = in_netns(netns, &["nft", "list", "tables"]);
         for family in ["netdev", "inet"] {
             assert!(
-                tables.contains(&format!("table {family} {}", table_name(IFACE))),
+                tables.contains(&format!(
+                    "table {family} {}",
+                    sluice_floor::ingress::table_prefix(IFACE)
+                )),
                 "{tables}"
             );
         }
