@@ -20,6 +20,8 @@
 //! regular file, one link, owned by the policy's owner or root) before
 //! reading it, and makes its new file under a name nobody else may have
 //! taken (`create_new`: a file or symlink planted there fails the write).
+//! The loader ([`crate::load_file`]) applies the same checks to the
+//! overlay it reads, and refuses one in a world-writable directory.
 
 use std::io::{Read as _, Write as _};
 use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
@@ -152,7 +154,7 @@ pub fn prepare(policy: &Path, entry: &Approved<'_>) -> Result<Option<Prepared>, 
     let refuse = |why: String| io(std::io::Error::other(why));
     let origin = path.display().to_string();
     let owner = std::fs::metadata(policy).map_err(io)?;
-    let dir = path.parent().unwrap_or(Path::new("."));
+    let dir = dir_of(&path);
     let dir_meta = std::fs::metadata(dir).map_err(io)?;
     if dir_meta.mode() & 0o002 != 0 {
         return Err(refuse(format!(
@@ -249,7 +251,7 @@ fn read_existing(path: &Path, owner: u32) -> Result<Option<String>, Existing> {
         // A FIFO planted there must not block the open.
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(path);
-    let mut f = match opened {
+    let f = match opened {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
@@ -272,8 +274,14 @@ fn read_existing(path: &Path, owner: u32) -> Result<Option<String>, Existing> {
     if meta.len() > crate::MAX_POLICY_BYTES {
         return Err(Existing::Refused("is larger than a policy may be"));
     }
+    // Read no more than the limit even if the file grows meanwhile.
     let mut text = String::new();
-    f.read_to_string(&mut text).map_err(Existing::Io)?;
+    f.take(crate::MAX_POLICY_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(Existing::Io)?;
+    if text.len() as u64 > crate::MAX_POLICY_BYTES {
+        return Err(Existing::Refused("is larger than a policy may be"));
+    }
     Ok(Some(text))
 }
 
@@ -337,6 +345,15 @@ pub(crate) fn check(raw: &RawPolicy, origin: &str) -> Result<(), PolicyErrors> {
 }
 
 /// The overlay beside `policy`, if there is one: its text and origin.
+///
+/// The loader trusts the overlay as little as the writer does ([`prepare`]):
+/// it is opened without following a symlink and without blocking on a
+/// FIFO, and read only if what was opened is a regular file with one link,
+/// owned by the policy's owner or root, within [`crate::MAX_POLICY_BYTES`];
+/// an overlay in a directory anyone may write is refused. A refused overlay
+/// fails the load, as a malformed policy does (a reload keeps the running
+/// policy): anyone able to plant a file beside the policy must not be able
+/// to widen it, block its loader or exhaust its memory.
 pub(crate) fn read(policy: &Path) -> Result<Option<(String, String)>, PolicyErrors> {
     let path = overlay_path(policy);
     let origin = path.display().to_string();
@@ -348,21 +365,39 @@ pub(crate) fn read(policy: &Path) -> Result<Option<(String, String)>, PolicyErro
             message,
         }])
     };
-    let meta = match std::fs::metadata(&path) {
-        Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(fail(format!("cannot read approval overlay: {e}"))),
+    let owner = std::fs::metadata(policy)
+        .map_err(|e| fail(format!("cannot read approval overlay: the policy: {e}")))?
+        .uid();
+    let text = match read_existing(&path, owner) {
+        Ok(None) => return Ok(None),
+        Ok(Some(text)) => text,
+        Err(Existing::Refused(why)) => {
+            return Err(fail(format!(
+                "approval overlay {why}: refused (remove it, or fold it into the policy)"
+            )));
+        }
+        Err(Existing::Io(e)) => return Err(fail(format!("cannot read approval overlay: {e}"))),
     };
-    if meta.len() > crate::MAX_POLICY_BYTES {
+    let dir = dir_of(&path);
+    let dir_meta = std::fs::metadata(dir)
+        .map_err(|e| fail(format!("cannot read approval overlay's directory: {e}")))?;
+    if dir_meta.mode() & 0o002 != 0 {
         return Err(fail(format!(
-            "approval overlay is {} bytes; the limit is {}",
-            meta.len(),
-            crate::MAX_POLICY_BYTES
+            "approval overlay is in {}, a directory anyone may write: refused \
+             (keep the policy in a directory only its owner may write)",
+            dir.display()
         )));
     }
-    let text = std::fs::read_to_string(&path)
-        .map_err(|e| fail(format!("cannot read approval overlay: {e}")))?;
     Ok(Some((text, origin)))
+}
+
+/// The directory `path` sits in (`.` for a bare file name, whose parent
+/// is the empty path).
+fn dir_of(path: &Path) -> &Path {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    }
 }
 
 #[cfg(test)]
@@ -557,6 +592,112 @@ mod tests {
         p.commit().unwrap();
         assert!(prepare(&policy, &entry("a.example.org")).unwrap().is_none());
         assert_eq!(std::fs::read_dir(&d).unwrap().count(), 2);
+    }
+
+    /// Loads the policy at `policy`; the error's text (the load must fail).
+    fn load_err(policy: &Path) -> String {
+        load_file(policy, &CompileOptions::default())
+            .map(|p| p.id().to_owned())
+            .unwrap_err()
+            .to_string()
+    }
+
+    #[test]
+    fn the_loader_refuses_a_symlinked_overlay() {
+        let d = dir("loadlink");
+        let policy = d.join("p.yaml");
+        std::fs::write(&policy, "version: 1\nid: p\n").unwrap();
+        let elsewhere = d.join("elsewhere.yaml");
+        std::fs::write(
+            &elsewhere,
+            "version: 1\nid: a\nallow:\n  - domain: x.example.org\n",
+        )
+        .unwrap();
+        std::os::unix::fs::symlink(&elsewhere, overlay_path(&policy)).unwrap();
+        let err = load_err(&policy);
+        assert!(err.contains("p.approved.yaml"), "{err}");
+        assert!(err.contains("is a symlink"), "{err}");
+        // Through a symlink to an endless file: refused, never read.
+        std::fs::remove_file(overlay_path(&policy)).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", overlay_path(&policy)).unwrap();
+        assert!(load_err(&policy).contains("is a symlink"));
+    }
+
+    #[test]
+    fn the_loader_refuses_a_fifo_at_once() {
+        let d = dir("loadfifo");
+        let policy = d.join("p.yaml");
+        std::fs::write(&policy, "version: 1\nid: p\n").unwrap();
+        let made = std::process::Command::new("mkfifo")
+            .arg(overlay_path(&policy))
+            .status()
+            .unwrap();
+        assert!(made.success());
+        // Nobody opens the FIFO's other end: a blocking open would hang here.
+        let err = load_err(&policy);
+        assert!(err.contains("not a regular file"), "{err}");
+    }
+
+    #[test]
+    fn the_loader_refuses_a_hard_linked_overlay() {
+        let d = dir("loadhard");
+        let policy = d.join("p.yaml");
+        std::fs::write(&policy, "version: 1\nid: p\n").unwrap();
+        assert!(append(&policy, &entry("a.example.org")).unwrap());
+        let link = d.join("kept.yaml");
+        std::fs::hard_link(overlay_path(&policy), &link).unwrap();
+        let err = load_err(&policy);
+        assert!(err.contains("hard links"), "{err}");
+        std::fs::remove_file(&link).unwrap();
+        assert_eq!(
+            load_file(&policy, &CompileOptions::default())
+                .unwrap()
+                .check_name("a.example.org")
+                .decision,
+            Decision::Allow
+        );
+    }
+
+    #[test]
+    fn the_loader_refuses_an_overlay_of_another_owner() {
+        let d = dir("loadowner");
+        let policy = d.join("p.yaml");
+        std::fs::write(&policy, "version: 1\nid: p\n").unwrap();
+        assert!(append(&policy, &entry("a.example.org")).unwrap());
+        let overlay = overlay_path(&policy);
+        // Only root may give a file to another uid; as root the test runs
+        // both ways (the project's tests run as root).
+        let chown = |uid: u32| std::os::unix::fs::chown(&overlay, Some(uid), None);
+        if chown(54_321).is_err() {
+            assert!(
+                load_file(&policy, &CompileOptions::default()).is_ok(),
+                "the owner's own overlay"
+            );
+            return;
+        }
+        let err = load_err(&policy);
+        assert!(err.contains("owned by neither"), "{err}");
+        // The policy's owner (root here) is trusted again.
+        chown(0).unwrap();
+        assert!(load_file(&policy, &CompileOptions::default()).is_ok());
+    }
+
+    #[test]
+    fn the_loader_refuses_an_overlay_in_a_world_writable_directory() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let d = dir("loadww");
+        let policy = d.join("p.yaml");
+        std::fs::write(&policy, "version: 1\nid: p\n").unwrap();
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        // No overlay there: the policy loads as before.
+        assert!(load_file(&policy, &CompileOptions::default()).is_ok());
+        std::fs::write(
+            overlay_path(&policy),
+            "version: 1\nid: a\nallow:\n  - domain: x.example.org\n",
+        )
+        .unwrap();
+        let err = load_err(&policy);
+        assert!(err.contains("anyone may write"), "{err}");
     }
 
     #[test]
