@@ -16,6 +16,8 @@
 //! back as input) and keys typed ahead for something else. The `choice> `
 //! line appears only then; a key is read from that moment.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -52,6 +54,11 @@ fn ports(q: &Question) -> String {
     }
 }
 
+/// Written before each question: a soft terminal reset (`ESC [ ! p`), the
+/// default rendition, the ASCII charset (`ESC ( B`, SI), a visible cursor,
+/// and a new line.
+pub const RESET: &str = "\x1b[!p\x1b[0m\x1b(B\x0f\x1b[?25h\r\n";
+
 /// How long after a question is drawn the terminal's input is discarded.
 pub const SETTLE: Duration = Duration::from_millis(300);
 
@@ -69,6 +76,12 @@ pub trait TerminalShare: Sync {
     /// The answer is shown: release what was held, in order, and give the
     /// keys back.
     fn end(&self);
+    /// Resolves when no question may be shown any more (the run ends): a
+    /// question shown then is cancelled and denied, and later ones are
+    /// denied without a prompt. Never, by default.
+    fn ending(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(std::future::pending())
+    }
 }
 
 /// A terminal nobody else uses.
@@ -137,6 +150,15 @@ where
             "\nsluice: {n} other name(s) refused without asking (too many questions; see the audit log)"
         ),
     };
+    // Whatever the terminal was left in by others (the guest's output
+    // released after the last question: concealed or black-on-black text,
+    // a scroll region, another charset, a hidden cursor) is undone before
+    // the question is drawn, so that it is seen as written: a soft reset
+    // (DECSTR), then SGR, charset and cursor again for terminals without it,
+    // then a new line of its own.
+    out.write_all(RESET.as_bytes())
+        .await
+        .map_err(BackendError::Io)?;
     let text = format!(
         "{refused}\nsluice: sandbox {} wants to reach {} ({}), not listed in policy {}\n  \
          [o] allow once (until the DNS answer expires)\n  \
@@ -215,14 +237,14 @@ async fn discard_for<R: AsyncBufRead + Unpin>(
 async fn discard_ready<R: AsyncBufRead + Unpin>(input: &mut R) {
     loop {
         let ready = std::future::poll_fn(|cx| {
-            std::task::Poll::Ready(match std::pin::Pin::new(&mut *input).poll_fill_buf(cx) {
+            std::task::Poll::Ready(match Pin::new(&mut *input).poll_fill_buf(cx) {
                 std::task::Poll::Ready(Ok(buf)) if !buf.is_empty() => Some(buf.len()),
                 _ => None,
             })
         })
         .await;
         match ready {
-            Some(n) => std::pin::Pin::new(&mut *input).consume(n),
+            Some(n) => Pin::new(&mut *input).consume(n),
             None => return,
         }
     }
@@ -310,7 +332,26 @@ pub async fn serve_shared<R, W>(
                         discard_ready(input).await;
                         *prompted = true;
                         share.begin();
-                        let asked = prompt(&q, input, out, SETTLE, share).await;
+                        // The run's end cancels the question before the
+                        // held output is released (never over a question
+                        // still shown); one that arrives after is denied
+                        // at once (`biased`: nothing is drawn then).
+                        let asked = tokio::select! {
+                            biased;
+                            () = share.ending() => {
+                                let msg = format!(
+                                    "\nsluice: the run ended; {} denied\n",
+                                    printable(&q.name)
+                                );
+                                let _ = out.write_all(msg.as_bytes()).await;
+                                let _ = out.flush().await;
+                                Ok(Answer {
+                                    decision: Choice::DenyOnce,
+                                    by: Some("terminal: the run ended".into()),
+                                })
+                            }
+                            a = prompt(&q, input, out, SETTLE, share) => a,
+                        };
                         share.end();
                         match asked {
                             Ok(a) => {
@@ -407,7 +448,8 @@ mod tests {
     async fn the_prompt_shows_the_exact_host_escaped_and_the_ports() {
         let (_, out) = run("d\n", false).await;
         assert!(out.contains("evil\\u{1b}[2J.example"), "{out}");
-        assert!(!out.contains('\u{1b}'));
+        let drawn = out.strip_prefix(RESET).expect("the reset first");
+        assert!(!drawn.contains('\u{1b}'), "{drawn}");
         assert!(out.contains("TCP 443, TCP 8443"));
     }
 
@@ -497,6 +539,107 @@ mod tests {
         let (answer, ()) = tokio::join!(asking, typing);
         assert_eq!(answer.unwrap().decision, Choice::DenyOnce);
         assert_eq!(*share.0.lock().unwrap(), vec!["settled"]);
+    }
+
+    #[tokio::test]
+    async fn each_question_starts_on_a_reset_terminal_and_a_line_of_its_own() {
+        let (_, out) = run("d\n", false).await;
+        assert!(out.starts_with("\x1b[!p\x1b[0m"), "{out:?}");
+        let drawn = out.strip_prefix(RESET).unwrap();
+        assert!(RESET.ends_with('\n'));
+        assert!(
+            drawn.trim_start().starts_with("sluice: sandbox sb"),
+            "{drawn}"
+        );
+    }
+
+    /// A shared terminal whose run ends when `over` is notified.
+    #[derive(Default)]
+    struct Ends {
+        over: AtomicBool,
+        wake: tokio::sync::Notify,
+        calls: std::sync::Mutex<Vec<&'static str>>,
+    }
+
+    impl TerminalShare for Ends {
+        fn begin(&self) {
+            self.calls.lock().unwrap().push("begin");
+        }
+        fn end(&self) {
+            self.calls.lock().unwrap().push("end");
+        }
+        fn ending(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+            Box::pin(async move {
+                loop {
+                    let woken = self.wake.notified();
+                    if self.over.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    woken.await;
+                }
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn the_runs_end_denies_the_question_shown_and_every_later_one() {
+        use crate::backend::Backend as _;
+        let dir = std::env::temp_dir().join(format!("sluice-term-ends-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("ask.sock");
+        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        let served = std::sync::Arc::new(std::sync::Mutex::new(Served::default()));
+        let (_key_w, key_r) = tokio::io::duplex(64);
+        let (out_w, mut screen) = tokio::io::duplex(1 << 16);
+        let share = Ends::default();
+        // The server's future is not Send (its terminal share's is not):
+        // it runs beside the test's body, not on a task of its own.
+        let server = serve_shared(
+            listener,
+            Mode::Prompt(tokio::io::BufReader::new(key_r), out_w),
+            std::sync::Arc::clone(&served),
+            &share,
+        );
+        let body = async {
+            let backend = super::super::unix::UnixBackend::new(&path);
+            let asking = {
+                let backend = backend.clone();
+                tokio::spawn(async move { backend.ask(&q(true)).await })
+            };
+            let mut seen = String::new();
+            while !seen.contains("choice> ") {
+                let mut chunk = [0u8; 256];
+                let n = tokio::io::AsyncReadExt::read(&mut screen, &mut chunk)
+                    .await
+                    .unwrap();
+                assert!(n > 0, "{seen}");
+                seen.push_str(&String::from_utf8_lossy(&chunk[..n]));
+            }
+            // The run ends with the question shown and no key typed.
+            share.over.store(true, Ordering::SeqCst);
+            share.wake.notify_waiters();
+            let a = asking.await.unwrap().unwrap();
+            assert_eq!(a.decision, Choice::DenyOnce);
+            assert_eq!(a.by.as_deref(), Some("terminal: the run ended"));
+            assert_eq!(*share.calls.lock().unwrap(), vec!["begin", "end"]);
+            // A later question is denied without being drawn.
+            let a = backend.ask(&q(true)).await.unwrap();
+            assert_eq!(a.by.as_deref(), Some("terminal: the run ended"));
+        };
+        tokio::select! {
+            () = server => panic!("the server stopped"),
+            () = body => {}
+        }
+        let mut rest = Vec::new();
+        tokio::io::AsyncReadExt::read_to_end(&mut screen, &mut rest)
+            .await
+            .unwrap();
+        let rest = String::from_utf8_lossy(&rest);
+        assert!(rest.contains("the run ended"), "{rest}");
+        assert!(!rest.contains("wants to reach"), "{rest}");
+        assert!(served.lock().unwrap().always.is_empty());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[tokio::test]

@@ -12,8 +12,11 @@
 //! question settled is discarded.
 
 use std::fs;
+use std::future::Future;
 use std::io::{self, Read, Write};
 use std::os::unix::net::UnixStream;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -31,6 +34,10 @@ pub(crate) const HOLD_LIMIT: usize = 1024 * 1024;
 /// How often a write waiting for the answer checks whether the run ends.
 const HOLD_POLL: Duration = Duration::from_millis(100);
 
+/// How long the run's end waits for a question shown to be cancelled
+/// before it gives up on the output the question holds.
+const FINISH_WAIT: Duration = Duration::from_secs(2);
+
 /// The terminal shared by the `--ask` prompt and the guest: the prompt
 /// tells it when a question begins, settles and ends
 /// ([`TerminalShare`]); the guest's output and the stdin forwarder ask it
@@ -44,6 +51,11 @@ pub(crate) struct TerminalGate {
     tty: Option<fs::File>,
     /// Where the guest's output goes ([`write_out`]; tests: a recorder).
     sink: Sink,
+    /// The run is ending ([`TerminalGate::finish`]): no question may be
+    /// shown any more.
+    over: AtomicBool,
+    /// Wakes [`TerminalShare::ending`] when `over` is set.
+    wake: tokio::sync::Notify,
 }
 
 /// Takes one chunk of the guest's stdout (or, `true`, stderr).
@@ -94,6 +106,40 @@ impl TerminalGate {
             released: Condvar::new(),
             tty,
             sink: Box::new(write_out),
+            over: AtomicBool::new(false),
+            wake: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// Ends the sharing at the end of the run: a question still shown is
+    /// cancelled (the prompt denies it and says so) and later ones are
+    /// denied unasked; only then is the output it held released, never
+    /// over a question still on the screen. If the prompt does not end
+    /// the question within [`FINISH_WAIT`] (its terminal is stalled), the
+    /// held output is dropped with one line on stderr, not drawn over it.
+    pub(crate) fn finish(&self) {
+        self.over.store(true, Ordering::SeqCst);
+        self.wake.notify_waiters();
+        let until = Instant::now() + FINISH_WAIT;
+        let mut held = lock(&self.held);
+        while held.holding {
+            let now = Instant::now();
+            if now >= until {
+                let bytes = std::mem::take(&mut held.bytes);
+                held.chunks.clear();
+                self.released.notify_all();
+                drop(held);
+                eprintln!(
+                    "sluice: --ask: {bytes} byte(s) of the guest's output held for an \
+                     unanswered question not shown"
+                );
+                return;
+            }
+            held = self
+                .released
+                .wait_timeout(held, until - now)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
         }
     }
 
@@ -177,6 +223,20 @@ impl TerminalShare for TerminalGate {
         held.holding = false;
         self.released.notify_all();
     }
+
+    fn ending(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(async move {
+            loop {
+                // Made before the flag is read: a `notify_waiters` after
+                // the read still wakes it.
+                let woken = self.wake.notified();
+                if self.over.load(Ordering::SeqCst) {
+                    return;
+                }
+                woken.await;
+            }
+        })
+    }
 }
 
 /// How much output `--json` captures per stream.
@@ -235,12 +295,12 @@ impl GuestOutput {
         }
     }
 
-    /// Releases what a question still holds, in order: at the end of the
-    /// run (the guest exited, or the run stops) no output is kept back,
-    /// though a question is still shown.
+    /// At the end of the run (the guest exited, or the run stops): a
+    /// question still shown is cancelled and denied first, then what it
+    /// held is released in order ([`TerminalGate::finish`]).
     pub(super) fn release(&self) {
         if let Some(gate) = &self.gate {
-            gate.end();
+            gate.finish();
         }
     }
 
@@ -394,6 +454,46 @@ mod tests {
             gate.write(false, b"more", || Err("interrupted")),
             Err("interrupted")
         );
+    }
+
+    #[test]
+    fn the_runs_end_cancels_the_question_before_releasing_its_output() {
+        let (gate, seen) = recording();
+        let gate = Arc::new(gate);
+        // The prompt's side: a question shown until the run's end cancels
+        // it, on a runtime of its own as in `ask`.
+        gate.begin();
+        gate.write(false, b"\x1b[8A\x1b[Jfake prompt", ok).unwrap();
+        let prompt = {
+            let (gate, seen) = (Arc::clone(&gate), Arc::clone(&seen));
+            thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .build()
+                    .unwrap();
+                rt.block_on(gate.ending());
+                // Still shown while the prompt says it is denied.
+                let shown = seen.lock().unwrap().len();
+                gate.end();
+                shown
+            })
+        };
+        gate.finish();
+        assert_eq!(prompt.join().unwrap(), 0, "released over the question");
+        assert_eq!(seen.lock().unwrap().len(), 1, "released after it");
+        // A later question is cancelled at once.
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        rt.block_on(gate.ending());
+    }
+
+    #[test]
+    fn a_question_never_ended_drops_its_output_at_the_runs_end() {
+        let (gate, seen) = recording();
+        gate.begin();
+        gate.write(false, b"held", ok).unwrap();
+        gate.finish();
+        assert!(seen.lock().unwrap().is_empty(), "drawn over the question");
     }
 
     #[test]
