@@ -95,11 +95,16 @@ impl AskServer {
         let (input, keys) = match &gate {
             Some(gate) if stdin_is_the_terminal() => {
                 let (r, w) = std::io::pipe().context("--ask: a pipe for the prompt's keys")?;
+                let to_prompt = fs::File::from(std::os::fd::OwnedFd::from(w));
+                // Never a blocking write under the gate's lock (a paste
+                // nobody reads would stop the terminal for good).
+                crate::run::terminal::nonblocking(&to_prompt)
+                    .context("--ask: the prompt's key pipe")?;
                 (
                     Some(fs::File::from(std::os::fd::OwnedFd::from(r))),
                     Some(Keys {
                         gate: Arc::clone(gate),
-                        to_prompt: fs::File::from(std::os::fd::OwnedFd::from(w)),
+                        to_prompt,
                     }),
                 )
             }
@@ -191,15 +196,25 @@ impl AskServer {
         })
     }
 
-    /// One line for the terminal summary, when questions were auto-denied.
+    /// The terminal summary's lines, when questions were auto-denied or
+    /// keys typed at a prompt were dropped (a paste its pipe had no room
+    /// for).
     pub(crate) fn summary_line(&self) -> Option<String> {
         let s = self.served.lock().map(|s| s.clone()).unwrap_or_default();
-        (s.auto_denied > 0).then(|| {
-            format!(
+        let mut lines = Vec::new();
+        if s.auto_denied > 0 {
+            lines.push(format!(
                 "sluice: --ask: {} approval question(s) denied without a prompt: {}",
                 s.auto_denied,
                 self.auto_deny.as_deref().unwrap_or("the terminal failed")
-            )
-        })
+            ));
+        }
+        let dropped = self.gate.as_ref().map_or(0, |g| g.dropped_keys());
+        if dropped > 0 {
+            lines.push(format!(
+                "sluice: --ask: {dropped} byte(s) typed at a prompt dropped (more than it reads)"
+            ));
+        }
+        (!lines.is_empty()).then(|| lines.join("\n"))
     }
 }

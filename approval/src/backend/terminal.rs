@@ -183,7 +183,16 @@ where
     for _ in 0..ATTEMPTS {
         out.write_all(b"choice> ").await.map_err(BackendError::Io)?;
         out.flush().await.map_err(BackendError::Io)?;
-        let line = read_line(input).await?;
+        // A line over the wire's bound (a paste) is an unreadable key, not
+        // a failed terminal: later questions are still prompted.
+        let line = match read_line(input).await {
+            Ok(line) => line,
+            Err(BackendError::Wire(_)) => {
+                skip_line(input).await?;
+                Vec::new()
+            }
+            Err(e) => return Err(e),
+        };
         let key = String::from_utf8_lossy(&line);
         if let Some(choice) = choice_for(&key, q.always_allowed) {
             let msg = format!("sluice: {} {}\n", choice.as_str(), printable(&q.name));
@@ -209,6 +218,31 @@ where
         decision: Choice::DenyOnce,
         by: Some("terminal: no choice".into()),
     })
+}
+
+/// Consumes the rest of the current line of `input` (one too long to be
+/// read as a key), up to and with its newline.
+///
+/// # Errors
+/// The input ended or failed.
+async fn skip_line<R: AsyncBufRead + Unpin>(input: &mut R) -> Result<(), BackendError> {
+    use tokio::io::AsyncBufReadExt as _;
+    loop {
+        let buf = input.fill_buf().await.map_err(BackendError::Io)?;
+        if buf.is_empty() {
+            return Err(BackendError::Closed);
+        }
+        match buf.iter().position(|&b| b == b'\n') {
+            Some(i) => {
+                input.consume(i + 1);
+                return Ok(());
+            }
+            None => {
+                let n = buf.len();
+                input.consume(n);
+            }
+        }
+    }
 }
 
 /// Discards every line `input` gives for `window`. A line over the wire's
@@ -640,6 +674,16 @@ mod tests {
         assert!(!rest.contains("wants to reach"), "{rest}");
         assert!(served.lock().unwrap().always.is_empty());
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn a_line_too_long_is_an_unreadable_key_not_a_failed_terminal() {
+        let long = format!("{}\nd\n", "x".repeat(10_000));
+        let (a, out) = run(&long, false).await;
+        let a = a.unwrap();
+        assert_eq!(a.decision, Choice::DenyOnce);
+        assert_eq!(a.by.as_deref(), Some("terminal"), "d was read: {out}");
+        assert_eq!(out.matches("press o, s, d or n").count(), 1, "{out}");
     }
 
     #[tokio::test]

@@ -16,7 +16,7 @@ use std::future::Future;
 use std::io::{self, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -56,6 +56,8 @@ pub(crate) struct TerminalGate {
     over: AtomicBool,
     /// Wakes [`TerminalShare::ending`] when `over` is set.
     wake: tokio::sync::Notify,
+    /// Bytes for the prompt dropped because its pipe was full.
+    dropped: AtomicU64,
 }
 
 /// Takes one chunk of the guest's stdout (or, `true`, stderr).
@@ -108,6 +110,7 @@ impl TerminalGate {
             sink: Box::new(write_out),
             over: AtomicBool::new(false),
             wake: tokio::sync::Notify::new(),
+            dropped: AtomicU64::new(0),
         }
     }
 
@@ -147,6 +150,13 @@ impl TerminalGate {
     /// guest's: written to `to_prompt` when a settled question waits and
     /// it was read since, else discarded. `Ok(false)`: the guest's.
     ///
+    /// `to_prompt` must be non-blocking ([`nonblocking`]): nobody reads
+    /// the pipe once the prompt has its answer, and a write that blocked
+    /// here, under the lock, would stop the prompt's `end()` and with it
+    /// the guest's output and the terminal for good (a large paste). What
+    /// does not fit in the pipe is dropped and counted
+    /// ([`TerminalGate::dropped_keys`]): no prompt's answer is that long.
+    ///
     /// # Errors
     /// Writing to the prompt's pipe failed.
     pub(crate) fn take_keys(
@@ -161,8 +171,27 @@ impl TerminalGate {
             KeyRoute::Guest => Ok(false),
             KeyRoute::Settling => Ok(true),
             KeyRoute::Prompt { since } if at < since => Ok(true),
-            KeyRoute::Prompt { .. } => to_prompt.write_all(data).map(|()| true),
+            KeyRoute::Prompt { .. } => {
+                let mut rest = data;
+                while !rest.is_empty() {
+                    match to_prompt.write(rest) {
+                        Ok(n) => rest = &rest[n..],
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                            self.dropped.fetch_add(rest.len() as u64, Ordering::Relaxed);
+                            break;
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+                Ok(true)
+            }
         }
+    }
+
+    /// Bytes typed for the prompt that its pipe had no room for.
+    pub(crate) fn dropped_keys(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
     }
 
     /// Passes on the guest's `data` (stdout, or `err`: stderr), or holds
@@ -237,6 +266,18 @@ impl TerminalShare for TerminalGate {
             }
         })
     }
+}
+
+/// Makes `f` (the prompt's pipe, written by [`TerminalGate::take_keys`])
+/// non-blocking.
+///
+/// # Errors
+/// The descriptor's flags could not be read or set.
+pub(crate) fn nonblocking(f: &fs::File) -> io::Result<()> {
+    use rustix::fs::{OFlags, fcntl_getfl, fcntl_setfl};
+    let flags = fcntl_getfl(f)?;
+    fcntl_setfl(f, flags | OFlags::NONBLOCK)?;
+    Ok(())
 }
 
 /// How much output `--json` captures per stream.
@@ -494,6 +535,35 @@ mod tests {
         gate.write(false, b"held", ok).unwrap();
         gate.finish();
         assert!(seen.lock().unwrap().is_empty(), "drawn over the question");
+    }
+
+    #[test]
+    fn a_paste_larger_than_the_prompts_pipe_is_dropped_not_waited_on() {
+        let (gate, _) = recording();
+        let (r, w) = io::pipe().unwrap();
+        let (mut r, w) = (
+            fs::File::from(std::os::fd::OwnedFd::from(r)),
+            fs::File::from(std::os::fd::OwnedFd::from(w)),
+        );
+        nonblocking(&w).unwrap();
+        gate.begin();
+        gate.settled();
+        // Nobody reads the pipe (the prompt has its answer): far more than
+        // a pipe holds (64 KiB by default) must neither block nor fail.
+        let paste = vec![b'x'; 4096];
+        let mut typed = 0u64;
+        while gate.dropped_keys() == 0 {
+            assert!(gate.take_keys(Instant::now(), &paste, &w).unwrap());
+            typed += paste.len() as u64;
+            assert!(typed < 64 << 20, "the pipe never filled");
+        }
+        // One more, still not blocking, and the question can end.
+        assert!(gate.take_keys(Instant::now(), &paste, &w).unwrap());
+        gate.end();
+        drop(w);
+        let mut got = Vec::new();
+        r.read_to_end(&mut got).unwrap();
+        assert_eq!(got.len() as u64 + gate.dropped_keys(), typed + 4096);
     }
 
     #[test]
