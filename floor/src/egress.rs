@@ -138,6 +138,9 @@ pub struct EgressSpec {
     /// port (UDP and TCP) only, before anything is dropped (a resolver is
     /// often on a private address).
     pub resolvers: Vec<SocketAddr>,
+    /// Addresses accepted for TCP on their port only, before anything is
+    /// dropped (the approval webhook: HTTP, never UDP).
+    pub tcp_only: Vec<SocketAddr>,
     /// Dropped before `allow` is consulted: [`always_denied`], the host's
     /// own addresses and cloud host services, which no policy network
     /// opens. Addresses the kernel routes as local are dropped here too,
@@ -293,6 +296,17 @@ fn objects(spec: &EgressSpec, table: &str) -> Vec<NfObject<'static>> {
                 ],
             ));
         }
+    }
+    for addr in &spec.tcp_only {
+        out.push(rule(
+            table,
+            vec![
+                owner.clone(),
+                daddr_in(&IpNet::from(addr.ip())),
+                port_is("tcp", "dport", u32::from(addr.port())),
+                Statement::Accept(Some(Accept {})),
+            ],
+        ));
     }
     for kind in LOCAL_TYPES {
         let mut expr = vec![

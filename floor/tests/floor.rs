@@ -592,6 +592,7 @@ fn spec(owner: Owner) -> EgressSpec {
         owner,
         reply_ports: vec![],
         resolvers: vec![],
+        tcp_only: vec![],
         deny_first: always_denied(),
         allow: vec![],
         deny: non_public(),

@@ -20,10 +20,12 @@
 //! reachable and one it drops is not.
 //!
 //! A policy whose approval backend is a webhook (without `--ask`) gets the
-//! webhook's resolved addresses opened on its port, exactly and nothing
-//! else of their networks (the webhook is often on loopback or a private
-//! address): the floor's per-resolver rule, which accepts that address and
-//! port. A link-local or cloud host service address is never opened.
+//! webhook's resolved addresses (at most 8) opened on its port for TCP
+//! only, exactly and nothing else of their networks (the webhook is often
+//! on loopback or a private address). A link-local or cloud host service,
+//! unspecified, multicast or broadcast address is never opened; loopback
+//! and the host's own addresses only when the URL names the address
+//! itself (a name that resolves there opens nothing).
 //!
 //! Rootless there is no floor: nftables in the host's namespace needs
 //! root. The run reports it off, with that reason.
@@ -142,51 +144,89 @@ fn webhook_host_port(url: &str) -> Option<(String, u16)> {
     (!host.is_empty()).then(|| (host.to_owned(), port))
 }
 
+/// The most addresses of the approval webhook's host the floor opens.
+const MAX_WEBHOOK_ADDRS: usize = 8;
+
 /// Where the floor must let the gateway reach its approval webhook under
-/// `policy`: the URL's host resolved here, on the URL's port. Empty for
-/// another backend. An address that is link-local or a cloud host service
-/// is left out (the metadata service is never opened), and so is a host
-/// that does not resolve (the webhook is then unreachable: every question
-/// is denied), each said on stderr.
-pub(crate) fn approval_webhook(policy: &CompiledPolicy) -> Vec<SocketAddr> {
+/// `policy`, on a host whose own addresses are `host`: the URL's host
+/// resolved here, on the URL's port, for TCP only, at most
+/// [`MAX_WEBHOOK_ADDRS`] addresses. Empty for another backend. An address
+/// [`webhook_refusal`] refuses is left out (the metadata service, loopback
+/// reached through a name, ...), and so is a host that does not resolve
+/// (the webhook is then unreachable: every question is denied), each said
+/// on stderr.
+pub(crate) fn approval_webhook(policy: &CompiledPolicy, host: &[IpAddr]) -> Vec<SocketAddr> {
     let Some(ApprovalBackend::Webhook { url, .. }) = policy.approval().map(|a| &a.backend) else {
         return Vec::new();
     };
-    let Some((host, port)) = webhook_host_port(url) else {
+    let Some((name, port)) = webhook_host_port(url) else {
         return Vec::new();
     };
-    let resolved = match (host.as_str(), port).to_socket_addrs() {
+    let literal = name.parse::<IpAddr>().ok();
+    let resolved = match (name.as_str(), port).to_socket_addrs() {
         Ok(a) => a,
         Err(e) => {
             eprintln!(
-                "sluice: approval webhook {host}: {e}; the gateway's egress floor opens nothing for it"
+                "sluice: approval webhook {name}: {e}; the gateway's egress floor opens nothing for it"
             );
             return Vec::new();
         }
     };
-    let never: Vec<IpNet> = cloud_host_services()
-        .chain(
-            ["169.254.0.0/16", "fe80::/10"]
-                .iter()
-                .filter_map(|n| n.parse().ok()),
-        )
-        .collect();
     let mut out: Vec<SocketAddr> = Vec::new();
     for a in resolved {
-        let ip = match a.ip() {
-            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
-            v4 => v4,
-        };
-        if never.iter().any(|n| n.contains(&ip)) {
+        let ip = unmapped(a.ip());
+        if let Some(why) = webhook_refusal(ip, literal.map(unmapped) == Some(ip), host) {
             eprintln!(
-                "sluice: approval webhook {host} is at {ip}, a link-local or cloud host service \
-                 address: the gateway's egress floor does not open it"
+                "sluice: approval webhook {name} is at {ip}, {why}: the gateway's egress floor \
+                 does not open it"
+            );
+        } else if out.len() == MAX_WEBHOOK_ADDRS {
+            eprintln!(
+                "sluice: approval webhook {name}: only its first {MAX_WEBHOOK_ADDRS} addresses \
+                 are opened; {ip} is not"
             );
         } else if !out.contains(&SocketAddr::new(ip, port)) {
             out.push(SocketAddr::new(ip, port));
         }
     }
     out
+}
+
+/// `ip`, or the IPv4 address it maps.
+fn unmapped(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+/// Why the floor does not open the webhook's address `ip` (`literal`: the
+/// URL names that address itself; `host`: this host's own addresses), or
+/// `None`. Never: link-local and cloud host services, unspecified,
+/// multicast and broadcast addresses. Loopback and the host's own
+/// addresses only when the URL names them literally: a DNS answer must not
+/// open what no policy opens.
+fn webhook_refusal(ip: IpAddr, literal: bool, host: &[IpAddr]) -> Option<&'static str> {
+    let never = cloud_host_services().chain(
+        ["169.254.0.0/16", "fe80::/10"]
+            .iter()
+            .filter_map(|n| n.parse().ok()),
+    );
+    let nowhere = match ip {
+        IpAddr::V4(v4) => v4.octets()[0] == 0 || v4.is_multicast() || v4.is_broadcast(),
+        IpAddr::V6(v6) => v6.is_unspecified() || v6.is_multicast(),
+    };
+    if never.into_iter().any(|n: IpNet| n.contains(&ip)) {
+        Some("a link-local or cloud host service address")
+    } else if nowhere {
+        Some("an unspecified, multicast or broadcast address")
+    } else if !literal && (ip.is_loopback() || host.contains(&ip)) {
+        Some(
+            "loopback or this host's own address, reached through a name (name the address itself in the URL to open it)",
+        )
+    } else {
+        None
+    }
 }
 
 /// Cloud host services: always dropped (the policy cannot name them).
@@ -227,12 +267,10 @@ pub(crate) fn spec(
     Ok(EgressSpec {
         owner: Owner::Gid(gid),
         reply_ports: reply_ports.to_vec(),
-        // The webhook's exact address and port, by the resolvers' rule
-        // (accepted before anything is dropped, that port only).
-        resolvers: resolvers(policy)?
-            .into_iter()
-            .chain(webhook.iter().copied())
-            .collect(),
+        resolvers: resolvers(policy)?,
+        // The webhook's exact address and port, TCP only (accepted before
+        // anything is dropped).
+        tcp_only: webhook.to_vec(),
         // What no policy opens (loopback, link-local, multicast, the host's
         // addresses, cloud host services) before anything the policy names:
         // the gateway's own check denies them whatever the policy says, and
@@ -262,7 +300,7 @@ pub(crate) fn install(
     let webhook = if open.ask {
         Vec::new()
     } else {
-        approval_webhook(policy)
+        approval_webhook(policy, &host)
     };
     let spec = spec(policy, &host, gid, &open.reply_ports, &webhook)?;
     EgressFloor::install(None, &spec).map_err(|e| anyhow!("the gateway's egress floor: {e}"))
@@ -302,7 +340,7 @@ pub(crate) fn install_for_run(
     match install(policy, gid, open) {
         Ok(floor) => {
             if !open.ask {
-                for a in approval_webhook(policy) {
+                for a in approval_webhook(policy, &sluice_gateway::decide::host_addresses()) {
                     eprintln!(
                         "sluice: the gateway's egress floor lets it reach the approval webhook \
                          at {a} (that address and port only)"
@@ -384,9 +422,10 @@ mod tests {
             vec![
                 "10.0.0.53:53".parse::<SocketAddr>().unwrap(),
                 "[fd00::53]:5353".parse().unwrap(),
-                hook,
             ]
         );
+        // The webhook: TCP only, never by the resolvers' UDP-and-TCP rule.
+        assert_eq!(s.tcp_only, vec![hook]);
         let allow: Vec<String> = s.allow.iter().map(ToString::to_string).collect();
         assert!(allow.contains(&"192.168.7.0/24".to_owned()), "{allow:?}");
         assert!(allow.contains(&"10.1.0.0/16".to_owned()), "{allow:?}");
@@ -422,14 +461,48 @@ mod tests {
                 "version: 1\nid: t\nunlisted: ask\napproval:\n  backend:\n    webhook:\n      url: {url}\n"
             ))
         };
+        let host: Vec<IpAddr> = vec!["192.0.2.7".parse().unwrap()];
+        let webhook = |url: &str| approval_webhook(&hooked(url), &host);
+        // Loopback and the host's own address, named literally: opened.
         assert_eq!(
-            approval_webhook(&hooked("https://127.0.0.1:18443/ask")),
+            webhook("https://127.0.0.1:18443/ask"),
             vec!["127.0.0.1:18443".parse::<SocketAddr>().unwrap()]
         );
+        assert_eq!(
+            webhook("https://[::1]:18443/ask"),
+            vec!["[::1]:18443".parse::<SocketAddr>().unwrap()]
+        );
+        assert_eq!(webhook("http://192.0.2.7:8080/").len(), 1);
+        // `localhost` is a name: its loopback answer is not opened.
+        assert!(webhook("http://localhost:18443/ask").is_empty());
         // The metadata service and link-local addresses: never opened.
-        assert!(approval_webhook(&hooked("http://169.254.169.254/latest")).is_empty());
-        assert!(approval_webhook(&hooked("http://168.63.129.16/")).is_empty());
-        assert!(approval_webhook(&compile("version: 1\nid: t\n")).is_empty());
+        assert!(webhook("http://169.254.169.254/latest").is_empty());
+        assert!(webhook("http://168.63.129.16/").is_empty());
+        // Nowhere addresses: never, literal or not.
+        for url in [
+            "http://0.0.0.0:8080/",
+            "http://0.1.2.3:8080/",
+            "http://224.0.0.1:8080/",
+            "http://255.255.255.255:8080/",
+            "http://[::]:8080/",
+            "http://[ff02::1]:8080/",
+            "http://[::ffff:169.254.169.254]/",
+        ] {
+            assert!(webhook(url).is_empty(), "{url}");
+        }
+        assert!(approval_webhook(&compile("version: 1\nid: t\n"), &host).is_empty());
+    }
+
+    #[test]
+    fn a_name_never_opens_loopback_or_the_host() {
+        let host: Vec<IpAddr> = vec!["192.0.2.7".parse().unwrap()];
+        for ip in ["127.0.0.1", "127.9.9.9", "::1", "192.0.2.7"] {
+            let ip: IpAddr = ip.parse().unwrap();
+            assert!(webhook_refusal(ip, false, &host).is_some(), "{ip}");
+            assert_eq!(webhook_refusal(ip, true, &host), None, "{ip}");
+        }
+        let public: IpAddr = "203.0.113.9".parse().unwrap();
+        assert_eq!(webhook_refusal(public, false, &host), None);
     }
 
     /// Every network the floor drops is one the policy crate calls
