@@ -156,6 +156,7 @@ impl EgressSpec {
     fn rules(&self) -> usize {
         self.reply_ports.len()
             + 2 * self.resolvers.len()
+            + self.tcp_only.len()
             + LOCAL_TYPES.len()
             + self.deny_first.len()
             + self.allow.len()

@@ -587,6 +587,67 @@ fn listen_on(ns: &Netns, addr: &str, port: u16) -> Kill {
     guard
 }
 
+/// Whether `uid`/`gid` can send a UDP datagram to `addr`:`port` from `ns`
+/// (a floor's drop fails the send at once, EPERM).
+fn sends_udp_as(ns: &Netns, uid: u32, gid: u32, addr: &str, port: u16) -> bool {
+    let code = format!(
+        "import socket\ns=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\ns.sendto(b'x',('{addr}',{port}))\n"
+    );
+    let (uid, gid) = (uid.to_string(), gid.to_string());
+    ns.exec(&[
+        "setpriv",
+        "--reuid",
+        &uid,
+        "--regid",
+        &gid,
+        "--clear-groups",
+        PY,
+        "-c",
+        &code,
+    ])
+    .stderr(Stdio::null())
+    .status()
+    .unwrap()
+    .success()
+}
+
+#[test]
+fn a_tcp_only_opening_accepts_tcp_to_that_port_and_never_udp() {
+    if !is_root() && sluice_test_skip::may_skip("root", "nft and namespaces need root") {
+        return;
+    }
+    let ns = Netns::new("tcponly");
+    let (hook, other) = (18_443u16, 18_082u16);
+    let _hook = listen(&ns, hook);
+    let _other = listen(&ns, other);
+    let (uid, gid) = (64_995, 1_895_825_998);
+    let floor = EgressFloor::install(
+        Some(&ns.path()),
+        &EgressSpec {
+            tcp_only: vec![format!("127.0.0.1:{hook}").parse().unwrap()],
+            ..spec(Owner::Gid(gid))
+        },
+    )
+    .unwrap();
+    assert!(
+        connects_as_ids(&ns, uid, gid, hook),
+        "the webhook's TCP port was stopped"
+    );
+    assert!(
+        !connects_as_ids(&ns, uid, gid, other),
+        "another loopback port was opened"
+    );
+    assert!(
+        !sends_udp_as(&ns, uid, gid, "127.0.0.1", hook),
+        "UDP to the webhook's address and port was opened"
+    );
+    // The same datagram from another gid is not the floor's: it leaves.
+    assert!(sends_udp_as(&ns, uid, 64_994, "127.0.0.1", hook));
+    // The namespace, and the table in it, go when `ns` drops.
+    let table = floor.hand_off();
+    assert!(ns.tables().contains(&table), "{}", ns.tables());
+}
+
 fn spec(owner: Owner) -> EgressSpec {
     EgressSpec {
         owner,
