@@ -136,7 +136,12 @@ fn next_depth(mut depth: usize, line: &str) -> usize {
 fn finish(out: &mut Ruleset, family: &str, table: &str, block: Block) {
     match block {
         Block::Chain { name, body } => {
-            let Some(hook_line) = body.iter().find(|l| word_after(l, "hook").is_some()) else {
+            // nft prints a chain's comment on its own line before the
+            // `type ... hook ...` line; a comment's words never count.
+            let Some(hook_line) = body
+                .iter()
+                .find(|l| l.starts_with("type ") && word_after(l, "hook").is_some())
+            else {
                 return; // a regular chain: reached only by a jump from a base chain
             };
             let has_rules = body.iter().any(|l| {
@@ -151,9 +156,9 @@ fn finish(out: &mut Ruleset, family: &str, table: &str, block: Block) {
                 hook: word_after(hook_line, "hook").unwrap_or_default(),
                 devices: devices(hook_line),
                 priority: priority(family, hook_line),
-                policy_drop: body
-                    .iter()
-                    .any(|l| l.contains("policy drop;") || l == "policy drop"),
+                policy_drop: body.iter().any(|l| {
+                    !l.starts_with("comment ") && (l.contains("policy drop;") || l == "policy drop")
+                }),
                 has_rules,
             });
         }
@@ -287,6 +292,19 @@ table netdev sluice_floor_a0_1 {
         let f = &r.flowtables[0];
         assert_eq!(f.name, "f2");
         assert!(f.on("a1") && f.on("tap7") && !f.on("a0"));
+    }
+
+    /// A comment naming a hook or a drop policy (nft prints it on the
+    /// line before the chain's `type` line) changes nothing that is read.
+    #[test]
+    fn a_chains_comment_is_not_its_hook_or_its_policy() {
+        let r = parse(
+            "table netdev x {\n\tchain c {\n\t\tcomment \"dup hook for capture; policy drop;\"\n\t\ttype filter hook ingress device \"tap0\" priority -600; policy accept;\n\t\tdup to \"a9\"\n\t}\n}\n",
+        );
+        let c = &r.chains[0];
+        assert_eq!(c.devices, ["tap0"]);
+        assert_eq!((c.hook.as_str(), c.priority), ("ingress", Some(-600)));
+        assert!(c.has_rules && !c.policy_drop);
     }
 
     #[test]
