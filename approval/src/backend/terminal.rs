@@ -615,14 +615,26 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn the_runs_end_denies_the_question_shown_and_every_later_one() {
-        use crate::backend::Backend as _;
-        let dir = std::env::temp_dir().join(format!("sluice-term-ends-{}", std::process::id()));
+    /// A fresh directory for one test and a listener on its `ask.sock`.
+    fn ask_socket(
+        tag: &str,
+    ) -> (
+        std::path::PathBuf,
+        std::path::PathBuf,
+        tokio::net::UnixListener,
+    ) {
+        let dir = std::env::temp_dir().join(format!("sluice-term-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("ask.sock");
         let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        (dir, path, listener)
+    }
+
+    #[tokio::test]
+    async fn the_runs_end_denies_the_question_shown_and_every_later_one() {
+        use crate::backend::Backend as _;
+        let (dir, path, listener) = ask_socket("ends");
         let served = std::sync::Arc::new(std::sync::Mutex::new(Served::default()));
         let (_key_w, key_r) = tokio::io::duplex(64);
         let (out_w, mut screen) = tokio::io::duplex(1 << 16);
@@ -694,11 +706,7 @@ mod tests {
     #[tokio::test]
     async fn an_always_answer_is_recorded_before_the_gateway_hears_it() {
         use crate::backend::Backend as _;
-        let dir = std::env::temp_dir().join(format!("sluice-term-always-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("ask.sock");
-        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        let (dir, path, listener) = ask_socket("always");
         let served = std::sync::Arc::new(std::sync::Mutex::new(Served::default()));
         // Keys through a pipe, typed once the prompt is drawn; a line typed
         // before it (`n`, stale) is discarded at the prompt's start.
