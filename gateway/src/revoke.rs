@@ -4,7 +4,7 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use sluice_policy::Reason;
 use smoltcp::socket::tcp;
@@ -136,7 +136,7 @@ impl Datapath {
             match &flow.state {
                 FlowState::Open { handle, host, .. } => {
                     // RST the upstream too rather than a graceful FIN.
-                    let _ = socket2::SockRef::from(host).set_linger(Some(Duration::ZERO));
+                    host.reset_on_close();
                     self.sockets.get_mut::<tcp::Socket<'_>>(*handle).abort();
                 }
                 FlowState::InspectConnecting { handle } => {

@@ -83,7 +83,7 @@ use sluice_policy::Reason;
 use sluice_policy::audit::Kind;
 use sluice_secrets::{HostSubstituter, SecretStore, Substitutions};
 use thiserror::Error;
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncWrite, BufReader};
 use tokio::net::TcpStream;
 use tokio_rustls::{LazyConfigAcceptor, TlsConnector};
 
@@ -98,6 +98,15 @@ use crate::trailers::{TrailerRewrite, TrailerRule};
 
 mod origin;
 use origin::{Upstream, WatchConnectProtocol};
+
+/// The upstream connection as the TLS client reads it. rustls asks for 4 KiB
+/// per read, so a 16 KiB record took four system calls and the kernel
+/// answered each drained read with a window update; through this buffer one
+/// read takes what the socket holds, up to [`UPSTREAM_READ`].
+type UpstreamIo = BufReader<TcpStream>;
+
+/// The upstream read buffer: a few TLS records.
+const UPSTREAM_READ: usize = 64 * 1024;
 
 /// Default bound on the upstream TCP connect.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -380,11 +389,12 @@ impl Interceptor {
         &self,
         flow: &FlowInfo,
         offered: &[Vec<u8>],
-    ) -> Result<(tokio_rustls::client::TlsStream<TcpStream>, Option<Vec<u8>>), (Reason, String)>
+    ) -> Result<(tokio_rustls::client::TlsStream<UpstreamIo>, Option<Vec<u8>>), (Reason, String)>
     {
         let tcp = upstream::connect(flow.dst, self.connect_timeout)
             .await
             .map_err(|e| (e.reason, e.detail))?;
+        let tcp = BufReader::with_capacity(UPSTREAM_READ, tcp);
         let mut cfg = (*self.upstream).clone();
         cfg.alpn_protocols = offered.to_vec();
         let name = ServerName::try_from(flow.sni.clone())

@@ -9,26 +9,27 @@
 //!   against the one the first request was admitted with and reports
 //!   placeholders (never substituted).
 //!
-//! The flow's host side becomes one end of a `UnixStream` pair
-//! ([`HostStream::Local`]); the proxy task gets the other end. The datapath
-//! pumps bytes exactly as for a spliced flow, so the first bytes it only
-//! peeked (ClientHello, first request head) are replayed into the pair and
-//! the proxy reads them first. The proxy connects upstream itself, to the
+//! The flow's host side becomes one end of an in-process pipe
+//! ([`HostStream::Local`], [`super::pipe`]); the proxy task gets the other
+//! end. The datapath pumps bytes exactly as for a spliced flow, so the first
+//! bytes it only peeked (ClientHello, first request head) are replayed into
+//! the pipe and the proxy reads them first. The proxy connects upstream itself, to the
 //! validated destination only. Every other flow keeps [`HostStream::Tcp`].
 
 use std::io;
-use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use sluice_intercept::{AuditOut, FlowInfo, HttpEvent, PlainFlow, PlainProxy};
 use smoltcp::iface::SocketHandle;
 use smoltcp::socket::tcp;
-use tokio::net::{TcpStream, UnixStream};
+use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
+use super::pipe::{self, DatapathEnd, ProxyEnd};
 use crate::decide::{DenyReason, FlowKey};
-use crate::flow::{Admission, FlowEnd, WireName};
+use crate::flow::{Admission, WireName};
 use crate::metrics::Proxy;
 use crate::session::{Datapath, Event};
 
@@ -37,8 +38,8 @@ use crate::session::{Datapath, Event};
 pub(crate) enum HostStream {
     /// A host TCP connection to the destination (spliced).
     Tcp(TcpStream),
-    /// One end of a pair whose other end the interception proxy holds.
-    Local(UnixStream),
+    /// The datapath's end of a pipe whose other end a proxy task holds.
+    Local(DatapathEnd),
 }
 
 impl From<TcpStream> for HostStream {
@@ -75,13 +76,25 @@ impl HostStream {
             Self::Local(s) => s.poll_write_ready(cx),
         }
     }
-}
 
-impl AsFd for HostStream {
-    fn as_fd(&self) -> BorrowedFd<'_> {
+    /// The guest finished sending: passes the half-close on.
+    pub(crate) fn shutdown_write(&self) {
         match self {
-            Self::Tcp(s) => s.as_fd(),
-            Self::Local(s) => s.as_fd(),
+            Self::Tcp(s) => {
+                let _ = socket2::SockRef::from(s).shutdown(std::net::Shutdown::Write);
+            }
+            Self::Local(s) => s.shutdown_write(),
+        }
+    }
+
+    /// The flow ended by a reset (the guest's, or an abort of ours): the
+    /// host side is reset too when it is dropped, not closed cleanly.
+    pub(crate) fn reset_on_close(&self) {
+        match self {
+            Self::Tcp(s) => {
+                let _ = socket2::SockRef::from(s).set_linger(Some(Duration::ZERO));
+            }
+            Self::Local(s) => s.reset(),
         }
     }
 }
@@ -141,9 +154,7 @@ impl Datapath {
                 return true;
             }
         };
-        let Some(theirs) = self.hand_over(id, handle) else {
-            return true;
-        };
+        let theirs = self.hand_over(id, handle);
         let flow = FlowInfo {
             id,
             src: key.src,
@@ -200,9 +211,7 @@ impl Datapath {
         if !self.decider.proxies_plain_http(key) {
             return false;
         }
-        let Some(theirs) = self.hand_over(id, handle) else {
-            return true;
-        };
+        let theirs = self.hand_over(id, handle);
         let flow = PlainFlow {
             id,
             src: key.src,
@@ -219,23 +228,12 @@ impl Datapath {
         true
     }
 
-    /// Opens flow `id` towards a proxy: one end of a new `UnixStream` pair
-    /// becomes its host side, the other is returned for the proxy. If the
-    /// pair cannot be made the flow is reset and `None` returned: a flow that
-    /// must be proxied is never spliced (fail closed).
-    fn hand_over(&mut self, id: u64, handle: SocketHandle) -> Option<UnixStream> {
-        match UnixStream::pair() {
-            Ok((ours, theirs)) => {
-                self.open_flow(id, handle, HostStream::Local(ours));
-                Some(theirs)
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "proxy hand-over: no socket pair; flow reset");
-                self.sockets.get_mut::<tcp::Socket<'_>>(handle).abort();
-                self.finish_flow(id, FlowEnd::InspectFailed);
-                None
-            }
-        }
+    /// Opens flow `id` towards a proxy: the datapath's end of a new pipe
+    /// becomes its host side, the proxy's end is returned.
+    fn hand_over(&mut self, id: u64, handle: SocketHandle) -> ProxyEnd {
+        let (ours, theirs) = pipe::pair();
+        self.open_flow(id, handle, HostStream::Local(ours));
+        theirs
     }
 
     /// Writes one proxy event as an audit record.

@@ -25,6 +25,7 @@ use crate::flow::{Admission, Transport};
 pub(crate) mod handoff;
 mod inspect;
 pub(crate) mod park;
+mod pipe;
 mod splice;
 mod table;
 

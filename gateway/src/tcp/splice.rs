@@ -4,8 +4,6 @@
 //! either side passed to the other; the send rings of idle flows given
 //! back to the kernel.
 
-use std::time::Duration;
-
 use smoltcp::socket::tcp;
 
 use super::{Flow, FlowState, guest_finished};
@@ -118,7 +116,7 @@ pub(super) fn pump(sock: &mut tcp::Socket<'_>, flow: &mut Flow) -> Option<FlowEn
     }
     if !*host_write_shut && guest_finished(sock) {
         *host_write_shut = true;
-        let _ = socket2::SockRef::from(&*host).shutdown(std::net::Shutdown::Write);
+        host.shutdown_write();
     }
     // Host -> guest.
     while !*host_eof && sock.can_send() {
@@ -144,7 +142,7 @@ pub(super) fn pump(sock: &mut tcp::Socket<'_>, flow: &mut Flow) -> Option<FlowEn
         let clean = *host_eof && *host_write_shut;
         if !clean {
             // Propagate the guest's RST (or our abort) to the host side.
-            let _ = socket2::SockRef::from(&*host).set_linger(Some(Duration::ZERO));
+            host.reset_on_close();
         }
         return Some(if clean {
             FlowEnd::Closed
