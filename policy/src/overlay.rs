@@ -15,8 +15,8 @@
 //! know it may still report the result before the file changes.
 //!
 //! The writer trusts nothing in the policy's directory but the policy's
-//! owner and root. It opens that directory once (`O_DIRECTORY|O_NOFOLLOW`)
-//! and refuses it unless it belongs to the policy's owner or root and no
+//! owner and root. It opens that directory once (`O_DIRECTORY|O_NOFOLLOW`,
+//! its path resolved first) and refuses it unless it belongs to the policy's owner or root and no
 //! group or other user may write it; every later step (the lock, the
 //! existing overlay, the temporary file, the rename, the unlink) is made
 //! relative to that descriptor, so swapping a path component meanwhile
@@ -204,8 +204,8 @@ impl Drop for Prepared {
 /// the overlay's lock (between its own `prepare` and commit).
 ///
 /// # Errors
-/// The policy's directory is a symlink, is writable by its group or by
-/// anyone, or belongs to neither the policy's owner nor root; the existing
+/// The policy's directory (its path resolved) is writable by its group or
+/// by anyone, or belongs to neither the policy's owner nor root; the existing
 /// overlay is not a plain file of the policy's owner (a symlink, a hard
 /// link, another owner's), or is invalid (it is not rewritten); the entry
 /// would make it larger than a policy may be; the new file cannot be given
@@ -1059,7 +1059,18 @@ mod tests {
     /// [`child_append`]): `Ok(written)`, or the error's text.
     fn append_as(uid: u32, gid: u32, policy: &Path, name: &str) -> Result<bool, String> {
         use std::os::unix::process::CommandExt as _;
-        let out = std::process::Command::new(std::env::current_exe().unwrap())
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap());
+        child.uid(uid).gid(gid);
+        append_in(child, policy, name)
+    }
+
+    /// As [`append_as`], in the process `child` describes.
+    fn append_in(
+        mut child: std::process::Command,
+        policy: &Path,
+        name: &str,
+    ) -> Result<bool, String> {
+        let out = child
             .args([
                 "--ignored",
                 "--exact",
@@ -1069,8 +1080,6 @@ mod tests {
             ])
             .env(CHILD_POLICY, policy)
             .env(CHILD_NAME, name)
-            .uid(uid)
-            .gid(gid)
             .output()
             .unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout);
@@ -1169,5 +1178,24 @@ mod tests {
         let err = append_as(54_322, 54_322, &policy, "a.example.org").unwrap_err();
         assert!(err.contains("neither the policy's owner"), "{err}");
         assert!(!overlay_path(&policy).exists());
+    }
+
+    #[test]
+    fn a_policy_named_by_a_relative_path_is_written_beside_it() {
+        // `sluice-gateway --policy p.yaml`: the overlay's parent is the
+        // empty path. In a child process, whose directory is the policy's.
+        let d = dir("relative");
+        std::fs::write(d.join("p.yaml"), "version: 1\nid: p\n").unwrap();
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap());
+        child.current_dir(&d);
+        assert_eq!(
+            append_in(child, Path::new("p.yaml"), "a.example.org"),
+            Ok(true)
+        );
+        assert!(
+            std::fs::read_to_string(d.join("p.approved.yaml"))
+                .unwrap()
+                .contains("a.example.org")
+        );
     }
 }

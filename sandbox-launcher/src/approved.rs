@@ -14,7 +14,8 @@
 //! section opens; the sandbox and the time are the launcher's own. The
 //! overlay is written by [`sluice_policy::overlay::append`]: validated as a
 //! policy, never through a symlink, replaced by rename inside the policy's
-//! directory. Each refusal is one line on stderr and the gateway is told,
+//! directory. Each refusal is one line on stderr (rate-limited: a
+//! compromised gateway must not flood the terminal) and the gateway is told,
 //! so its audit record says `sandbox`, not `always`. The file is renamed
 //! into place only on the gateway's go-ahead after it heard the entry was
 //! prepared (`sluice_approval::handoff`): a gateway that gave up waiting
