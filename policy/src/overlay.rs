@@ -414,7 +414,7 @@ fn read_existing(
     if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
         return Err(Existing::Refused("is not a regular file"));
     }
-    if u64::from(st.st_nlink) != 1 {
+    if st.st_nlink != 1 {
         return Err(Existing::Refused("has other hard links"));
     }
     if st.st_uid != owner && st.st_uid != 0 {

@@ -317,7 +317,7 @@ pub(crate) enum Placed {
     /// The overlay already lists the name.
     Listed,
     /// The new overlay is ready to replace the one at this path.
-    Prepared(sluice_policy::overlay::Prepared, PathBuf),
+    Prepared(Box<sluice_policy::overlay::Prepared>, PathBuf),
 }
 
 /// Validates `entry` against the policy at `policy` as it is now and
@@ -387,7 +387,7 @@ pub(crate) fn place(policy: &Path, sandbox: &str, entry: &OverlayEntry) -> Resul
     .map_err(|e| e.to_string())?;
     let path = sluice_policy::overlay::overlay_path(policy);
     Ok(match prepared {
-        Some(p) => Placed::Prepared(p, path),
+        Some(p) => Placed::Prepared(Box::new(p), path),
         None => Placed::Listed,
     })
 }
