@@ -14,7 +14,8 @@
 //! section opens; the sandbox and the time are the launcher's own. The
 //! overlay is written by [`sluice_policy::overlay::append`]: validated as a
 //! policy, never through a symlink, replaced by rename inside the policy's
-//! directory. Each refusal is one line on stderr and the gateway is told,
+//! directory. Each refusal is one line on stderr (rate-limited: a
+//! compromised gateway must not flood the terminal) and the gateway is told,
 //! so its audit record says `sandbox`, not `always`. The file is renamed
 //! into place only on the gateway's go-ahead after it heard the entry was
 //! prepared (`sluice_approval::handoff`): a gateway that gave up waiting
@@ -25,12 +26,12 @@
 //! reads it with the policy.
 
 use std::fs;
-use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+use std::io::{BufRead as _, BufReader, Read as _, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use sluice_approval::backend::terminal::{Served, printable};
@@ -44,16 +45,25 @@ const SOCKET: &str = "approved.sock";
 /// How long one connection may take to send its entry, or its go-ahead.
 const READ_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Entries one run writes at most: each rewrites the overlay (a policy
-/// load and a rename), and a compromised gateway must not grow it without
-/// bound (past the policy size limit every later run would fail to load).
+/// Entries one run takes at most, counted when they reach [`place`]
+/// (written, already listed, refused by the policy, or prepared and then
+/// abandoned by the gateway): each costs a policy load and may cost an
+/// overlay write, and a compromised gateway must neither make the launcher
+/// work without bound nor grow the overlay without bound.
 pub(crate) const MAX_ENTRIES_PER_RUN: usize = 16;
+
+/// The stderr lines about entries shown at once before the rate limit.
+const NOTICE_BURST: u32 = 8;
+
+/// One more stderr line about entries may be shown per this interval once
+/// the burst is spent.
+const NOTICE_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Which entries this run accepts beyond what the policy allows.
 #[derive(Debug)]
 struct Gate {
-    /// Entries written so far.
-    written: usize,
+    /// Entries that reached [`place`] so far.
+    placed: usize,
     /// Under `--ask`: the launcher's own prompt's record; an entry is
     /// accepted only for a name it answered `always` (taken once).
     /// `None` with a webhook or unix backend, whose answer the launcher
@@ -64,15 +74,83 @@ struct Gate {
 impl Gate {
     /// Why `entry` is refused before the policy is read, if it is.
     fn refuses(&self, entry: &OverlayEntry) -> Option<String> {
-        if self.written >= MAX_ENTRIES_PER_RUN {
+        if self.placed >= MAX_ENTRIES_PER_RUN {
             return Some(format!(
-                "this run already wrote {MAX_ENTRIES_PER_RUN} entries, its limit"
+                "this run already took {MAX_ENTRIES_PER_RUN} entries, its limit"
             ));
         }
         let prompt = self.prompt.as_ref()?;
         let answered = prompt.lock().is_ok_and(|mut s| s.take_always(&entry.name));
         (!answered)
             .then(|| "the launcher's prompt did not answer `always` for it in this run".into())
+    }
+}
+
+/// The launcher's stderr lines about the gateway's entries, rate-limited:
+/// a compromised gateway may send refused entries as fast as it likes and
+/// must not flood the person's terminal. At most `burst` lines at once,
+/// then one per `interval`; the lines held back are counted, and the next
+/// line shown says how many. (A `written` entry's line is not limited:
+/// there are at most [`MAX_ENTRIES_PER_RUN`].)
+struct Notices {
+    out: Box<dyn Write + Send>,
+    burst: u32,
+    interval: Duration,
+    /// Lines that may be shown now.
+    tokens: u32,
+    /// When `tokens` was last refilled.
+    refilled: Instant,
+    /// Lines held back since the last one shown.
+    held: u64,
+}
+
+impl std::fmt::Debug for Notices {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Notices")
+            .field("tokens", &self.tokens)
+            .field("held", &self.held)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Notices {
+    fn new(out: Box<dyn Write + Send>, burst: u32, interval: Duration, now: Instant) -> Self {
+        Self {
+            out,
+            burst,
+            interval,
+            tokens: burst,
+            refilled: now,
+            held: 0,
+        }
+    }
+
+    /// Shows `line` at `now` if the rate allows, else counts it.
+    fn say(&mut self, now: Instant, line: &str) {
+        let periods = now.saturating_duration_since(self.refilled).as_nanos()
+            / self.interval.as_nanos().max(1);
+        if periods > 0 {
+            let gained = u32::try_from(periods).unwrap_or(u32::MAX);
+            self.tokens = self.tokens.saturating_add(gained).min(self.burst);
+            self.refilled = now;
+        }
+        if self.tokens == 0 {
+            self.held += 1;
+            return;
+        }
+        self.tokens -= 1;
+        self.show(line);
+    }
+
+    /// Shows `line` whatever the rate, with the count of lines held back.
+    fn show(&mut self, line: &str) {
+        let _ = match std::mem::take(&mut self.held) {
+            0 => writeln!(self.out, "{line}"),
+            held => writeln!(
+                self.out,
+                "{line} ({held} more such lines not shown: too many too fast)"
+            ),
+        };
     }
 }
 
@@ -98,6 +176,23 @@ impl OverlayWriter {
         sandbox: String,
         prompt: Option<Arc<Mutex<Served>>>,
     ) -> anyhow::Result<Self> {
+        let notices = Notices::new(
+            Box::new(std::io::stderr()),
+            NOTICE_BURST,
+            NOTICE_INTERVAL,
+            Instant::now(),
+        );
+        Self::start_with(run_dir, policy, sandbox, prompt, notices)
+    }
+
+    /// [`OverlayWriter::start`], its lines about entries to `notices`.
+    fn start_with(
+        run_dir: &Path,
+        policy: PathBuf,
+        sandbox: String,
+        prompt: Option<Arc<Mutex<Served>>>,
+        notices: Notices,
+    ) -> anyhow::Result<Self> {
         let socket = run_dir.join(SOCKET);
         let listener = UnixListener::bind(&socket)
             .with_context(|| format!("listening on {}", socket.display()))?;
@@ -106,9 +201,10 @@ impl OverlayWriter {
         thread::Builder::new()
             .name("sluice-approved".into())
             .spawn(move || {
-                let mut gate = Gate { written: 0, prompt };
+                let mut gate = Gate { placed: 0, prompt };
+                let mut notices = notices;
                 for stream in listener.incoming().flatten() {
-                    serve(stream, &policy, &sandbox, &mut gate);
+                    serve(stream, &policy, &sandbox, &mut gate, &mut notices);
                 }
             })
             .context("starting the approval overlay thread")?;
@@ -117,8 +213,9 @@ impl OverlayWriter {
 }
 
 /// Reads one entry from `stream`, prepares it, and on the gateway's
-/// go-ahead writes it; answers at each step.
-fn serve(stream: UnixStream, policy: &Path, sandbox: &str, gate: &mut Gate) {
+/// go-ahead writes it; answers at each step, and tells the person on
+/// `notices`.
+fn serve(stream: UnixStream, policy: &Path, sandbox: &str, gate: &mut Gate, notices: &mut Notices) {
     let _ = stream.set_read_timeout(Some(READ_TIMEOUT));
     let _ = stream.set_write_timeout(Some(READ_TIMEOUT));
     let mut lines = BufReader::new(&stream);
@@ -134,7 +231,10 @@ fn serve(stream: UnixStream, policy: &Path, sandbox: &str, gate: &mut Gate) {
     let line = match read_line(&mut lines) {
         Ok(line) => line,
         Err(e) => {
-            eprintln!("sluice: approval overlay: reading from the gateway: {e}");
+            notices.say(
+                Instant::now(),
+                &format!("sluice: approval overlay: reading from the gateway: {e}"),
+            );
             return;
         }
     };
@@ -142,28 +242,40 @@ fn serve(stream: UnixStream, policy: &Path, sandbox: &str, gate: &mut Gate) {
         Ok(entry) => entry,
         Err(e) => {
             let why = format!("not an overlay entry: {e}");
-            eprintln!(
-                "sluice: approval overlay: refused a message from the gateway: {}",
-                printable(&why)
+            notices.say(
+                Instant::now(),
+                &format!(
+                    "sluice: approval overlay: refused a message from the gateway: {}",
+                    printable(&why)
+                ),
             );
             reply(&HandoffReply::Refused(why));
             return;
         }
     };
-    let refused = |why: String| {
-        eprintln!(
-            "sluice: approval overlay: refused {} from the gateway: {}",
-            printable(&entry.name),
-            printable(&why)
+    let refused = |notices: &mut Notices, why: String| {
+        notices.say(
+            Instant::now(),
+            &format!(
+                "sluice: approval overlay: refused {} from the gateway: {}",
+                printable(&entry.name),
+                printable(&why)
+            ),
         );
         HandoffReply::Refused(why)
     };
-    let placed = gate
-        .refuses(&entry)
-        .map_or_else(|| place(policy, sandbox, &entry), Err);
+    let placed = match gate.refuses(&entry) {
+        Some(why) => Err(why),
+        None => {
+            // Counted whatever comes of it: the policy load and the
+            // prepared file cost the same when refused or abandoned.
+            gate.placed += 1;
+            place(policy, sandbox, &entry)
+        }
+    };
     let (prepared, path) = match placed {
         Err(why) => {
-            reply(&refused(why));
+            reply(&refused(notices, why));
             return;
         }
         Ok(Placed::Listed) => {
@@ -175,24 +287,26 @@ fn serve(stream: UnixStream, policy: &Path, sandbox: &str, gate: &mut Gate) {
     // Renamed into place only if the gateway still waits for the outcome:
     // otherwise `prepared` is dropped, and with it the temporary file.
     if !reply(&HandoffReply::Prepared) || !read_line(&mut lines).is_ok_and(|l| is_commit(&l)) {
-        eprintln!(
-            "sluice: approval overlay: the gateway gave up on {} before it was written; \
-             nothing written",
-            printable(&entry.name)
+        notices.say(
+            Instant::now(),
+            &format!(
+                "sluice: approval overlay: the gateway gave up on {} before it was written; \
+                 nothing written",
+                printable(&entry.name)
+            ),
         );
         return;
     }
     let outcome = match prepared.commit() {
         Ok(()) => {
-            gate.written += 1;
-            eprintln!(
+            notices.show(&format!(
                 "sluice: {} approved always: added to {} (review it and fold it into the policy)",
                 printable(&entry.name),
                 path.display()
-            );
+            ));
             HandoffReply::Written
         }
-        Err(e) => refused(e.to_string()),
+        Err(e) => refused(notices, e.to_string()),
     };
     reply(&outcome);
 }
@@ -203,7 +317,7 @@ pub(crate) enum Placed {
     /// The overlay already lists the name.
     Listed,
     /// The new overlay is ready to replace the one at this path.
-    Prepared(sluice_policy::overlay::Prepared, PathBuf),
+    Prepared(Box<sluice_policy::overlay::Prepared>, PathBuf),
 }
 
 /// Validates `entry` against the policy at `policy` as it is now and
@@ -273,7 +387,7 @@ pub(crate) fn place(policy: &Path, sandbox: &str, entry: &OverlayEntry) -> Resul
     .map_err(|e| e.to_string())?;
     let path = sluice_policy::overlay::overlay_path(policy);
     Ok(match prepared {
-        Some(p) => Placed::Prepared(p, path),
+        Some(p) => Placed::Prepared(Box::new(p), path),
         None => Placed::Listed,
     })
 }
@@ -538,5 +652,130 @@ mod tests {
         );
         let text = fs::read_to_string(sluice_policy::overlay::overlay_path(&p)).unwrap();
         assert_eq!(text.matches("domain:").count(), MAX_ENTRIES_PER_RUN);
+    }
+
+    /// A [`Notices`] output the test reads back.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+    impl Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    impl Captured {
+        fn lines(&self) -> Vec<String> {
+            String::from_utf8(self.0.lock().unwrap().clone())
+                .unwrap()
+                .lines()
+                .map(str::to_owned)
+                .collect()
+        }
+    }
+
+    #[test]
+    fn notices_past_the_burst_are_held_counted_and_let_through_at_the_rate() {
+        let out = Captured::default();
+        let t0 = Instant::now();
+        let mut n = Notices::new(Box::new(out.clone()), 3, Duration::from_secs(10), t0);
+        for i in 0..5 {
+            n.say(t0, &format!("line {i}"));
+        }
+        assert_eq!(out.lines(), ["line 0", "line 1", "line 2"]);
+        n.say(t0 + Duration::from_secs(9), "held");
+        assert_eq!(out.lines().len(), 3, "before the interval");
+        n.say(t0 + Duration::from_secs(10), "line 5");
+        assert_eq!(
+            out.lines()[3],
+            "line 5 (3 more such lines not shown: too many too fast)"
+        );
+        // A long quiet spell refills the burst, no more.
+        let later = t0 + Duration::from_secs(3600);
+        for i in 0..5 {
+            n.say(later, &format!("later {i}"));
+        }
+        assert_eq!(out.lines().len(), 7);
+        // A written entry's line is never held.
+        n.show("written");
+        assert_eq!(
+            out.lines()[7],
+            "written (2 more such lines not shown: too many too fast)"
+        );
+    }
+
+    /// A writer whose lines about entries go to the returned capture (at
+    /// most [`NOTICE_BURST`], then one an hour).
+    fn captured_writer(t: &Tmp, p: &Path) -> (OverlayWriter, Captured) {
+        let run = t.0.join("run");
+        fs::create_dir(&run).unwrap();
+        let out = Captured::default();
+        let notices = Notices::new(
+            Box::new(out.clone()),
+            NOTICE_BURST,
+            Duration::from_secs(3600),
+            Instant::now(),
+        );
+        let w =
+            OverlayWriter::start_with(&run, p.to_path_buf(), "sb".into(), None, notices).unwrap();
+        (w, out)
+    }
+
+    #[test]
+    fn a_gateway_sending_junk_fast_gets_a_few_lines_on_stderr_not_one_each() {
+        let (t, p) = policy("flood", true);
+        let (w, out) = captured_writer(&t, &p);
+        for i in 0..50 {
+            let junk = format!("{{\"junk\":{i}}}\n");
+            assert!(matches!(
+                ask_on(&w.socket, junk.as_bytes()),
+                HandoffReply::Refused(_)
+            ));
+        }
+        let lines = out.lines();
+        assert_eq!(lines.len(), NOTICE_BURST as usize, "{lines:?}");
+        assert!(lines[0].contains("refused a message from the gateway"));
+        // The next entry written is shown, with the count held back.
+        let good = entry("new.example.com", &[443]).to_line().unwrap();
+        assert_eq!(ask_on(&w.socket, &good), HandoffReply::Written);
+        let last = out.lines().pop().unwrap();
+        assert!(
+            last.contains("approved always") && last.contains("42 more such lines"),
+            "{last}"
+        );
+    }
+
+    #[test]
+    fn entries_refused_by_the_policy_or_abandoned_count_against_the_limit() {
+        let (t, p) = policy("count", true);
+        let (w, _out) = captured_writer(&t, &p);
+        let half = MAX_ENTRIES_PER_RUN / 2;
+        for _ in 0..half {
+            let bad = entry("blocked.example.com", &[443]).to_line().unwrap();
+            assert!(matches!(ask_on(&w.socket, &bad), HandoffReply::Refused(_)));
+        }
+        // Prepared (a policy load and an overlay write), then abandoned.
+        for i in half..MAX_ENTRIES_PER_RUN {
+            let mut s = UnixStream::connect(&w.socket).unwrap();
+            s.write_all(
+                &entry(&format!("n{i}.example.com"), &[443])
+                    .to_line()
+                    .unwrap(),
+            )
+            .unwrap();
+            let mut reply = String::new();
+            BufReader::new(&s).read_line(&mut reply).unwrap();
+            assert_eq!(
+                HandoffReply::parse(reply.trim().as_bytes()).unwrap(),
+                HandoffReply::Prepared
+            );
+        }
+        let good = entry("new.example.com", &[443]).to_line().unwrap();
+        assert!(
+            matches!(ask_on(&w.socket, &good), HandoffReply::Refused(why) if why.contains("limit"))
+        );
+        assert!(!sluice_policy::overlay::overlay_path(&p).exists());
     }
 }

@@ -288,17 +288,41 @@ pub(crate) fn approval_inputs(policy: &CompiledPolicy) -> anyhow::Result<Vec<Pat
     Ok(read)
 }
 
-/// `read` without the paths another of its paths already covers (a file
-/// of a directory bound whole): the jail binds each path read-only at its
-/// own place, and a mount point cannot be made inside a read-only bind (a
-/// webhook's key beside the policy, say). What such a path holds is seen
-/// through its directory.
+/// `read` as the jail must bind it: without the paths another of its
+/// paths already covers (a file of a directory bound whole), since the
+/// jail binds each path read-only at its own place and a mount point
+/// cannot be made inside a read-only bind (a webhook's key beside the
+/// policy, say). A path is covered when it is written under a bound
+/// directory *and* its real path (symlinks resolved) lies under that
+/// directory's real path: only then does the jail, which has the
+/// directory's bind and nothing else there, show it. A path written under
+/// a bound directory that resolves elsewhere (`/etc/sluice/keys`, a
+/// symlink to `/srv/keys`) would dangle in the jail: its real path is
+/// bound instead, so the symlink in the bound directory leads somewhere.
 pub(crate) fn without_covered(read: Vec<PathBuf>) -> Vec<PathBuf> {
+    let real = |p: &Path| fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+    // The directory of `read` that `p` is reached through in the jail, and
+    // whether `p` is then seen (its real path is under that directory's).
+    let through = |p: &Path| {
+        read.iter()
+            .find(|d| d.as_path() != p && p.starts_with(d))
+            .map(|d| real(p).starts_with(real(d)))
+    };
     let mut out: Vec<PathBuf> = Vec::new();
     for p in &read {
-        let covered = read.iter().any(|d| d != p && p.starts_with(d));
-        if !covered && !out.contains(p) {
-            out.push(p.clone());
+        let bind = match through(p) {
+            None => p.clone(),
+            Some(true) => continue,
+            Some(false) => {
+                let leads_to = real(p);
+                if through(&leads_to) == Some(true) {
+                    continue;
+                }
+                leads_to
+            }
+        };
+        if !out.contains(&bind) {
+            out.push(bind);
         }
     }
     out
@@ -381,6 +405,46 @@ mod tests {
         );
     }
     use std::os::unix::fs::symlink;
+
+    #[test]
+    fn coverage_is_judged_on_real_paths_and_a_symlink_out_binds_where_it_leads() {
+        let t = tmp("covered");
+        let pol = t.0.join("pol");
+        let elsewhere = t.0.join("elsewhere");
+        for d in [
+            &pol,
+            &pol.join("inside"),
+            &elsewhere,
+            &elsewhere.join("keys"),
+        ] {
+            fs::create_dir(d).unwrap();
+        }
+        file(&pol.join("hook.key"), 0o644);
+        file(&pol.join("inside/ca.pem"), 0o644);
+        // A secret directory in the policy's directory that is a symlink
+        // out of it: seen through the policy's bind, it would dangle.
+        symlink(elsewhere.join("keys"), pol.join("keys")).unwrap();
+        // And a file symlinked to another inside the directory: covered.
+        symlink("hook.key", pol.join("hook-current.key")).unwrap();
+        let read = vec![
+            pol.clone(),
+            pol.join("inside"),
+            pol.join("keys"),
+            pol.join("hook.key"),
+            pol.join("hook-current.key"),
+            elsewhere.join("keys"),
+        ];
+        assert_eq!(
+            without_covered(read),
+            vec![pol.clone(), elsewhere.join("keys")],
+            "the symlinked directory's target is bound once, at its real path"
+        );
+        let read = vec![pol.clone(), pol.join("keys")];
+        assert_eq!(
+            without_covered(read),
+            vec![pol.clone(), elsewhere.join("keys")]
+        );
+    }
 
     struct Tmp(PathBuf);
     impl Drop for Tmp {
