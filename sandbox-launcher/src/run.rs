@@ -1097,7 +1097,10 @@ fn spawn_log_reader(
         let mut line = Vec::new();
         while matches!(io::BufRead::read_until(&mut lines, b'\n', &mut line), Ok(n) if n > 0) {
             if let Some(echo) = &debug {
-                echo.line(&format!("sluice: {who}: {}", String::from_utf8_lossy(&line)));
+                echo.line(&format!(
+                    "sluice: {who}: {}",
+                    String::from_utf8_lossy(&line)
+                ));
             }
             if let Ok(mut k) = keep.lock() {
                 k.extend_from_slice(&line);

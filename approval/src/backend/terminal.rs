@@ -498,7 +498,9 @@ where
         }
     };
     let outcome = match answer {
-        Some(a) => answer_shown(asked, &q, &a, out, served).await.unwrap_or(outcome),
+        Some(a) => answer_shown(asked, &q, &a, out, served)
+            .await
+            .unwrap_or(outcome),
         None => outcome,
     };
     // On the terminal before anything the caller releases after.
@@ -526,9 +528,7 @@ async fn answer_shown<W: AsyncWrite + Unpin>(
     match asked.answer(a).await {
         Ok(()) => {
             if confirm {
-                let _ = out
-                    .write_all(answered_line(q, a.decision).as_bytes())
-                    .await;
+                let _ = out.write_all(answered_line(q, a.decision).as_bytes()).await;
             }
             None
         }
@@ -555,7 +555,9 @@ fn withdrawn_line(name: &str, why: super::unix::Withdrawn) -> String {
             format!("\nsluice: {name}: not answered in time, denied\n")
         }
         super::unix::Withdrawn::HungUp => {
-            format!("\nsluice: {name}: the gateway withdrew the question (not answered in time), denied\n")
+            format!(
+                "\nsluice: {name}: the gateway withdrew the question (not answered in time), denied\n"
+            )
         }
     }
 }
@@ -999,7 +1001,12 @@ mod tests {
             let mut r = tokio::io::BufReader::new(&mut gateway);
             let line = read_line(&mut r).await.unwrap();
             assert_eq!(Answer::parse(&line).unwrap().decision, Choice::AllowOnce);
-            screen_until(&mut screen, &mut later, "sluice: allow_once files.example.org").await;
+            screen_until(
+                &mut screen,
+                &mut later,
+                "sluice: allow_once files.example.org",
+            )
+            .await;
             seen.push_str(&later);
             seen
         };
@@ -1048,7 +1055,10 @@ mod tests {
             () = server => panic!("the server stopped"),
             seen = body => seen,
         };
-        assert!(seen.contains("sluice: files.example.org: not answered in time"), "{seen}");
+        assert!(
+            seen.contains("sluice: files.example.org: not answered in time"),
+            "{seen}"
+        );
         assert_eq!(served.lock().unwrap().withdrawn, 1);
         let _ = std::fs::remove_dir_all(&dir);
     }

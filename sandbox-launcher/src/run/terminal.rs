@@ -703,7 +703,8 @@ mod tests {
         assert_eq!(seen.lock().unwrap().len(), 1, "written over the question");
         // A full hold drops the echo (counted) instead of stalling its
         // reader, which would stall the gateway's log.
-        gate.write(false, &vec![b'x'; HOLD_LIMIT - 1000], ok).unwrap();
+        gate.write(false, &vec![b'x'; HOLD_LIMIT - 1000], ok)
+            .unwrap();
         echo.write(&[b'y'; 2000]);
         gate.end();
         let seen = seen.lock().unwrap();
