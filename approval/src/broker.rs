@@ -203,6 +203,7 @@ impl Broker {
             udp_ports: self.cfg.udp_ports.clone(),
             always_allowed: self.cfg.always_allowed,
             refused_since: self.take_refused(),
+            timeout_ms: u64::try_from(self.cfg.timeout.as_millis()).unwrap_or(u64::MAX),
         })
     }
 

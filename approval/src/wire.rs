@@ -44,6 +44,12 @@ pub struct Question {
     /// question each. Absent when none.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub refused_since: u64,
+    /// How long, in milliseconds, the gateway waits for this answer from
+    /// when it sent the question; after it the answer is deny whatever
+    /// comes. A backend that shows the question to a person takes it down
+    /// by then. Absent (0) when not said.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub timeout_ms: u64,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -216,6 +222,7 @@ mod tests {
             udp_ports: vec![],
             always_allowed: false,
             refused_since: 0,
+            timeout_ms: 30_000,
         }
     }
 

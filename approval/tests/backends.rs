@@ -32,6 +32,7 @@ fn question() -> Question {
         udp_ports: vec![],
         always_allowed: true,
         refused_since: 0,
+        timeout_ms: 0,
     }
 }
 

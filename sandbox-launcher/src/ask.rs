@@ -192,6 +192,7 @@ impl AskServer {
         serde_json::json!({
             "prompted": s.prompted,
             "auto_denied": s.auto_denied,
+            "withdrawn": s.withdrawn,
             "auto_deny_reason": self.auto_deny,
         })
     }

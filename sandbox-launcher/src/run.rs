@@ -46,7 +46,7 @@ use gateway::{GatewayHandles, parse_metrics_addr, spawn_gateway};
 use sluice_gateway::args::AuditFormat;
 use sluice_gateway::config::PublishSpec;
 use sluice_gateway::metrics::MetricsAddr;
-use terminal::GuestOutput;
+use terminal::{DebugEcho, GuestOutput};
 
 mod gateway;
 pub(crate) mod terminal;
@@ -383,7 +383,10 @@ impl Session {
         let console_guest = OwnedFd::from(console_guest);
         let (qemu_err_read, qemu_err_write) = io::pipe().context("pipe")?;
         let qemu_log = Arc::new(Mutex::new(Vec::new()));
-        spawn_log_reader(qemu_err_read, Arc::clone(&qemu_log), args.debug, "qemu");
+        // Under `--ask`, held while a question is shown once the prompt's
+        // gate exists (below): the console is the guest's to write.
+        let echo = args.debug.then(|| DebugEcho::new(None, false));
+        spawn_log_reader(qemu_err_read, Arc::clone(&qemu_log), echo.clone(), "qemu");
         let fd = |f: &dyn AsRawFd, child| FdMap {
             parent: f.as_raw_fd(),
             child,
@@ -417,7 +420,7 @@ impl Session {
         spawn_console_reader(
             console_host,
             Arc::clone(&console),
-            args.debug,
+            echo.clone(),
             phases.clone(),
         );
         // The gateway starts while the guest kernel boots (it is ready long
@@ -485,6 +488,9 @@ impl Session {
             .as_ref()
             .and_then(|g| g.ask.as_ref())
             .and_then(crate::ask::AskServer::gate);
+        if let (Some(echo), Some(gate)) = (&echo, &gate) {
+            echo.attach(Arc::clone(gate));
+        }
         let isolation =
             isolation_summary(&children, gateway.as_ref().map(|g| g.egress_floor.as_str()));
         Ok(Session {
@@ -727,11 +733,21 @@ impl Session {
             self.phases.mark("first_output");
         }
         let (interrupted, deadline) = (&self.interrupted, self.deadline);
+        // A gateway that died while the output waits for a question's
+        // answer will never withdraw it: stop as `next()` would.
+        let (gw, handles) = (self.children.gateway.as_ref(), self.gateway.as_ref());
         self.guest_output.write(err, data, || {
             if interrupted.load(Ordering::Relaxed) {
                 Err(Stop::Interrupted)
             } else if deadline.is_some_and(|d| Instant::now() >= d) {
                 Err(Stop::Timeout)
+            } else if let (Some(gw), Some(g)) = (gw, handles)
+                && gw.has_exited()
+            {
+                Err(Stop::Failed(anyhow!(
+                    "the gateway exited while an --ask question held the guest's output{}",
+                    log_tail(&g.log)
+                )))
             } else {
                 Ok(())
             }
@@ -955,7 +971,7 @@ fn parse_env(env: &[String]) -> anyhow::Result<Vec<(String, String)>> {
 fn spawn_console_reader(
     console: UnixStream,
     keep: Arc<Mutex<Vec<u8>>>,
-    debug: bool,
+    debug: Option<DebugEcho>,
     phases: Phases,
 ) {
     thread::spawn(move || {
@@ -978,8 +994,8 @@ fn spawn_console_reader(
                     line.push(b);
                 }
             }
-            if debug {
-                let _ = io::stderr().write_all(&buf[..n]);
+            if let Some(echo) = &debug {
+                echo.write(&buf[..n]);
             }
             if let Ok(mut k) = keep.lock() {
                 k.extend_from_slice(&buf[..n]);
@@ -1068,19 +1084,23 @@ fn log_tail(log: &Mutex<Vec<u8>>) -> String {
     out
 }
 
-/// Reads a child's stderr: keeps the tail and echoes it under `--debug`.
+/// Reads a child's stderr: keeps the tail and echoes it under `--debug`
+/// (through `debug`, which holds it while an `--ask` question is shown).
 fn spawn_log_reader(
     stream: io::PipeReader,
     keep: Arc<Mutex<Vec<u8>>>,
-    debug: bool,
+    debug: Option<DebugEcho>,
     who: &'static str,
 ) {
     thread::spawn(move || {
         let mut lines = io::BufReader::new(stream);
         let mut line = Vec::new();
         while matches!(io::BufRead::read_until(&mut lines, b'\n', &mut line), Ok(n) if n > 0) {
-            if debug {
-                eprint!("sluice: {who}: {}", String::from_utf8_lossy(&line));
+            if let Some(echo) = &debug {
+                echo.line(&format!(
+                    "sluice: {who}: {}",
+                    String::from_utf8_lossy(&line)
+                ));
             }
             if let Ok(mut k) = keep.lock() {
                 k.extend_from_slice(&line);

@@ -1,7 +1,10 @@
 //! The terminal backend: the question on a terminal, one key (and Enter)
-//! per choice. The launcher runs it for `sluice run --ask`, answering the
-//! gateway over a unix socket ([`super::unix::serve_one`]); one prompt at a
-//! time.
+//! per choice, and for `always` the name itself typed in full. The
+//! launcher runs it for `sluice run --ask`, answering the gateway over a
+//! unix socket ([`super::unix::Asked`]); one prompt at a time. A question
+//! the gateway withdraws (it hung up: its timeout passed) is taken down
+//! at once, or never drawn if it was withdrawn while it waited, and
+//! answers nothing.
 //!
 //! The prompt shows the exact name and the ports an approval opens. The
 //! name is printed with every character outside printable ASCII escaped, so
@@ -105,7 +108,10 @@ impl TerminalShare for AtomicBool {
 
 /// The key for each choice offered. A line with a control character (an
 /// escape sequence: a terminal's reply to a query) is never a key.
-fn choice_for(key: &str, always: bool) -> Option<Choice> {
+/// `always` is not a key but the name asked about, typed in full (any
+/// case, a trailing dot allowed): a screen the guest faked cannot make a
+/// person type the name it hides ([`prompt`]).
+fn choice_for(key: &str, q: &Question) -> Option<Choice> {
     let key = key.trim();
     if key.chars().any(char::is_control) {
         return None;
@@ -113,17 +119,38 @@ fn choice_for(key: &str, always: bool) -> Option<Choice> {
     match key {
         "o" | "O" => Some(Choice::AllowOnce),
         "s" | "S" => Some(Choice::AllowSandbox),
-        "a" | "A" if always => Some(Choice::AllowAlways),
         "d" | "D" => Some(Choice::DenyOnce),
         "n" | "N" => Some(Choice::DenySandbox),
+        typed
+            if q.always_allowed
+                && !q.name.is_empty()
+                && typed
+                    .strip_suffix('.')
+                    .unwrap_or(typed)
+                    .eq_ignore_ascii_case(&printable(&q.name)) =>
+        {
+            Some(Choice::AllowAlways)
+        }
         _ => None,
     }
+}
+
+/// The line that says what was answered, once the gateway has it.
+#[must_use]
+pub fn answered_line(q: &Question, choice: Choice) -> String {
+    format!("sluice: {} {}\n", choice.as_str(), printable(&q.name))
 }
 
 /// Shows `q` on `out` and reads the choice from `input`. What `input`
 /// gives within `settle` of the question being drawn is discarded, then
 /// `share` is told the question settled and `choice> ` is shown (a zero
 /// `settle`: at once, nothing discarded).
+///
+/// `o`, `s`, `d` and `n` (then Enter) choose once, sandbox, deny once and
+/// deny for the sandbox; `always` (when offered) is the name itself typed
+/// in full. The answer is not confirmed on `out` here: the caller prints
+/// [`answered_line`] once the gateway has it (a question withdrawn
+/// meanwhile answers nothing, and must not say it did).
 ///
 /// # Errors
 /// The terminal closed or failed; the caller denies.
@@ -138,10 +165,18 @@ where
     R: AsyncBufRead + Unpin,
     W: AsyncWrite + Unpin,
 {
+    // Typed, not a key: a guest that draws a fake question over a hidden
+    // real one gets `o`/`s` for the wrong name at worst, never a lasting
+    // entry in the policy's overlay.
     let always = if q.always_allowed {
-        "  [a] always (writes the policy's .approved.yaml)\n"
+        "  [type the name] always (writes the policy's .approved.yaml)\n"
     } else {
         ""
+    };
+    let again: &[u8] = if q.always_allowed {
+        b"sluice: press o, s, d or n, or type the name asked about for always, then Enter\n"
+    } else {
+        b"sluice: press o, s, d or n, then Enter\n"
     };
     // A flood of names is one line here, never a prompt each.
     let refused = match q.refused_since {
@@ -194,21 +229,13 @@ where
             Err(e) => return Err(e),
         };
         let key = String::from_utf8_lossy(&line);
-        if let Some(choice) = choice_for(&key, q.always_allowed) {
-            let msg = format!("sluice: {} {}\n", choice.as_str(), printable(&q.name));
-            out.write_all(msg.as_bytes())
-                .await
-                .map_err(BackendError::Io)?;
-            // On the terminal before anything the caller releases after.
-            out.flush().await.map_err(BackendError::Io)?;
+        if let Some(choice) = choice_for(&key, q) {
             return Ok(Answer {
                 decision: choice,
                 by: Some("terminal".into()),
             });
         }
-        out.write_all(b"sluice: press o, s, d or n, then Enter\n")
-            .await
-            .map_err(BackendError::Io)?;
+        out.write_all(again).await.map_err(BackendError::Io)?;
     }
     out.write_all(b"sluice: no choice; denied\n")
         .await
@@ -291,6 +318,10 @@ pub struct Served {
     pub prompted: u64,
     /// Questions denied without a prompt (no terminal, `--json`).
     pub auto_denied: u64,
+    /// Questions the gateway withdrew (its timeout passed, or it ended)
+    /// before they were answered: taken down from the terminal, or never
+    /// drawn; nothing was answered.
+    pub withdrawn: u64,
     /// Names answered `always` on the terminal and not yet taken by
     /// [`Served::take_always`]: under `sluice run --ask` the launcher
     /// writes an overlay entry only for these (the gateway's report of an
@@ -353,78 +384,180 @@ pub async fn serve_shared<R, W>(
     W: AsyncWrite + Unpin,
 {
     while let Ok((stream, _)) = listener.accept().await {
-        let mut prompted = false;
-        let mut failed = None;
-        let answer = super::unix::serve_one(stream, |q| {
-            let (mode, prompted, failed) = (&mut mode, &mut prompted, &mut failed);
-            let served = &served;
-            async move {
-                match mode {
-                    Mode::Prompt(input, out) => {
-                        // A line typed after the last answer (or before
-                        // this question) must not answer it.
-                        discard_ready(input).await;
-                        *prompted = true;
-                        share.begin();
-                        // The run's end cancels the question before the
-                        // held output is released (never over a question
-                        // still shown); one that arrives after is denied
-                        // at once (`biased`: nothing is drawn then).
-                        let asked = tokio::select! {
-                            biased;
-                            () = share.ending() => {
-                                let msg = format!(
-                                    "\nsluice: the run ended; {} denied\n",
-                                    printable(&q.name)
-                                );
-                                let _ = out.write_all(msg.as_bytes()).await;
-                                let _ = out.flush().await;
-                                Ok(Answer {
-                                    decision: Choice::DenyOnce,
-                                    by: Some("terminal: the run ended".into()),
-                                })
-                            }
-                            a = prompt(&q, input, out, SETTLE, share) => a,
-                        };
-                        share.end();
-                        match asked {
-                            Ok(a) => {
-                                if a.decision == Choice::AllowAlways
-                                    && let Ok(mut s) = served.lock()
-                                {
-                                    s.always.push(q.name.clone());
-                                }
-                                a
-                            }
-                            Err(e) => {
-                                *failed = Some(e.to_string());
-                                Answer {
-                                    decision: Choice::DenyOnce,
-                                    by: Some("terminal: failed".into()),
-                                }
-                            }
-                        }
-                    }
-                    Mode::AutoDeny(why) => Answer {
-                        decision: Choice::DenyOnce,
-                        by: Some(format!("auto-denied: {why}")),
-                    },
+        let asked = match super::unix::Asked::read(stream).await {
+            Ok(asked) => asked,
+            Err(e) => {
+                tracing::debug!(error = %e, "approval question not read");
+                continue;
+            }
+        };
+        let outcome = match &mut mode {
+            Mode::Prompt(input, out) => ask_one(asked, input, out, &served, share).await,
+            Mode::AutoDeny(why) => {
+                let answer = Answer {
+                    decision: Choice::DenyOnce,
+                    by: Some(format!("auto-denied: {why}")),
+                };
+                if let Err(e) = asked.answer(&answer).await {
+                    tracing::debug!(error = %e, "approval answer not written");
                 }
+                Outcome::AutoDenied
             }
-        })
-        .await;
-        if let Err(e) = answer {
-            tracing::debug!(error = %e, "approval question not served");
-        }
+        };
         if let Ok(mut s) = served.lock() {
-            if prompted {
-                s.prompted += 1;
-            } else {
-                s.auto_denied += 1;
+            match &outcome {
+                Outcome::Prompted => s.prompted += 1,
+                Outcome::AutoDenied => s.auto_denied += 1,
+                Outcome::Withdrawn => s.withdrawn += 1,
+                Outcome::Failed(_) => s.prompted += 1,
             }
         }
-        if let Some(why) = failed {
+        if let Outcome::Failed(why) = outcome {
             mode = Mode::AutoDeny(format!("the terminal failed: {why}"));
+        }
+    }
+}
+
+/// What became of one question.
+enum Outcome {
+    /// Shown and answered (or denied because the run ended).
+    Prompted,
+    /// Denied without a prompt.
+    AutoDenied,
+    /// Withdrawn by the gateway before it had an answer: nothing answered.
+    Withdrawn,
+    /// The terminal failed (the question was denied): so are later ones.
+    Failed(String),
+}
+
+/// Shows one question and answers it, unless the gateway withdraws it
+/// first ([`super::unix::Asked::withdrawn`]): one that is already
+/// withdrawn when its turn comes (it waited behind another past the
+/// gateway's timeout) is never drawn; one withdrawn while shown is taken
+/// down with one line, and the held output released (`share.end()`), with
+/// nothing answered and no `always` recorded. The answer's line
+/// ([`answered_line`]) is printed only once the gateway has the answer.
+async fn ask_one<R, W>(
+    mut asked: super::unix::Asked,
+    input: &mut R,
+    out: &mut W,
+    served: &std::sync::Mutex<Served>,
+    share: &dyn TerminalShare,
+) -> Outcome
+where
+    R: AsyncBufRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    if asked.hung_up() {
+        return Outcome::Withdrawn;
+    }
+    let q = asked.question().clone();
+    // A line typed after the last answer (or before this question) must
+    // not answer it.
+    discard_ready(input).await;
+    share.begin();
+    // The run's end cancels the question before the held output is
+    // released (never over a question still shown); one that arrives after
+    // is denied at once (`biased`: nothing is drawn then). The gateway
+    // giving up takes it down the same way.
+    let asked_for = tokio::select! {
+        biased;
+        () = share.ending() => Err(None),
+        w = asked.withdrawn() => Err(Some(w)),
+        a = prompt(&q, input, out, SETTLE, share) => Ok(a),
+    };
+    let name = printable(&q.name);
+    let (answer, outcome) = match asked_for {
+        Err(None) => {
+            let msg = format!("\nsluice: the run ended; {name} denied\n");
+            let _ = out.write_all(msg.as_bytes()).await;
+            let answer = Answer {
+                decision: Choice::DenyOnce,
+                by: Some("terminal: the run ended".into()),
+            };
+            (Some(answer), Outcome::Prompted)
+        }
+        Err(Some(why)) => {
+            let _ = out.write_all(withdrawn_line(&name, why).as_bytes()).await;
+            (None, Outcome::Withdrawn)
+        }
+        Ok(Ok(a)) if asked.hung_up() => {
+            // Typed just as the gateway gave up: it took nothing.
+            let _ = a;
+            let why = super::unix::Withdrawn::HungUp;
+            let _ = out.write_all(withdrawn_line(&name, why).as_bytes()).await;
+            (None, Outcome::Withdrawn)
+        }
+        Ok(Ok(a)) => (Some(a), Outcome::Prompted),
+        Ok(Err(e)) => {
+            let answer = Answer {
+                decision: Choice::DenyOnce,
+                by: Some("terminal: failed".into()),
+            };
+            (Some(answer), Outcome::Failed(e.to_string()))
+        }
+    };
+    let outcome = match answer {
+        Some(a) => answer_shown(asked, &q, &a, out, served)
+            .await
+            .unwrap_or(outcome),
+        None => outcome,
+    };
+    // On the terminal before anything the caller releases after.
+    let _ = out.flush().await;
+    share.end();
+    outcome
+}
+
+/// Writes `a` back to the gateway. An `always` is recorded first (the
+/// gateway's overlay entry may follow at once) and taken back if the
+/// answer could not be written. A terminal answer's line is printed once
+/// the gateway has it; `Some(Withdrawn)` if it did not take it.
+async fn answer_shown<W: AsyncWrite + Unpin>(
+    asked: super::unix::Asked,
+    q: &Question,
+    a: &Answer,
+    out: &mut W,
+    served: &std::sync::Mutex<Served>,
+) -> Option<Outcome> {
+    let always = a.decision == Choice::AllowAlways;
+    if always && let Ok(mut s) = served.lock() {
+        s.always.push(q.name.clone());
+    }
+    let confirm = a.by.as_deref() == Some("terminal");
+    match asked.answer(a).await {
+        Ok(()) => {
+            if confirm {
+                let _ = out.write_all(answered_line(q, a.decision).as_bytes()).await;
+            }
+            None
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "approval answer not written");
+            if always && let Ok(mut s) = served.lock() {
+                s.take_always(&q.name);
+            }
+            if confirm {
+                let why = super::unix::Withdrawn::HungUp;
+                let line = withdrawn_line(&printable(&q.name), why);
+                let _ = out.write_all(line.as_bytes()).await;
+                return Some(Outcome::Withdrawn);
+            }
+            None
+        }
+    }
+}
+
+/// The line that takes down a question the gateway withdrew.
+fn withdrawn_line(name: &str, why: super::unix::Withdrawn) -> String {
+    match why {
+        super::unix::Withdrawn::TimedOut => {
+            format!("\nsluice: {name}: not answered in time, denied\n")
+        }
+        super::unix::Withdrawn::HungUp => {
+            format!(
+                "\nsluice: {name}: the gateway withdrew the question (not answered in time), denied\n"
+            )
         }
     }
 }
@@ -445,7 +578,23 @@ mod tests {
             udp_ports: vec![],
             always_allowed: always,
             refused_since: 0,
+            timeout_ms: 0,
         }
+    }
+
+    /// A question about a plain name, `always` offered.
+    fn plain() -> Question {
+        Question {
+            name: "files.example.org".into(),
+            ..q(true)
+        }
+    }
+
+    async fn run_q(q: &Question, input: &str) -> (Result<Answer, BackendError>, String) {
+        let mut r = tokio::io::BufReader::new(input.as_bytes());
+        let mut out = Vec::new();
+        let a = prompt(q, &mut r, &mut out, Duration::ZERO, &NotShared).await;
+        (a, String::from_utf8(out).unwrap())
     }
 
     async fn run(input: &str, always: bool) -> (Result<Answer, BackendError>, String) {
@@ -466,16 +615,58 @@ mod tests {
             assert_eq!(run(key, false).await.0.unwrap().decision, want);
         }
         assert_eq!(
-            run("a\n", true).await.0.unwrap().decision,
+            run_q(&plain(), "files.example.org\n")
+                .await
+                .0
+                .unwrap()
+                .decision,
             Choice::AllowAlways
         );
     }
 
     #[tokio::test]
     async fn always_is_not_offered_unless_allowed() {
-        let (a, out) = run("a\na\na\n", false).await;
+        let no = Question {
+            always_allowed: false,
+            ..plain()
+        };
+        let (a, out) = run_q(&no, "files.example.org\na\na\n").await;
         assert_eq!(a.unwrap().decision, Choice::DenyOnce);
-        assert!(!out.contains("[a]"));
+        assert!(!out.contains("always"), "{out}");
+    }
+
+    #[tokio::test]
+    async fn always_needs_the_name_typed_in_full_never_a_single_key() {
+        // A key, a word, the first label, another name, a name with more
+        // around it: none is `always`; three of them are a deny.
+        for typed in [
+            "a\nA\nalways\n",
+            "files\nfiles.example\nexample.org\n",
+            "pypi.org\nfiles.example.org.evil\nxfiles.example.org\n",
+        ] {
+            let (a, out) = run_q(&plain(), typed).await;
+            let a = a.unwrap();
+            assert_eq!(a.decision, Choice::DenyOnce, "{typed:?}: {out}");
+            assert_eq!(a.by.as_deref(), Some("terminal: no choice"), "{out}");
+            assert_eq!(
+                out.matches("or type the name asked about for always")
+                    .count(),
+                3,
+                "{out}"
+            );
+        }
+        // The name itself, in any case, with or without the root's dot,
+        // and with blanks around it.
+        for typed in [
+            "files.example.org\n",
+            "FILES.Example.ORG\n",
+            "files.example.org.\n",
+            "  files.example.org \n",
+        ] {
+            let (a, out) = run_q(&plain(), typed).await;
+            assert_eq!(a.unwrap().decision, Choice::AllowAlways, "{typed:?}");
+            assert!(out.contains("[type the name] always"), "{out}");
+        }
     }
 
     #[tokio::test]
@@ -720,9 +911,9 @@ mod tests {
         ));
         let mut screen = out_r;
         let backend = super::super::unix::UnixBackend::new(&path);
-        let question = q(true);
+        let question = plain();
         for (key, want) in [
-            (&b"a\n"[..], Choice::AllowAlways),
+            (&b"files.example.org\n"[..], Choice::AllowAlways),
             (&b"o\n"[..], Choice::AllowOnce),
         ] {
             let asking = {
@@ -752,6 +943,204 @@ mod tests {
         assert!(!s.take_always("other.example"));
         drop(s);
         server.abort();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The gateway's side of one question, by hand: connected, the
+    /// question written, the connection kept (dropping it hangs up).
+    async fn raw_ask(path: &std::path::Path, q: &Question) -> tokio::net::UnixStream {
+        let mut c = tokio::net::UnixStream::connect(path).await.unwrap();
+        c.write_all(&q.to_line().unwrap()).await.unwrap();
+        c
+    }
+
+    /// Reads `screen` until what it showed contains `want`; returns all of it.
+    async fn screen_until(screen: &mut tokio::io::DuplexStream, seen: &mut String, want: &str) {
+        while !seen.contains(want) {
+            let mut chunk = [0u8; 256];
+            let n = tokio::io::AsyncReadExt::read(screen, &mut chunk)
+                .await
+                .unwrap();
+            assert!(n > 0, "{seen}");
+            seen.push_str(&String::from_utf8_lossy(&chunk[..n]));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_question_the_gateway_withdraws_is_taken_down_and_answers_nothing() {
+        let (dir, path, listener) = ask_socket("withdrawn");
+        let served = std::sync::Arc::new(std::sync::Mutex::new(Served::default()));
+        let (mut key_w, key_r) = tokio::io::duplex(64);
+        let (out_w, mut screen) = tokio::io::duplex(1 << 16);
+        let share = Ends::default();
+        let server = serve_shared(
+            listener,
+            Mode::Prompt(tokio::io::BufReader::new(key_r), out_w),
+            std::sync::Arc::clone(&served),
+            &share,
+        );
+        let body = async {
+            let mut seen = String::new();
+            let gateway = raw_ask(&path, &plain()).await;
+            screen_until(&mut screen, &mut seen, "choice> ").await;
+            // The gateway gives up (its timeout): the question comes down
+            // and the held output is released, with no key typed.
+            drop(gateway);
+            screen_until(&mut screen, &mut seen, "withdrew the question").await;
+            while share.calls.lock().unwrap().len() < 2 {
+                tokio::task::yield_now().await;
+            }
+            assert_eq!(*share.calls.lock().unwrap(), vec!["begin", "end"]);
+            // A later question is drawn and answered as usual; the key
+            // typed for it is not taken for the one withdrawn.
+            let mut seen = std::mem::take(&mut seen);
+            let mut later = String::new();
+            let mut gateway = raw_ask(&path, &plain()).await;
+            screen_until(&mut screen, &mut later, "choice> ").await;
+            key_w.write_all(b"o\n").await.unwrap();
+            let mut r = tokio::io::BufReader::new(&mut gateway);
+            let line = read_line(&mut r).await.unwrap();
+            assert_eq!(Answer::parse(&line).unwrap().decision, Choice::AllowOnce);
+            screen_until(
+                &mut screen,
+                &mut later,
+                "sluice: allow_once files.example.org",
+            )
+            .await;
+            seen.push_str(&later);
+            seen
+        };
+        let seen = tokio::select! {
+            () = server => panic!("the server stopped"),
+            seen = body => seen,
+        };
+        assert_eq!(seen.matches("allow_once").count(), 1, "{seen}");
+        let s = served.lock().unwrap().clone();
+        assert_eq!((s.prompted, s.withdrawn), (1, 1), "{s:?}");
+        assert!(s.always.is_empty());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn a_question_past_its_timeout_is_taken_down_and_answers_nothing() {
+        let (dir, path, listener) = ask_socket("late");
+        let served = std::sync::Arc::new(std::sync::Mutex::new(Served::default()));
+        let (_key_w, key_r) = tokio::io::duplex(64);
+        let (out_w, mut screen) = tokio::io::duplex(1 << 16);
+        let share = Ends::default();
+        let server = serve_shared(
+            listener,
+            Mode::Prompt(tokio::io::BufReader::new(key_r), out_w),
+            std::sync::Arc::clone(&served),
+            &share,
+        );
+        let body = async {
+            let mut seen = String::new();
+            // A gateway that keeps the connection but said it waits 500 ms.
+            let q = Question {
+                timeout_ms: 500,
+                ..plain()
+            };
+            let mut gateway = raw_ask(&path, &q).await;
+            screen_until(&mut screen, &mut seen, "not answered in time, denied").await;
+            // Nothing answered: the connection just ends.
+            let mut rest = Vec::new();
+            tokio::io::AsyncReadExt::read_to_end(&mut gateway, &mut rest)
+                .await
+                .unwrap();
+            assert!(rest.is_empty(), "{}", String::from_utf8_lossy(&rest));
+            seen
+        };
+        let seen = tokio::select! {
+            () = server => panic!("the server stopped"),
+            seen = body => seen,
+        };
+        assert!(
+            seen.contains("sluice: files.example.org: not answered in time"),
+            "{seen}"
+        );
+        assert_eq!(served.lock().unwrap().withdrawn, 1);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn a_question_whose_gateway_hung_up_while_it_waited_is_never_drawn() {
+        let (dir, path, listener) = ask_socket("stale");
+        let served = std::sync::Arc::new(std::sync::Mutex::new(Served::default()));
+        let (mut key_w, key_r) = tokio::io::duplex(64);
+        let (out_w, mut screen) = tokio::io::duplex(1 << 16);
+        // Asked and given up on before the prompt got to it (it waited in
+        // the listener's backlog behind another question).
+        let stale = Question {
+            name: "stale.example.org".into(),
+            ..plain()
+        };
+        drop(raw_ask(&path, &stale).await);
+        let share = Ends::default();
+        let server = serve_shared(
+            listener,
+            Mode::Prompt(tokio::io::BufReader::new(key_r), out_w),
+            std::sync::Arc::clone(&served),
+            &share,
+        );
+        let body = async {
+            let mut seen = String::new();
+            let mut gateway = raw_ask(&path, &plain()).await;
+            screen_until(&mut screen, &mut seen, "choice> ").await;
+            key_w.write_all(b"d\n").await.unwrap();
+            let mut r = tokio::io::BufReader::new(&mut gateway);
+            let line = read_line(&mut r).await.unwrap();
+            assert_eq!(Answer::parse(&line).unwrap().decision, Choice::DenyOnce);
+            screen_until(&mut screen, &mut seen, "sluice: deny_once").await;
+            seen
+        };
+        let seen = tokio::select! {
+            () = server => panic!("the server stopped"),
+            seen = body => seen,
+        };
+        assert!(!seen.contains("stale.example.org"), "{seen}");
+        assert_eq!(*share.calls.lock().unwrap(), vec!["begin", "end"]);
+        let s = served.lock().unwrap().clone();
+        assert_eq!((s.prompted, s.withdrawn), (1, 1), "{s:?}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn an_always_typed_as_the_gateway_gives_up_is_not_recorded_nor_confirmed() {
+        let (dir, path, listener) = ask_socket("late-always");
+        let served = std::sync::Arc::new(std::sync::Mutex::new(Served::default()));
+        let (mut key_w, key_r) = tokio::io::duplex(64);
+        let (out_w, mut screen) = tokio::io::duplex(1 << 16);
+        let share = Ends::default();
+        let server = serve_shared(
+            listener,
+            Mode::Prompt(tokio::io::BufReader::new(key_r), out_w),
+            std::sync::Arc::clone(&served),
+            &share,
+        );
+        let body = async {
+            let mut seen = String::new();
+            let gateway = raw_ask(&path, &plain()).await;
+            screen_until(&mut screen, &mut seen, "choice> ").await;
+            // The gateway hangs up and the name is typed, before the
+            // prompt runs again: whichever it sees first, nothing is
+            // answered, confirmed or recorded.
+            drop(gateway);
+            key_w.write_all(b"files.example.org\n").await.unwrap();
+            screen_until(&mut screen, &mut seen, "withdrew the question").await;
+            while share.calls.lock().unwrap().len() < 2 {
+                tokio::task::yield_now().await;
+            }
+            seen
+        };
+        let seen = tokio::select! {
+            () = server => panic!("the server stopped"),
+            seen = body => seen,
+        };
+        assert!(!seen.contains("allow_always"), "{seen}");
+        let s = served.lock().unwrap().clone();
+        assert!(s.always.is_empty(), "{s:?}");
+        assert_eq!(s.withdrawn, 1);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

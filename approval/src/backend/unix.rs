@@ -84,23 +84,133 @@ pub async fn read_line<R: AsyncBufRead + Unpin>(r: &mut R) -> Result<Vec<u8>, Ba
     }
 }
 
+/// Why a question read by [`Asked`] no longer wants an answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Withdrawn {
+    /// The gateway closed the connection (it gave up: its timeout, a
+    /// reload, its end) or sent more than the question.
+    HungUp,
+    /// The question's own `timeout_ms` passed since it was read.
+    TimedOut,
+}
+
+/// One question read from the gateway, with the connection its answer
+/// goes back on. The gateway keeps that connection open exactly as long as
+/// it waits for the answer, so its end (or anything more arriving on it)
+/// withdraws the question: [`Asked::hung_up`] says so at once,
+/// [`Asked::withdrawn`] waits for it or for the question's deadline.
+#[derive(Debug)]
+pub struct Asked {
+    question: Question,
+    r: BufReader<tokio::net::unix::OwnedReadHalf>,
+    w: tokio::net::unix::OwnedWriteHalf,
+    deadline: Option<tokio::time::Instant>,
+}
+
+impl Asked {
+    /// Reads one question from `stream`. Its deadline is its
+    /// `timeout_ms` from now (the gateway started counting when it sent
+    /// it, a little earlier: its hang-up then comes first).
+    ///
+    /// # Errors
+    /// The question could not be read or is not valid.
+    pub async fn read(stream: UnixStream) -> Result<Self, BackendError> {
+        let (r, w) = stream.into_split();
+        let mut r = BufReader::new(r);
+        let line = read_line(&mut r).await?;
+        let question = Question::parse(&line)?;
+        let deadline = (question.timeout_ms > 0).then(|| {
+            tokio::time::Instant::now() + std::time::Duration::from_millis(question.timeout_ms)
+        });
+        Ok(Self {
+            question,
+            r,
+            w,
+            deadline,
+        })
+    }
+
+    /// The question.
+    #[must_use]
+    pub fn question(&self) -> &Question {
+        &self.question
+    }
+
+    /// Whether the gateway has already hung up (or sent more than the
+    /// question), looked at now without waiting: a question that waited
+    /// in the socket's backlog past the gateway's timeout is already
+    /// answered there (deny) and must not be shown.
+    #[must_use]
+    pub fn hung_up(&self) -> bool {
+        if !self.r.buffer().is_empty() {
+            return true;
+        }
+        let stream: &UnixStream = self.r.get_ref().as_ref();
+        let mut byte = [0u8; 1];
+        // A peek (nothing consumed) that does not wait: 0 is the end of
+        // the stream, a byte is more than the question, "would block" is a
+        // gateway still waiting.
+        match rustix::net::recv(
+            stream,
+            &mut byte,
+            rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT,
+        ) {
+            Ok(_) => true,
+            Err(e) => e != rustix::io::Errno::AGAIN && e != rustix::io::Errno::INTR,
+        }
+    }
+
+    /// Resolves when the question is withdrawn: the gateway hung up or
+    /// sent more, or the question's deadline passed. Never, for a question
+    /// without a deadline whose gateway keeps waiting.
+    pub async fn withdrawn(&mut self) -> Withdrawn {
+        let closed = async {
+            // Anything readable after the question (its end included) is
+            // the gateway no longer waiting for this answer.
+            let _ = self.r.fill_buf().await;
+            Withdrawn::HungUp
+        };
+        match self.deadline {
+            Some(at) => tokio::select! {
+                w = closed => w,
+                () = tokio::time::sleep_until(at) => Withdrawn::TimedOut,
+            },
+            None => closed.await,
+        }
+    }
+
+    /// Writes `answer` back and closes.
+    ///
+    /// # Errors
+    /// The answer could not be written (the gateway is gone).
+    pub async fn answer(mut self, answer: &Answer) -> Result<(), BackendError> {
+        self.w
+            .write_all(&answer.to_line()?)
+            .await
+            .map_err(BackendError::Io)?;
+        self.w.shutdown().await.map_err(BackendError::Io)
+    }
+}
+
 /// The other side of [`UnixBackend`]: reads one question from `stream`,
-/// asks `decide` and writes its answer.
+/// asks `decide` and writes its answer, unless the question is withdrawn
+/// first ([`Asked::withdrawn`]): then `decide` is dropped and nothing is
+/// answered.
 ///
 /// # Errors
-/// The question could not be read, or the answer not written.
+/// The question could not be read, the answer not written, or
+/// [`BackendError::Closed`]: the question was withdrawn.
 pub async fn serve_one<F, Fut>(stream: UnixStream, decide: F) -> Result<(), BackendError>
 where
     F: FnOnce(Question) -> Fut,
     Fut: Future<Output = Answer>,
 {
-    let (r, mut w) = stream.into_split();
-    let mut r = BufReader::new(r);
-    let line = read_line(&mut r).await?;
-    let question = Question::parse(&line)?;
-    let answer = decide(question).await;
-    w.write_all(&answer.to_line()?)
-        .await
-        .map_err(BackendError::Io)?;
-    w.shutdown().await.map_err(BackendError::Io)
+    let mut asked = Asked::read(stream).await?;
+    let question = asked.question().clone();
+    let answer = tokio::select! {
+        biased;
+        _ = asked.withdrawn() => return Err(BackendError::Closed),
+        a = decide(question) => a,
+    };
+    asked.answer(&answer).await
 }

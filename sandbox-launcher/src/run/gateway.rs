@@ -281,7 +281,15 @@ pub(super) fn spawn_gateway(
     drop((audit_write, log_write, ready_write, net, metrics));
 
     let log = Arc::new(Mutex::new(Vec::new()));
-    spawn_log_reader(log_read, Arc::clone(&log), args.debug, "gateway");
+    // Under `--ask`, held while a question is shown, and escaped: a
+    // gateway is not trusted to write to the prompt's terminal.
+    let echo = args.debug.then(|| {
+        super::terminal::DebugEcho::new(
+            ask.as_ref().and_then(crate::ask::AskServer::gate),
+            args.ask,
+        )
+    });
+    spawn_log_reader(log_read, Arc::clone(&log), echo.clone(), "gateway");
     let ready = spawn_ready_reader(ready_read);
     let audit = Arc::new(Mutex::new(Vec::new()));
     let mut audit_file = match &args.audit {
@@ -294,7 +302,6 @@ pub(super) fn spawn_gateway(
         ),
         None => None,
     };
-    let debug = args.debug;
     let keep = Arc::clone(&audit);
     // A reload the gateway applied may name other networks: the floor
     // follows the policy file (an inline policy never reloads).
@@ -310,8 +317,8 @@ pub(super) fn spawn_gateway(
         let mut lines = io::BufReader::new(audit_read);
         let mut line = String::new();
         while matches!(io::BufRead::read_line(&mut lines, &mut line), Ok(n) if n > 0) {
-            if debug {
-                eprint!("sluice: gateway audit: {line}");
+            if let Some(echo) = &echo {
+                echo.line(&format!("sluice: gateway audit: {line}"));
             }
             if let Some(f) = audit_file.as_mut()
                 && let Err(e) = f.write_all(line.as_bytes())

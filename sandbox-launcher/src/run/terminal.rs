@@ -17,7 +17,7 @@ use std::io::{self, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -60,6 +60,75 @@ pub(crate) struct TerminalGate {
     dropped: AtomicU64,
 }
 
+/// The `--debug` echo of the guest's console and of QEMU's and the
+/// gateway's logs to stderr. Under `--ask` these are guest- or
+/// gateway-controlled bytes like the guest's output, so once the prompt's
+/// gate is attached they are held while a question is shown
+/// ([`TerminalGate::write_debug`]); and log lines (`escape`: those of the
+/// gateway, which may be compromised) have their control characters
+/// escaped, so they cannot move the cursor or change how the terminal
+/// draws even between questions.
+#[derive(Clone, Default)]
+pub(crate) struct DebugEcho {
+    gate: Arc<OnceLock<Arc<TerminalGate>>>,
+    escape: bool,
+}
+
+impl DebugEcho {
+    /// An echo to stderr, through `gate` when given; `escape`: log lines
+    /// are escaped ([`DebugEcho::line`]).
+    pub(crate) fn new(gate: Option<Arc<TerminalGate>>, escape: bool) -> Self {
+        let echo = Self {
+            gate: Arc::default(),
+            escape,
+        };
+        if let Some(gate) = gate {
+            echo.attach(gate);
+        }
+        echo
+    }
+
+    /// From now on, through `gate` (the prompt's, made after the echo's
+    /// first readers started). A second gate is ignored.
+    pub(crate) fn attach(&self, gate: Arc<TerminalGate>) {
+        let _ = self.gate.set(gate);
+    }
+
+    /// Echoes raw bytes (the guest's console), held while a question is
+    /// shown.
+    pub(crate) fn write(&self, data: &[u8]) {
+        match self.gate.get() {
+            Some(gate) => gate.write_debug(data),
+            None => write_out(true, data),
+        }
+    }
+
+    /// Echoes one log line (with its newline), escaped if the echo
+    /// escapes, held while a question is shown.
+    pub(crate) fn line(&self, text: &str) {
+        if self.escape {
+            self.write(escape_controls(text).as_bytes());
+        } else {
+            self.write(text.as_bytes());
+        }
+    }
+}
+
+/// `text` with every control character but newline and tab (C0, DEL, C1:
+/// what starts an escape sequence or changes the charset) written as an
+/// escape (`\u{1b}`), so a terminal shows it instead of obeying it.
+pub(crate) fn escape_controls(text: &str) -> String {
+    text.chars()
+        .flat_map(|c| {
+            if c.is_control() && c != '\n' && c != '\t' {
+                c.escape_default().collect()
+            } else {
+                vec![c]
+            }
+        })
+        .collect()
+}
+
 /// Takes one chunk of the guest's stdout (or, `true`, stderr).
 type Sink = Box<dyn Fn(bool, &[u8]) + Send + Sync>;
 
@@ -91,6 +160,8 @@ struct Held {
     /// Chunks in arrival order, each stdout or (`true`) stderr.
     chunks: Vec<(bool, Vec<u8>)>,
     bytes: usize,
+    /// `--debug` bytes dropped because the hold was full.
+    debug_dropped: usize,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -189,6 +260,23 @@ impl TerminalGate {
         }
     }
 
+    /// Passes on a `--debug` echo (`data`, to stderr), or holds it while a
+    /// question is shown, like the guest's output. It never waits: the
+    /// echo's readers are QEMU's and the gateway's pipes, and a gateway
+    /// blocked on its log would stall its datapath. What does not fit in
+    /// the hold is dropped, and counted in one line when it is released.
+    pub(crate) fn write_debug(&self, data: &[u8]) {
+        let mut held = lock(&self.held);
+        if !held.holding {
+            (self.sink)(true, data);
+        } else if held.bytes + data.len() <= HOLD_LIMIT {
+            held.bytes += data.len();
+            held.chunks.push((true, data.to_vec()));
+        } else {
+            held.debug_dropped += data.len();
+        }
+    }
+
     /// Bytes typed for the prompt that its pipe had no room for.
     pub(crate) fn dropped_keys(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)
@@ -247,6 +335,14 @@ impl TerminalShare for TerminalGate {
         let mut held = lock(&self.held);
         for (err, data) in std::mem::take(&mut held.chunks) {
             (self.sink)(err, &data);
+        }
+        let dropped = std::mem::take(&mut held.debug_dropped);
+        if dropped > 0 {
+            let line = format!(
+                "sluice: --debug: {dropped} byte(s) of console and log output dropped while a \
+                 question was shown\n"
+            );
+            (self.sink)(true, line.as_bytes());
         }
         held.bytes = 0;
         held.holding = false;
@@ -588,5 +684,49 @@ mod tests {
         let mut got = String::new();
         r.read_to_string(&mut got).unwrap();
         assert_eq!(got, "o\n");
+    }
+
+    #[test]
+    fn debug_lines_during_a_question_are_held_and_never_wait() {
+        let (gate, seen) = recording();
+        let gate = Arc::new(gate);
+        // Attached after its readers started, as in `Session::new`.
+        let echo = DebugEcho::new(None, true);
+        echo.attach(Arc::clone(&gate));
+        echo.line("sluice: gateway: before\n");
+        assert_eq!(seen.lock().unwrap().len(), 1, "no question: straight on");
+        gate.begin();
+        // A gateway log line that would redraw the screen, and the guest's
+        // console: both held while the question is shown.
+        echo.line("sluice: gateway: \u{1b}[8A\u{1b}[Jfake prompt\n");
+        echo.write(b"console\n");
+        assert_eq!(seen.lock().unwrap().len(), 1, "written over the question");
+        // A full hold drops the echo (counted) instead of stalling its
+        // reader, which would stall the gateway's log.
+        gate.write(false, &vec![b'x'; HOLD_LIMIT - 1000], ok)
+            .unwrap();
+        echo.write(&[b'y'; 2000]);
+        gate.end();
+        let seen = seen.lock().unwrap();
+        let text: Vec<String> = seen
+            .iter()
+            .map(|(_, d)| String::from_utf8_lossy(d).into_owned())
+            .collect();
+        assert_eq!(text.len(), 5, "{text:?}");
+        assert_eq!(text[1], "sluice: gateway: \\u{1b}[8A\\u{1b}[Jfake prompt\n");
+        assert!(!text[1].contains('\u{1b}'));
+        assert_eq!(text[2], "console\n");
+        assert!(
+            text[4].contains("2000 byte(s) of console and log output dropped"),
+            "{text:?}"
+        );
+    }
+
+    #[test]
+    fn escaping_keeps_text_newlines_and_tabs_only() {
+        assert_eq!(
+            escape_controls("a\tb\u{7}\u{9b}2J\u{e}\u{7f}é\n"),
+            "a\tb\\u{7}\\u{9b}2J\\u{e}\\u{7f}é\n"
+        );
     }
 }
