@@ -43,7 +43,7 @@ use nftables::types::{NfChainPolicy, NfChainType, NfFamily, NfHook};
 
 use crate::netns;
 use crate::nft::{self, FloorError};
-use crate::ruleset::{self, Ruleset};
+use crate::ruleset::{self, Devices, Ruleset};
 
 /// Priority of our chains: before anything else on the same hook.
 pub const PRIORITY: i32 = -500;
@@ -174,16 +174,39 @@ fn objects(iface: &str, table: &str) -> Vec<NfObject<'static>> {
     ]
 }
 
-/// The namespace's ruleset (in the calling thread's namespace).
+/// The namespace's ruleset (in the calling thread's namespace), from
+/// its JSON listing ([`ruleset`] module docs).
 fn ruleset() -> Result<Ruleset, FloorError> {
-    Ok(ruleset::parse(&nft::list_text(WHAT, &["ruleset"])?))
+    ruleset::read(WHAT, &|args| nft::output(WHAT, args))
 }
 
-/// Whether `table`'s floor is in `rules` as installed, on `iface`: the
-/// ingress drop chain on it and the forward drop chain, neither with a
-/// rule (one `accept` would open it).
+/// `devices` for a message.
+fn shown(devices: &Devices) -> String {
+    match devices {
+        Devices::Known(names) => format!("{names:?}"),
+        Devices::Unreadable(why) => format!("unreadable: {why}"),
+    }
+}
+
+/// Whether `table`'s floor is in `rules` as installed, on `iface`: both
+/// tables there without flags (`dormant` unhooks every chain of a table
+/// and leaves them listed as they were), the ingress drop chain on it and
+/// the forward drop chain, neither with a rule (one `accept` would open
+/// it).
 fn verify(rules: &Ruleset, iface: &str, table: &str) -> Result<(), FloorError> {
     let bad = |detail: String| FloorError::Verify { what: WHAT, detail };
+    for family in ["netdev", "inet"] {
+        match rules.table(family, table) {
+            None => return Err(bad(format!("no table {family} {table}"))),
+            Some(t) => {
+                if let Some(flags) = &t.flags {
+                    return Err(bad(format!(
+                        "table {family} {table} carries flags ({flags}): a dormant table's chains are unhooked"
+                    )));
+                }
+            }
+        }
+    }
     let ours = |family: &str, name: &str| {
         rules
             .chains
@@ -193,14 +216,18 @@ fn verify(rules: &Ruleset, iface: &str, table: &str) -> Result<(), FloorError> {
     match ours("netdev", INGRESS_CHAIN) {
         Some(c)
             if c.hook == "ingress"
-                && c.devices == [iface]
+                && c.devices == Devices::Known(vec![iface.to_owned()])
                 && c.policy_drop
                 && !c.has_rules
                 && c.priority == Some(PRIORITY) => {}
         Some(c) => {
             return Err(bad(format!(
-                "netdev {table} {INGRESS_CHAIN} is not a bare drop on {iface} (hook {}, devices {:?}, drop {}, rules {})",
-                c.hook, c.devices, c.policy_drop, c.has_rules
+                "netdev {table} {INGRESS_CHAIN} is not a bare drop on {iface} (hook {}, devices {}, priority {:?}, drop {}, rules {})",
+                c.hook,
+                shown(&c.devices),
+                c.priority,
+                c.policy_drop,
+                c.has_rules
             )));
         }
         None => {
@@ -235,10 +262,13 @@ fn foreign_bypass(rules: &Ruleset, iface: &str, table: &str) -> Option<String> {
         if another_floor {
             continue;
         }
-        let at = c.priority.map_or_else(
+        let mut at = c.priority.map_or_else(
             || "an unreadable priority".to_owned(),
             |p| format!("priority {p}"),
         );
+        if let Devices::Unreadable(why) = &c.devices {
+            at.push_str(&format!(", its devices unreadable ({why})"));
+        }
         match c.hook.as_str() {
             "ingress" if c.priority.is_none_or(|p| p <= PRIORITY) => {
                 return Some(format!(
@@ -257,8 +287,11 @@ fn foreign_bypass(rules: &Ruleset, iface: &str, table: &str) -> Option<String> {
     }
     rules.flowtables.iter().find(|f| f.on(iface)).map(|f| {
         format!(
-            "an nftables flowtable `{} {} {}`",
-            f.family, f.table, f.name
+            "an nftables flowtable `{} {} {}` (devices {})",
+            f.family,
+            f.table,
+            f.name,
+            shown(&f.devices)
         )
     })
 }
@@ -282,11 +315,16 @@ fn orphans(rules: &Ruleset, own: &str, probe: &OwnedFd) -> Vec<String> {
         let bare = c.policy_drop && !c.has_rules;
         match (c.family.as_str(), c.name.as_str(), c.hook.as_str()) {
             ("netdev", INGRESS_CHAIN, "ingress") if bare => {
-                let gone = !c.devices.is_empty()
-                    && c.devices.iter().all(|d| {
-                        !d.ends_with('*')
-                            && rustix::net::netdevice::name_to_index(probe, d).is_err()
-                    });
+                let gone = match &c.devices {
+                    Devices::Known(names) => {
+                        !names.is_empty()
+                            && names.iter().all(|d| {
+                                !d.ends_with('*')
+                                    && rustix::net::netdevice::name_to_index(probe, d).is_err()
+                            })
+                    }
+                    Devices::Unreadable(_) => false,
+                };
                 entry.0 |= gone;
                 entry.1 &= gone;
             }
@@ -420,16 +458,41 @@ impl IngressFloor {
     /// Whether the floor is still in place as installed: the interface
     /// (found by its index) still has the name the floor's chain is hooked
     /// on (the kernel unhooks a netdev chain from an interface renamed
-    /// away from it), both chains are there unaltered and, unless
-    /// [`Foreign::Allow`], nothing of someone else's sees the interface's
-    /// frames before the floor.
+    /// away from it), both tables are there and not dormant, both chains
+    /// unaltered and, unless [`Foreign::Allow`], nothing of someone else's
+    /// in nftables sees the interface's frames before the floor. A
+    /// failure that may pass on its own ([`FloorError::is_transient`]: a
+    /// failed `nft` run, a ruleset that changed while it was read) is
+    /// asked again, [`CHECK_TRIES`] times in all, before it is returned.
     ///
     /// # Errors
     /// [`FloorError::NoInterface`] when the interface is gone (nothing to
     /// protect any more); [`FloorError::Verify`] or
     /// [`FloorError::Bypass`] when the floor no longer holds; `nft`
-    /// errors.
+    /// errors that persisted.
     pub fn check(&self) -> Result<(), FloorError> {
+        self.check_with(|_, _| Ok(None))
+    }
+
+    /// [`Self::check`], and then `also` in the floor's namespace with the
+    /// interface's current name and its index: what sees its frames
+    /// outside nftables (tc, XDP, tcx: the caller's tools), if anything
+    /// (`Ok(Some(what))`: [`FloorError::Bypass`]), or why that could not
+    /// be looked at (`Err`: [`FloorError::Probe`], transient).
+    ///
+    /// # Errors
+    /// As for [`Self::check`], and those two.
+    pub fn check_with<F>(&self, also: F) -> Result<(), FloorError>
+    where
+        F: Fn(&str, u32) -> Result<Option<String>, String> + Sync,
+    {
+        settle(CHECK_TRIES, CHECK_PAUSE, || self.check_once(&also))
+    }
+
+    fn check_once<F>(&self, also: &F) -> Result<(), FloorError>
+    where
+        F: Fn(&str, u32) -> Result<Option<String>, String> + Sync,
+    {
         self.run_in(|| {
             let probe = probe_socket()?;
             let name = match rustix::net::netdevice::index_to_name(&probe, self.index) {
@@ -464,7 +527,14 @@ impl IngressFloor {
                     what,
                 });
             }
-            Ok(())
+            match also(&name, self.index) {
+                Ok(None) => Ok(()),
+                Ok(Some(what)) => Err(FloorError::Bypass { iface: name, what }),
+                Err(message) => Err(FloorError::Probe {
+                    iface: name,
+                    message,
+                }),
+            }
         })
     }
 
@@ -553,6 +623,34 @@ impl IngressFloor {
     }
 }
 
+/// How many times in a row [`IngressFloor::check`] asks before a
+/// transient failure is taken as the answer.
+pub const CHECK_TRIES: u32 = 3;
+
+/// The pause between two of those.
+const CHECK_PAUSE: std::time::Duration = std::time::Duration::from_millis(300);
+
+/// Runs `check` until it passes, fails for a reason that is not transient
+/// ([`FloorError::is_transient`]), or has failed `tries` times in a row
+/// (pausing `pause` between tries): one failed `nft` run in a busy
+/// namespace is not a floor that stopped holding.
+fn settle(
+    tries: u32,
+    pause: std::time::Duration,
+    mut check: impl FnMut() -> Result<(), FloorError>,
+) -> Result<(), FloorError> {
+    let mut tried = 1;
+    loop {
+        match check() {
+            Err(e) if e.is_transient() && tried < tries => {
+                tried += 1;
+                std::thread::sleep(pause);
+            }
+            done => return done,
+        }
+    }
+}
+
 /// Deletes the floor table `table` of both families (in the calling
 /// thread's namespace).
 fn delete_tables(table: &str) -> Result<(), FloorError> {
@@ -612,5 +710,48 @@ impl Drop for IngressFloor {
         if !self.removed {
             let _ = self.discard();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failed() -> FloorError {
+        FloorError::NftFailed {
+            what: WHAT,
+            stderr: "interrupted".to_owned(),
+        }
+    }
+
+    /// A failure that may pass is asked again; a floor that no longer
+    /// holds is the answer at once.
+    #[test]
+    fn transient_failures_are_retried_and_tampering_is_not() {
+        let pause = std::time::Duration::ZERO;
+        let mut calls = 0;
+        let twice_then_ok = settle(3, pause, || {
+            calls += 1;
+            if calls < 3 { Err(failed()) } else { Ok(()) }
+        });
+        assert!(twice_then_ok.is_ok());
+        assert_eq!(calls, 3);
+        calls = 0;
+        let always = settle(3, pause, || {
+            calls += 1;
+            Err(failed())
+        });
+        assert!(matches!(always, Err(FloorError::NftFailed { .. })));
+        assert_eq!(calls, 3);
+        calls = 0;
+        let tampered = settle(3, pause, || {
+            calls += 1;
+            Err(FloorError::Verify {
+                what: WHAT,
+                detail: "gone".to_owned(),
+            })
+        });
+        assert!(matches!(tampered, Err(FloorError::Verify { .. })));
+        assert_eq!(calls, 1);
     }
 }
