@@ -176,8 +176,10 @@ fn objects(iface: &str, table: &str) -> Vec<NfObject<'static>> {
 
 /// The namespace's ruleset (in the calling thread's namespace), from
 /// its JSON listing ([`ruleset`] module docs).
-fn ruleset() -> Result<Ruleset, FloorError> {
-    ruleset::read(WHAT, &|args| nft::output(WHAT, args))
+/// `table` names the floor whose tables' flags are read.
+fn ruleset(table: &str) -> Result<Ruleset, FloorError> {
+    let ours = [("netdev", table), ("inet", table)];
+    ruleset::read(WHAT, &|args| nft::output(WHAT, args), &ours, TABLE_PREFIX)
 }
 
 /// `devices` for a message.
@@ -397,7 +399,7 @@ impl IngressFloor {
                 });
             };
             if foreign == Foreign::Refuse
-                && let Some(what) = foreign_bypass(&ruleset()?, iface, &table)
+                && let Some(what) = foreign_bypass(&ruleset(&table)?, iface, &table)
             {
                 return Err(FloorError::Bypass {
                     iface: iface.to_owned(),
@@ -405,7 +407,7 @@ impl IngressFloor {
                 });
             }
             nft::apply(WHAT, objects(iface, &table))?;
-            let rules = match ruleset().and_then(|r| verify(&r, iface, &table).map(|()| r)) {
+            let rules = match ruleset(&table).and_then(|r| verify(&r, iface, &table).map(|()| r)) {
                 Ok(rules) => rules,
                 Err(e) => {
                     let _ = delete_tables(&table);
@@ -517,7 +519,7 @@ impl IngressFloor {
                     ),
                 });
             }
-            let rules = ruleset()?;
+            let rules = ruleset(&self.table)?;
             verify(&rules, &self.iface, &self.table)?;
             if self.foreign == Foreign::Refuse
                 && let Some(what) = foreign_bypass(&rules, &self.iface, &self.table)
@@ -602,7 +604,7 @@ impl IngressFloor {
                 Ok(name) => {
                     cut_link(&name)?;
                     nft::apply(WHAT, objects(&name, &self.table))?;
-                    verify(&ruleset()?, &name, &self.table)?;
+                    verify(&ruleset(&self.table)?, &name, &self.table)?;
                     Ok(Ended::Kept)
                 }
             }

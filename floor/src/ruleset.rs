@@ -3,11 +3,16 @@
 //! without changing one), every base chain (its hook, devices, priority,
 //! policy and whether it holds rules) and every flowtable (its devices).
 //!
-//! The structure comes from `nft -j list ruleset`. JSON escapes every name
-//! and comment, so no name, comment or program name can forge, hide or
-//! shift an object there, as they can in the text listing (nft prints
-//! names unquoted, and a newline or a brace in one desynchronises any
-//! reader of the whole text).
+//! The structure comes from nft's JSON: `nft -j list chains` and `nft -j
+//! list flowtables`, and the rules of the chains asked about from `nft -j
+//! list chain`. JSON escapes every name and comment, so no name, comment
+//! or program name can forge, hide or shift an object there, as they can
+//! in the text listing (nft prints names unquoted, and a newline or a
+//! brace in one desynchronises any reader of the whole text). Not `nft -j
+//! list ruleset`: nft 1.0.6 prints a table's flags from freed memory
+//! there, and its JSON is then often invalid; a table's flags are read
+//! from `nft list table` of the tables asked about (ours: names of safe
+//! characters, and nothing of anyone else's printed before the flags).
 //!
 //! nft 1.0.6's JSON leaves out the devices of netdev chains and
 //! flowtables, the one thing the floor asks of them (1.0.7 and later give
@@ -20,8 +25,8 @@
 //! is [`Devices::Unreadable`], which every caller takes as the worst case
 //! (fail closed): a foreign chain whose devices cannot be read counts as
 //! one on the interface, a floor whose devices cannot be read does not
-//! verify. The JSON is listed again after the per-object listings and must
-//! describe the same ruleset (same handles, same rule counts), so that all
+//! verify. The chains are listed again after the other listings and must
+//! be the same (same handles, hooks, priorities and policies), so that all
 //! of them describe one state.
 
 use serde_json::Value;
@@ -37,13 +42,12 @@ pub(crate) enum Devices {
     Unreadable(String),
 }
 
-/// One table.
+/// One table asked about.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Table {
     pub(crate) family: String,
     pub(crate) name: String,
-    /// `None` without flags; else what nft said of them (nft 1.0.6's JSON
-    /// names them unreliably, but lists the key only when a flag is set).
+    /// `None` without flags; else its flags as listed.
     pub(crate) flags: Option<String>,
 }
 
@@ -59,7 +63,8 @@ pub(crate) struct BaseChain {
     /// `None` when the listing's priority could not be read.
     pub(crate) priority: Option<i32>,
     pub(crate) policy_drop: bool,
-    /// Whether the chain holds any rule.
+    /// Whether the chain holds any rule (`true`, the worst case, for a
+    /// chain whose rules were not asked about).
     pub(crate) has_rules: bool,
 }
 
@@ -74,12 +79,15 @@ pub(crate) struct Flowtable {
     pub(crate) devices: Devices,
 }
 
-/// What [`read`] found.
+/// What [`read`] found: every base chain and flowtable, and the tables
+/// asked about that exist.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub(crate) struct Ruleset {
     pub(crate) tables: Vec<Table>,
     pub(crate) chains: Vec<BaseChain>,
     pub(crate) flowtables: Vec<Flowtable>,
+    /// How many rules the listing held (of the one chain listed).
+    pub(crate) rules: usize,
 }
 
 impl Ruleset {
@@ -121,22 +129,31 @@ fn on(devices: &Devices, iface: &str) -> bool {
 /// under every reading is given up on.
 const READS: usize = 3;
 
-/// Reads the ruleset of the calling thread's namespace; `nft` runs the
-/// `nft` binary with the arguments given and returns what it printed.
+/// Runs `nft` with the arguments given and returns what it printed.
+pub(crate) type Nft<'a> = dyn Fn(&[&str]) -> Result<String, FloorError> + 'a;
+
+/// Reads the ruleset of the calling thread's namespace (module docs), with
+/// the flags of the tables `tables` (family, name) and the rules of the
+/// chains in tables whose name starts with `rules_in`.
 pub(crate) fn read(
     what: &'static str,
-    nft: &dyn Fn(&[&str]) -> Result<String, FloorError>,
+    nft: &Nft<'_>,
+    tables: &[(&str, &str)],
+    rules_in: &str,
 ) -> Result<Ruleset, FloorError> {
+    let unreadable = |detail: String| FloorError::NftFailed {
+        what,
+        stderr: format!("its JSON listing could not be read: {detail}"),
+    };
+    let json = |args: &[&str]| -> Result<Value, FloorError> {
+        serde_json::from_str(&nft(args)?).map_err(|e| unreadable(e.to_string()))
+    };
     let structure = || -> Result<Ruleset, FloorError> {
-        let text = nft(&["-j", "list", "ruleset"])?;
-        let json: Value = serde_json::from_str(&text).map_err(|e| FloorError::NftFailed {
-            what,
-            stderr: format!("its JSON listing could not be read: {e}"),
-        })?;
-        from_json(&json).map_err(|detail| FloorError::NftFailed {
-            what,
-            stderr: format!("its JSON listing could not be read: {detail}"),
-        })
+        let mut rules = from_json(&json(&["-j", "list", "chains"])?).map_err(unreadable)?;
+        rules.flowtables = from_json(&json(&["-j", "list", "flowtables"])?)
+            .map_err(unreadable)?
+            .flowtables;
+        Ok(rules)
     };
     for _ in 0..READS {
         let mut rules = structure()?;
@@ -144,10 +161,24 @@ pub(crate) fn read(
             if needs_listing(&c.devices) {
                 c.devices = listed(nft, "chain", &c.family, &c.table, &c.name, Some(&c.hook));
             }
+            c.has_rules = true;
+            if c.table.starts_with(rules_in) && nameable(&c.table) && nameable(&c.name) {
+                let list = json(&["-j", "list", "chain", &c.family, &c.table, &c.name])?;
+                c.has_rules = from_json(&list).map_err(unreadable)?.rules > 0;
+            }
         }
         for f in &mut rules.flowtables {
             if needs_listing(&f.devices) {
                 f.devices = listed(nft, "flowtable", &f.family, &f.table, &f.name, None);
+            }
+        }
+        for (family, name) in tables {
+            if let Some(flags) = table_flags(nft, family, name)? {
+                rules.tables.push(Table {
+                    family: (*family).to_owned(),
+                    name: (*name).to_owned(),
+                    flags,
+                });
             }
         }
         if same_structure(&structure()?, &rules) {
@@ -160,6 +191,39 @@ pub(crate) fn read(
     })
 }
 
+/// The flags of the table `name` of `family` from `nft list table`
+/// (`None`: no such table; `Some(None)`: no flags). Only the lines before
+/// the table's first block count: nothing of anyone else's (a chain's
+/// comment) is printed there.
+fn table_flags(
+    nft: &Nft<'_>,
+    family: &str,
+    name: &str,
+) -> Result<Option<Option<String>>, FloorError> {
+    if !nameable(name) {
+        return Ok(Some(Some(format!(
+            "unreadable: `{}` cannot be named to nft",
+            name.escape_debug()
+        ))));
+    }
+    let text = match nft(&["list", "table", family, name]) {
+        Ok(text) => text,
+        Err(FloorError::NftFailed { stderr, .. }) if stderr.contains("No such file or directory") => {
+            return Ok(None);
+        }
+        Err(e) => return Err(e),
+    };
+    let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
+    if lines.next() != Some(format!("table {family} {name} {{").as_str()) {
+        return Ok(Some(Some("unreadable: the listing is not of that table".to_owned())));
+    }
+    let flags: Vec<&str> = lines
+        .take_while(|l| !l.ends_with('{') && *l != "}")
+        .filter_map(|l| l.strip_prefix("flags "))
+        .collect();
+    Ok(Some((!flags.is_empty()).then(|| flags.join(", "))))
+}
+
 /// Marks a chain or flowtable whose devices the JSON did not give.
 const NOT_LISTED: &str = "not listed yet";
 
@@ -167,10 +231,10 @@ fn needs_listing(d: &Devices) -> bool {
     matches!(d, Devices::Unreadable(why) if why == NOT_LISTED)
 }
 
-/// Whether `a` and `b` are the same ruleset apart from the devices read
-/// from the text.
+/// Whether `a` and `b` list the same chains and flowtables (apart from
+/// what was read of each separately: devices, rules, table flags).
 fn same_structure(a: &Ruleset, b: &Ruleset) -> bool {
-    type ChainKey<'a> = (&'a str, &'a str, &'a str, u64, &'a str, Option<i32>, bool, bool);
+    type ChainKey<'a> = (&'a str, &'a str, &'a str, u64, &'a str, Option<i32>, bool);
     fn chain(c: &BaseChain) -> ChainKey<'_> {
         (
             &c.family,
@@ -180,14 +244,12 @@ fn same_structure(a: &Ruleset, b: &Ruleset) -> bool {
             &c.hook,
             c.priority,
             c.policy_drop,
-            c.has_rules,
         )
     }
     fn flowtable(f: &Flowtable) -> (&str, &str, &str, u64) {
         (&f.family, &f.table, &f.name, f.handle)
     }
-    a.tables == b.tables
-        && a.chains.iter().map(chain).eq(b.chains.iter().map(chain))
+    a.chains.iter().map(chain).eq(b.chains.iter().map(chain))
         && a.flowtables
             .iter()
             .map(flowtable)
@@ -224,28 +286,15 @@ fn json_devices(o: &Value, family: &str, hook: Option<&str>) -> Devices {
     }
 }
 
-/// The structure of `nft -j list ruleset` output (module docs).
+/// The chains, flowtables and rules in a JSON listing (module docs).
 fn from_json(json: &Value) -> Result<Ruleset, String> {
     let items = json
         .get("nftables")
         .and_then(Value::as_array)
         .ok_or("no `nftables` list")?;
     let mut out = Ruleset::default();
-    let mut rules = std::collections::HashSet::new();
     for item in items {
-        if let Some(t) = item.get("table") {
-            out.tables.push(Table {
-                family: string(t, "family")?,
-                name: string(t, "name")?,
-                flags: t.get("flags").map(|f| match f {
-                    Value::String(s) if s == "dormant" || s == "owner" || s == "persist" => {
-                        s.clone()
-                    }
-                    Value::Array(a) => Value::Array(a.clone()).to_string(),
-                    _ => "flags set".to_owned(),
-                }),
-            });
-        } else if let Some(c) = item.get("chain") {
+        if let Some(c) = item.get("chain") {
             let Some(hook) = c.get("hook").and_then(Value::as_str) else {
                 continue; // a regular chain: reached only by a jump from a base chain
             };
@@ -262,14 +311,10 @@ fn from_json(json: &Value) -> Result<Ruleset, String> {
                     .and_then(Value::as_i64)
                     .and_then(|p| i32::try_from(p).ok()),
                 policy_drop: c.get("policy").and_then(Value::as_str) == Some("drop"),
-                has_rules: false,
+                has_rules: true,
             });
-        } else if let Some(r) = item.get("rule") {
-            rules.insert((
-                string(r, "family")?,
-                string(r, "table")?,
-                string(r, "chain")?,
-            ));
+        } else if item.get("rule").is_some() {
+            out.rules += 1;
         } else if let Some(f) = item.get("flowtable") {
             let family = string(f, "family")?;
             out.flowtables.push(Flowtable {
@@ -280,9 +325,6 @@ fn from_json(json: &Value) -> Result<Ruleset, String> {
                 handle: f.get("handle").and_then(Value::as_u64).unwrap_or(0),
             });
         }
-    }
-    for c in &mut out.chains {
-        c.has_rules = rules.contains(&(c.family.clone(), c.table.clone(), c.name.clone()));
     }
     Ok(out)
 }
@@ -422,46 +464,70 @@ fn device(word: &str) -> Result<String, String> {
 mod tests {
     use super::*;
 
-    /// `nft -j list ruleset` of nft 1.0.6 (no devices), trimmed.
-    const JSON: &str = r#"{"nftables": [
+    /// `nft -j list chains` of nft 1.0.6 (no devices), trimmed.
+    const CHAINS: &str = r#"{"nftables": [
  {"metainfo": {"version": "1.0.6", "json_schema_version": 1}},
- {"table": {"family": "netdev", "name": "foo", "handle": 1}},
  {"chain": {"family": "netdev", "table": "foo", "name": "c", "handle": 1, "type": "filter", "hook": "ingress", "prio": -600, "policy": "accept"}},
- {"chain": {"family": "netdev", "table": "foo", "name": "e", "handle": 3, "type": "filter", "hook": "egress", "prio": 0, "policy": "accept"}},
- {"rule": {"family": "netdev", "table": "foo", "chain": "c", "handle": 2, "expr": [{"fwd": {"dev": "eth1"}}]}},
- {"table": {"family": "inet", "name": "bar", "handle": 2, "flags": "u"}},
+ {"chain": {"family": "netdev", "table": "sluice_floor_x", "name": "e", "handle": 3, "type": "filter", "hook": "egress", "prio": 0, "policy": "accept"}},
  {"chain": {"family": "inet", "table": "bar", "name": "f", "handle": 1, "type": "filter", "hook": "forward", "prio": -500, "policy": "drop"}},
- {"chain": {"family": "inet", "table": "bar", "name": "plain", "handle": 4}},
+ {"chain": {"family": "inet", "table": "bar", "name": "plain", "handle": 4}}
+]}"#;
+
+    /// `nft -j list flowtables` of nft 1.0.7 (with devices).
+    const FLOWTABLES: &str = r#"{"nftables": [
  {"flowtable": {"family": "inet", "name": "ft", "table": "bar", "handle": 5, "hook": "ingress", "prio": 0, "dev": ["a1", "tap*"]}}
 ]}"#;
 
     /// What `nft` prints for each listing asked.
     fn fake(args: &[&str]) -> Result<String, FloorError> {
         let text = match args {
-            ["-j", "list", "ruleset"] => JSON,
+            ["-j", "list", "chains"] => CHAINS,
+            ["-j", "list", "flowtables"] => FLOWTABLES,
+            ["-j", "list", "chain", "netdev", "sluice_floor_x", "e"] => {
+                r#"{"nftables": [{"chain": {"family": "netdev", "table": "sluice_floor_x", "name": "e", "handle": 3, "hook": "egress", "prio": 0, "policy": "accept"}}]}"#
+            }
             ["list", "chain", "netdev", "foo", "c"] => {
                 "table netdev foo {\n\tchain c {\n\t\tcomment \"dup hook for capture\"\n\t\ttype filter hook ingress device \"a0\" priority -600; policy accept;\n\t\tfwd to \"eth1\"\n\t}\n}\n"
             }
-            ["list", "chain", "netdev", "foo", "e"] => {
-                "table netdev foo {\n\tchain e {\n\t\ttype filter hook egress devices = { a0, a1 } priority filter; policy accept;\n\t}\n}\n"
+            ["list", "chain", "netdev", "sluice_floor_x", "e"] => {
+                "table netdev sluice_floor_x {\n\tchain e {\n\t\ttype filter hook egress devices = { a0, a1 } priority filter; policy accept;\n\t}\n}\n"
+            }
+            ["list", "table", "netdev", "sluice_floor_x"] => {
+                "table netdev sluice_floor_x {\n\tchain e {\n\t\ttype filter hook egress devices = { a0, a1 } priority filter; policy accept;\n\t}\n}\n"
+            }
+            ["list", "table", "inet", "bar"] => {
+                "table inet bar {\n\tflags dormant\n\n\tchain f {\n\t\tcomment \"x\n\tflags owner\"\n\t\ttype filter hook forward priority -500; policy drop;\n\t}\n}\n"
+            }
+            ["list", "table", "inet", "gone"] => {
+                return Err(FloorError::NftFailed {
+                    what: "test",
+                    stderr: "Error: No such file or directory".to_owned(),
+                });
             }
             other => panic!("unexpected nft {other:?}"),
         };
         Ok(text.to_owned())
     }
 
+    fn read_all(nft: &Nft<'_>) -> Result<Ruleset, FloorError> {
+        let tables = [("netdev", "sluice_floor_x"), ("inet", "bar"), ("inet", "gone")];
+        read("test", nft, &tables, "sluice_floor_")
+    }
+
     #[test]
     fn structure_comes_from_the_json_and_devices_from_each_chains_listing() {
-        let r = read("test", &fake).unwrap();
-        assert_eq!(r.tables.len(), 2);
-        assert_eq!(r.table("netdev", "foo").unwrap().flags, None);
-        assert!(r.table("inet", "bar").unwrap().flags.is_some());
+        let r = read_all(&fake).unwrap();
+        assert_eq!(r.tables.len(), 2, "{:?}", r.tables);
+        assert_eq!(r.table("netdev", "sluice_floor_x").unwrap().flags, None);
+        let bar = r.table("inet", "bar").unwrap();
+        assert_eq!(bar.flags.as_deref(), Some("dormant"), "{bar:?}");
+        assert!(r.table("inet", "gone").is_none());
         let names: Vec<_> = r.chains.iter().map(|c| c.name.as_str()).collect();
         assert_eq!(names, ["c", "e", "f"]);
         let c = &r.chains[0];
         assert_eq!(c.devices, Devices::Known(vec!["a0".to_owned()]));
         assert_eq!((c.hook.as_str(), c.priority), ("ingress", Some(-600)));
-        assert!(c.has_rules && !c.policy_drop);
+        assert!(c.has_rules && !c.policy_drop, "rules not asked: may hold some");
         let e = &r.chains[1];
         assert_eq!(
             e.devices,
@@ -479,13 +545,13 @@ mod tests {
     fn a_ruleset_that_changes_under_every_reading_is_an_error() {
         let n = std::cell::Cell::new(0u64);
         let changing = |args: &[&str]| -> Result<String, FloorError> {
-            if args[0] == "-j" {
+            if args == ["-j", "list", "chains"] {
                 n.set(n.get() + 1);
-                return Ok(JSON.replace("\"handle\": 3", &format!("\"handle\": {}", n.get() + 9)));
+                return Ok(CHAINS.replace("\"handle\": 3", &format!("\"handle\": {}", n.get() + 9)));
             }
             fake(args)
         };
-        let e = read("test", &changing).unwrap_err();
+        let e = read_all(&changing).unwrap_err();
         assert!(e.to_string().contains("changed"), "{e}");
     }
 
