@@ -24,9 +24,10 @@
 //! Leftovers: a floor kept by a normal end stays while its interface
 //! exists; when the interface goes after its gateway (and keeper) ended,
 //! nobody is left to delete the two tables, and they stay, harmless (the
-//! ingress chain hooks nothing), until the namespace goes or the next
-//! floor is installed there, which deletes such orphans
-//! ([`IngressFloor::install_in`]).
+//! ingress chain hooks nothing; a kernel older than 6.16 deletes that
+//! chain with its device and leaves an empty netdev table), until the
+//! namespace goes or the next floor is installed there, which deletes
+//! such orphans ([`IngressFloor::install_in`]).
 //!
 //! Bypasses: nftables runs every base chain on a hook in priority order,
 //! so a chain of someone else's on the interface's ingress before the
@@ -84,6 +85,21 @@ pub struct IngressFloor {
     table: String,
     foreign: Foreign,
     removed: bool,
+    /// Says the interface is gone by something other than its index
+    /// ([`IngressFloor::know_gone_by`]).
+    gone: Option<GoneCheck>,
+}
+
+/// A caller's way of telling that the floor's interface is gone without
+/// its index, which the kernel may give to another interface as soon as
+/// it is (one moved into the namespace keeps its index when free, `ip
+/// link add … index N` asks for one).
+struct GoneCheck(Box<dyn Fn() -> bool + Send + Sync>);
+
+impl std::fmt::Debug for GoneCheck {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("GoneCheck")
+    }
 }
 
 /// What [`IngressFloor::remove`] left behind.
@@ -298,45 +314,94 @@ fn foreign_bypass(rules: &Ruleset, iface: &str, table: &str) -> Option<String> {
     })
 }
 
-/// The floor tables of earlier instances, in `rules`, that guard no
-/// interface any more: every chain in them a bare floor chain as
-/// installed, and the ingress one hooked on device names none of which
-/// exists now (looked up with `probe`, in the calling thread's
-/// namespace). What a TAP deleted after its gateway ended leaves behind;
-/// deleting it opens nothing, as its ingress chain drops nothing. A table
-/// altered by anyone, or hooked on a wildcard, is left alone.
-fn orphans(rules: &Ruleset, own: &str, probe: &OwnedFd) -> Vec<String> {
-    use std::collections::BTreeMap;
-    // name -> (an orphaned ingress chain seen, every chain a bare floor chain)
-    let mut seen: BTreeMap<&str, (bool, bool)> = BTreeMap::new();
-    for c in &rules.chains {
-        if !c.table.starts_with(TABLE_PREFIX) || c.table == own {
-            continue;
+/// Whether `name` is a floor instance's table name as [`instance_table`]
+/// makes them: the prefix, the interface's name made safe, the pid and
+/// the install time in hex.
+fn instance_name(name: &str) -> bool {
+    let Some(rest) = name.strip_prefix(TABLE_PREFIX) else {
+        return false;
+    };
+    let mut parts = rest.rsplitn(3, '_');
+    let hex = |p: Option<&str>| {
+        p.is_some_and(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_hexdigit()))
+    };
+    hex(parts.next())
+        && hex(parts.next())
+        && parts
+            .next()
+            .is_some_and(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'))
+}
+
+/// The floor tables of earlier instances that guard no interface any
+/// more, in `rules` and `tables` (every table of the namespace): a name
+/// of an instance's making, no regular chain, an inet table holding the
+/// bare forward drop and nothing else (or nothing), and a netdev table
+/// either holding one bare ingress drop hooked on device names none of
+/// which exists now (looked up with `probe`, in the calling thread's
+/// namespace: a kernel of 6.16 or later keeps the chain when its device
+/// goes) or holding no chain at all (an older kernel deletes a netdev
+/// chain with its only device; the inet table must then hold the forward
+/// drop). What a TAP deleted after its gateway ended leaves behind;
+/// deleting it opens nothing, as it drops nothing of any interface's. A
+/// table altered by anyone, or hooked on a wildcard, is left alone.
+fn orphans(
+    rules: &Ruleset,
+    tables: &[(String, String)],
+    own: &str,
+    probe: &OwnedFd,
+) -> Vec<String> {
+    use std::collections::BTreeSet;
+    let names: BTreeSet<&str> = tables
+        .iter()
+        .map(|(_, name)| name.as_str())
+        .chain(rules.chains.iter().map(|c| c.table.as_str()))
+        .filter(|name| *name != own && instance_name(name))
+        .collect();
+    let gone = |devices: &Devices| match devices {
+        Devices::Known(names) => {
+            !names.is_empty()
+                && names.iter().all(|d| {
+                    !d.ends_with('*') && rustix::net::netdevice::name_to_index(probe, d).is_err()
+                })
         }
-        let entry = seen.entry(c.table.as_str()).or_insert((false, true));
-        let bare = c.policy_drop && !c.has_rules;
-        match (c.family.as_str(), c.name.as_str(), c.hook.as_str()) {
-            ("netdev", INGRESS_CHAIN, "ingress") if bare => {
-                let gone = match &c.devices {
-                    Devices::Known(names) => {
-                        !names.is_empty()
-                            && names.iter().all(|d| {
-                                !d.ends_with('*')
-                                    && rustix::net::netdevice::name_to_index(probe, d).is_err()
-                            })
-                    }
-                    Devices::Unreadable(_) => false,
-                };
-                entry.0 |= gone;
-                entry.1 &= gone;
+        Devices::Unreadable(_) => false,
+    };
+    names
+        .into_iter()
+        .filter(|name| {
+            if rules.regular.iter().any(|(_, t, _)| t == name) {
+                return false;
             }
-            ("inet", FORWARD_CHAIN, "forward") if bare => {}
-            _ => entry.1 = false,
-        }
-    }
-    seen.into_iter()
-        .filter(|(_, (orphaned, bare))| *orphaned && *bare)
-        .map(|(name, _)| name.to_owned())
+            let chains: Vec<&ruleset::BaseChain> =
+                rules.chains.iter().filter(|c| c.table == *name).collect();
+            let bare = |c: &&ruleset::BaseChain| c.policy_drop && !c.has_rules;
+            let of = |family: &str| -> Vec<&ruleset::BaseChain> {
+                chains.iter().copied().filter(|c| c.family == family).collect()
+            };
+            let (netdev, inet) = (of("netdev"), of("inet"));
+            if netdev.len() + inet.len() != chains.len() {
+                return false;
+            }
+            let forward_only = inet
+                .iter()
+                .all(|c| c.name == FORWARD_CHAIN && c.hook == "forward" && bare(c));
+            match netdev.as_slice() {
+                [c] => {
+                    forward_only
+                        && c.name == INGRESS_CHAIN
+                        && c.hook == "ingress"
+                        && bare(c)
+                        && gone(&c.devices)
+                }
+                [] => {
+                    forward_only
+                        && inet.len() == 1
+                        && tables.iter().any(|(f, t)| f == "netdev" && t == name)
+                }
+                _ => false,
+            }
+        })
+        .map(str::to_owned)
         .collect()
 }
 
@@ -415,7 +480,8 @@ impl IngressFloor {
                 }
             };
             // Best effort: a leftover that stays is harmless (module docs).
-            for orphan in orphans(&rules, &table, &probe) {
+            let tables = ruleset::tables(&|args| nft::output(WHAT, args)).unwrap_or_default();
+            for orphan in orphans(&rules, &tables, &table, &probe) {
                 let _ = delete_tables(&orphan);
             }
             Ok(index)
@@ -428,6 +494,7 @@ impl IngressFloor {
             table,
             foreign,
             removed: false,
+            gone: None,
         })
     }
 
@@ -448,6 +515,27 @@ impl IngressFloor {
     #[must_use]
     pub fn netns_fd(&self) -> Option<BorrowedFd<'_>> {
         self.ns.as_ref().map(AsFd::as_fd)
+    }
+
+    /// Has the floor ask `gone` before it acts on its interface's index
+    /// (checks, [`Self::cut`], [`Self::remove`]): `true` means the
+    /// interface the floor was installed on is gone, whatever interface
+    /// holds its index now, which is then left alone. The gateway's is a
+    /// packet socket bound to the interface at attach, which the kernel
+    /// unbinds when the interface goes.
+    #[must_use]
+    pub fn know_gone_by(mut self, gone: impl Fn() -> bool + Send + Sync + 'static) -> Self {
+        self.gone = Some(GoneCheck(Box::new(gone)));
+        self
+    }
+
+    /// The floor's interface's current name (in the calling thread's
+    /// namespace), or `NODEV` when it is gone.
+    fn current_name(&self, probe: &OwnedFd) -> rustix::io::Result<String> {
+        if self.gone.as_ref().is_some_and(|g| (g.0)()) {
+            return Err(rustix::io::Errno::NODEV);
+        }
+        rustix::net::netdevice::index_to_name(probe, self.index)
     }
 
     fn run_in<T: Send>(
@@ -497,7 +585,7 @@ impl IngressFloor {
     {
         self.run_in(|| {
             let probe = probe_socket()?;
-            let name = match rustix::net::netdevice::index_to_name(&probe, self.index) {
+            let name = match self.current_name(&probe) {
                 Ok(name) => name,
                 Err(rustix::io::Errno::NODEV) => {
                     return Err(FloorError::NoInterface {
@@ -548,7 +636,7 @@ impl IngressFloor {
     pub fn cut(&self) -> Result<(), FloorError> {
         self.run_in(|| {
             let probe = probe_socket()?;
-            match rustix::net::netdevice::index_to_name(&probe, self.index) {
+            match self.current_name(&probe) {
                 Ok(name) => cut_link(&name),
                 Err(rustix::io::Errno::NODEV) => Ok(()),
                 Err(e) => Err(FloorError::LinkDown {
@@ -590,7 +678,7 @@ impl IngressFloor {
         self.removed = true;
         self.run_in(|| {
             let probe = probe_socket()?;
-            match rustix::net::netdevice::index_to_name(&probe, self.index) {
+            match self.current_name(&probe) {
                 // Gone: the guest's link went with it, the floor may go.
                 Err(rustix::io::Errno::NODEV) => {
                     delete_tables(&self.table)?;
@@ -617,7 +705,7 @@ impl IngressFloor {
     fn discard(&self) -> Result<(), FloorError> {
         self.run_in(|| {
             let probe = probe_socket()?;
-            if let Ok(name) = rustix::net::netdevice::index_to_name(&probe, self.index) {
+            if let Ok(name) = self.current_name(&probe) {
                 cut_link(&name)?;
             }
             delete_tables(&self.table)
@@ -723,6 +811,23 @@ mod tests {
         FloorError::NftFailed {
             what: WHAT,
             stderr: "interrupted".to_owned(),
+        }
+    }
+
+    #[test]
+    fn only_names_of_an_instances_making_are_instance_names() {
+        assert!(instance_name(&instance_table("tap0")));
+        assert!(instance_name(&instance_table("a.b-c")));
+        for other in [
+            "sluice_floor_tap0_1f_",
+            "sluice_floor_tap0_1f_2g",
+            "sluice_floor_tap0_1_2 x",
+            "sluice_floor__1_2",
+            "sluice_floor_1_2",
+            "sluice_floor_ta;p_1_2",
+            "other_tap0_1_2",
+        ] {
+            assert!(!instance_name(other), "{other}");
         }
     }
 

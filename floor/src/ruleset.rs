@@ -88,6 +88,9 @@ pub(crate) struct Ruleset {
     pub(crate) flowtables: Vec<Flowtable>,
     /// How many rules the listing held (of the one chain listed).
     pub(crate) rules: usize,
+    /// Every regular chain (family, table, name): one in a floor's table
+    /// means someone else put it there.
+    pub(crate) regular: Vec<(String, String, String)>,
 }
 
 impl Ruleset {
@@ -189,6 +192,22 @@ pub(crate) fn read(
         what,
         stderr: format!("the ruleset changed under each of {READS} readings"),
     })
+}
+
+/// Every table (family, name) of the namespace, from `nft -j list
+/// tables`. nft 1.0.6 prints a flagged table's flags from freed memory
+/// there, so this may fail on a namespace that holds one: for best-effort
+/// uses only.
+pub(crate) fn tables(nft: &Nft<'_>) -> Result<Vec<(String, String)>, String> {
+    let text = nft(&["-j", "list", "tables"]).map_err(|e| e.to_string())?;
+    let json: Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
+    json.get("nftables")
+        .and_then(Value::as_array)
+        .ok_or("no `nftables` list")?
+        .iter()
+        .filter_map(|item| item.get("table"))
+        .map(|t| Ok((string(t, "family")?, string(t, "name")?)))
+        .collect()
 }
 
 /// The flags of the table `name` of `family` from `nft list table`
@@ -296,7 +315,10 @@ fn from_json(json: &Value) -> Result<Ruleset, String> {
     for item in items {
         if let Some(c) = item.get("chain") {
             let Some(hook) = c.get("hook").and_then(Value::as_str) else {
-                continue; // a regular chain: reached only by a jump from a base chain
+                // A regular chain: reached only by a jump from a base chain.
+                out.regular
+                    .push((string(c, "family")?, string(c, "table")?, string(c, "name")?));
+                continue;
             };
             let family = string(c, "family")?;
             out.chains.push(BaseChain {
