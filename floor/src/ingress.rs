@@ -327,9 +327,9 @@ fn instance_name(name: &str) -> bool {
     };
     hex(parts.next())
         && hex(parts.next())
-        && parts
-            .next()
-            .is_some_and(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'))
+        && parts.next().is_some_and(|p| {
+            !p.is_empty() && p.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        })
 }
 
 /// The floor tables of earlier instances that guard no interface any
@@ -376,7 +376,11 @@ fn orphans(
                 rules.chains.iter().filter(|c| c.table == *name).collect();
             let bare = |c: &&ruleset::BaseChain| c.policy_drop && !c.has_rules;
             let of = |family: &str| -> Vec<&ruleset::BaseChain> {
-                chains.iter().copied().filter(|c| c.family == family).collect()
+                chains
+                    .iter()
+                    .copied()
+                    .filter(|c| c.family == family)
+                    .collect()
             };
             let (netdev, inet) = (of("netdev"), of("inet"));
             if netdev.len() + inet.len() != chains.len() {

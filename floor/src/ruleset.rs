@@ -227,14 +227,18 @@ fn table_flags(
     }
     let text = match nft(&["list", "table", family, name]) {
         Ok(text) => text,
-        Err(FloorError::NftFailed { stderr, .. }) if stderr.contains("No such file or directory") => {
+        Err(FloorError::NftFailed { stderr, .. })
+            if stderr.contains("No such file or directory") =>
+        {
             return Ok(None);
         }
         Err(e) => return Err(e),
     };
     let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
     if lines.next() != Some(format!("table {family} {name} {{").as_str()) {
-        return Ok(Some(Some("unreadable: the listing is not of that table".to_owned())));
+        return Ok(Some(Some(
+            "unreadable: the listing is not of that table".to_owned(),
+        )));
     }
     let flags: Vec<&str> = lines
         .take_while(|l| !l.ends_with('{') && *l != "}")
@@ -316,8 +320,11 @@ fn from_json(json: &Value) -> Result<Ruleset, String> {
         if let Some(c) = item.get("chain") {
             let Some(hook) = c.get("hook").and_then(Value::as_str) else {
                 // A regular chain: reached only by a jump from a base chain.
-                out.regular
-                    .push((string(c, "family")?, string(c, "table")?, string(c, "name")?));
+                out.regular.push((
+                    string(c, "family")?,
+                    string(c, "table")?,
+                    string(c, "name")?,
+                ));
                 continue;
             };
             let family = string(c, "family")?;
@@ -404,7 +411,9 @@ fn devices_in_listing(
         format!("{kind} {name} {{"),
     ];
     if lines.len() < 2 || lines[0] != header[0] || lines[1] != header[1] {
-        return Err(format!("the listing is not of {kind} {family} {table} {name}"));
+        return Err(format!(
+            "the listing is not of {kind} {family} {table} {name}"
+        ));
     }
     let marker = if kind == "chain" { "type " } else { "device" };
     let found: Vec<&str> = lines[2..]
@@ -532,7 +541,11 @@ mod tests {
     }
 
     fn read_all(nft: &Nft<'_>) -> Result<Ruleset, FloorError> {
-        let tables = [("netdev", "sluice_floor_x"), ("inet", "bar"), ("inet", "gone")];
+        let tables = [
+            ("netdev", "sluice_floor_x"),
+            ("inet", "bar"),
+            ("inet", "gone"),
+        ];
         read("test", nft, &tables, "sluice_floor_")
     }
 
@@ -549,7 +562,10 @@ mod tests {
         let c = &r.chains[0];
         assert_eq!(c.devices, Devices::Known(vec!["a0".to_owned()]));
         assert_eq!((c.hook.as_str(), c.priority), ("ingress", Some(-600)));
-        assert!(c.has_rules && !c.policy_drop, "rules not asked: may hold some");
+        assert!(
+            c.has_rules && !c.policy_drop,
+            "rules not asked: may hold some"
+        );
         let e = &r.chains[1];
         assert_eq!(
             e.devices,
@@ -613,7 +629,13 @@ mod tests {
 
     #[test]
     fn names_nft_cannot_take_as_words_are_not_asked_about() {
-        for ok in ["filter", "DOCKER-USER", "a.b", "sluice_floor_g0_1_2", "_x/y"] {
+        for ok in [
+            "filter",
+            "DOCKER-USER",
+            "a.b",
+            "sluice_floor_g0_1_2",
+            "_x/y",
+        ] {
             assert!(nameable(ok), "{ok}");
         }
         for bad in ["", "1abc", "a b", "a\"b", "a\nb", "t;list", "x}"] {

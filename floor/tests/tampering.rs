@@ -66,13 +66,16 @@ fn a_deleted_floor_never_verifies_whatever_a_tables_name_prints() {
     ]});
     nft_script(&g, &add.to_string(), true);
     // The forgery is there to be read in the text listing.
-    let text = String::from_utf8(g.exec(&["nft", "list", "ruleset"]).output().unwrap().stdout)
-        .unwrap();
+    let text =
+        String::from_utf8(g.exec(&["nft", "list", "ruleset"]).output().unwrap().stdout).unwrap();
     assert!(text.contains(&format!("table netdev {t} {{")), "{text}");
     assert!(text.contains(&format!("table inet {t} {{")), "{text}");
     let e = floor.check().unwrap_err();
     assert!(matches!(e, FloorError::Verify { .. }), "{e}");
-    assert!(e.to_string().contains(&format!("no table netdev {t}")), "{e}");
+    assert!(
+        e.to_string().contains(&format!("no table netdev {t}")),
+        "{e}"
+    );
     std::mem::forget(floor);
 }
 
@@ -90,7 +93,16 @@ fn a_dormant_floor_table_fails_the_check_and_the_end_wakes_the_floor() {
     let t = floor.table().to_owned();
     let dormant = |family: &str| {
         ok(&[
-            "ip", "netns", "exec", &g.0, "nft", "add", "table", family, &t, "{ flags dormant; }",
+            "ip",
+            "netns",
+            "exec",
+            &g.0,
+            "nft",
+            "add",
+            "table",
+            family,
+            &t,
+            "{ flags dormant; }",
         ]);
     };
     dormant("netdev");
@@ -104,7 +116,10 @@ fn a_dormant_floor_table_fails_the_check_and_the_end_wakes_the_floor() {
     // The end (kept: the interface exists) puts the floor back awake.
     assert_eq!(floor.remove().unwrap(), Ended::Kept);
     ok(&["ip", "-n", &g.0, "link", "set", "g0", "up"]);
-    assert!(!kernel_answers(&p, "10.99.0.1"), "the floor should hold again");
+    assert!(
+        !kernel_answers(&p, "10.99.0.1"),
+        "the floor should hold again"
+    );
     let tables = String::from_utf8(
         g.exec(&["nft", "list", "table", "netdev", &t])
             .output()
@@ -117,7 +132,16 @@ fn a_dormant_floor_table_fails_the_check_and_the_end_wakes_the_floor() {
     let floor = install(&g.path(), "g0");
     let t = floor.table().to_owned();
     ok(&[
-        "ip", "netns", "exec", &g.0, "nft", "add", "table", "inet", &t, "{ flags dormant; }",
+        "ip",
+        "netns",
+        "exec",
+        &g.0,
+        "nft",
+        "add",
+        "table",
+        "inet",
+        &t,
+        "{ flags dormant; }",
     ]);
     let e = floor.check().unwrap_err();
     assert!(e.to_string().contains(&format!("table inet {t}")), "{e}");

@@ -81,15 +81,15 @@ fn an_interface_given_the_index_of_the_gone_one_is_left_alone() -> Result<()> {
         .next()
         .and_then(|l| l.trim().parse().ok())
         .context("no floor keeper (a child of the gateway)")?;
-    let vm = vm(&w)?;
-    let index = vm
+    let ns = vm(&w)?;
+    let index = ns
         .sh_ok(&format!("cat /sys/class/net/{VM_IFACE}/ifindex"), 30)?
         .trim()
         .to_owned();
     // In the world's own VM namespace: no other test's.
     let other = "swap0".to_owned();
     signal(&[gateway, keeper], "STOP")?;
-    let swapped = vm.sh_ok(
+    let swapped = ns.sh_ok(
         &format!(
             "ip link del {VM_IFACE} && ip link add {other} index {index} type veth peer name {other}p && ip link set {other} up && ip link set {other}p up"
         ),
@@ -102,12 +102,13 @@ fn an_interface_given_the_index_of_the_gone_one_is_left_alone() -> Result<()> {
         sidecar.check_alive().is_err()
     })?;
     let log = w.sidecar_log();
-    let link = vm.sh_ok(&format!("ip -o link show dev {other}"), 30)?;
+    let ns = vm(&w)?;
+    let link = ns.sh_ok(&format!("ip -o link show dev {other}"), 30)?;
     ensure!(
         link.contains(",UP") || link.contains("<UP"),
         "the newcomer was set down: {link}\n{log}"
     );
-    let left = tables(vm)?;
+    let left = tables(ns)?;
     ensure!(
         !left.contains(&floor_table(VM_IFACE)) && !left.contains(&floor_table(&other)),
         "a floor after the end: {left}\n{log}"

@@ -107,7 +107,6 @@ pub(crate) fn pair(tag: &str) -> (Netns, Netns) {
     (g, p)
 }
 
-
 /// Installs the floor on `iface` in the namespace at `path`, refusing
 /// foreign bypasses.
 pub(crate) fn install(path: &Path, iface: &str) -> IngressFloor {
@@ -123,7 +122,6 @@ pub(crate) fn delete_by_hand(ns: &Netns, table: &str) {
         ]);
     }
 }
-
 
 /// Runs the nft script `script` (`nft -f -`) in `ns`, or JSON
 /// (`nft -j -f -`) with `json`.

@@ -38,4 +38,3 @@ pub(crate) fn tables(ns: &Netns) -> Result<String> {
 pub(crate) fn vm(w: &World) -> Result<&Netns> {
     w.vm.as_ref().context("an attach world has a VM namespace")
 }
-
