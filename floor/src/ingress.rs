@@ -24,9 +24,10 @@
 //! Leftovers: a floor kept by a normal end stays while its interface
 //! exists; when the interface goes after its gateway (and keeper) ended,
 //! nobody is left to delete the two tables, and they stay, harmless (the
-//! ingress chain hooks nothing), until the namespace goes or the next
-//! floor is installed there, which deletes such orphans
-//! ([`IngressFloor::install_in`]).
+//! ingress chain hooks nothing; a kernel older than 6.16 deletes that
+//! chain with its device and leaves an empty netdev table), until the
+//! namespace goes or the next floor is installed there, which deletes
+//! such orphans ([`IngressFloor::install_in`]).
 //!
 //! Bypasses: nftables runs every base chain on a hook in priority order,
 //! so a chain of someone else's on the interface's ingress before the
@@ -43,7 +44,7 @@ use nftables::types::{NfChainPolicy, NfChainType, NfFamily, NfHook};
 
 use crate::netns;
 use crate::nft::{self, FloorError};
-use crate::ruleset::{self, Ruleset};
+use crate::ruleset::{self, Devices, Ruleset};
 
 /// Priority of our chains: before anything else on the same hook.
 pub const PRIORITY: i32 = -500;
@@ -84,6 +85,21 @@ pub struct IngressFloor {
     table: String,
     foreign: Foreign,
     removed: bool,
+    /// Says the interface is gone by something other than its index
+    /// ([`IngressFloor::know_gone_by`]).
+    gone: Option<GoneCheck>,
+}
+
+/// A caller's way of telling that the floor's interface is gone without
+/// its index, which the kernel may give to another interface as soon as
+/// it is (one moved into the namespace keeps its index when free, `ip
+/// link add … index N` asks for one).
+struct GoneCheck(Box<dyn Fn() -> bool + Send + Sync>);
+
+impl std::fmt::Debug for GoneCheck {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("GoneCheck")
+    }
 }
 
 /// What [`IngressFloor::remove`] left behind.
@@ -174,16 +190,41 @@ fn objects(iface: &str, table: &str) -> Vec<NfObject<'static>> {
     ]
 }
 
-/// The namespace's ruleset (in the calling thread's namespace).
-fn ruleset() -> Result<Ruleset, FloorError> {
-    Ok(ruleset::parse(&nft::list_text(WHAT, &["ruleset"])?))
+/// The namespace's ruleset (in the calling thread's namespace), from
+/// its JSON listing ([`ruleset`] module docs).
+/// `table` names the floor whose tables' flags are read.
+fn ruleset(table: &str) -> Result<Ruleset, FloorError> {
+    let ours = [("netdev", table), ("inet", table)];
+    ruleset::read(WHAT, &|args| nft::output(WHAT, args), &ours, TABLE_PREFIX)
 }
 
-/// Whether `table`'s floor is in `rules` as installed, on `iface`: the
-/// ingress drop chain on it and the forward drop chain, neither with a
-/// rule (one `accept` would open it).
+/// `devices` for a message.
+fn shown(devices: &Devices) -> String {
+    match devices {
+        Devices::Known(names) => format!("{names:?}"),
+        Devices::Unreadable(why) => format!("unreadable: {why}"),
+    }
+}
+
+/// Whether `table`'s floor is in `rules` as installed, on `iface`: both
+/// tables there without flags (`dormant` unhooks every chain of a table
+/// and leaves them listed as they were), the ingress drop chain on it and
+/// the forward drop chain, neither with a rule (one `accept` would open
+/// it).
 fn verify(rules: &Ruleset, iface: &str, table: &str) -> Result<(), FloorError> {
     let bad = |detail: String| FloorError::Verify { what: WHAT, detail };
+    for family in ["netdev", "inet"] {
+        match rules.table(family, table) {
+            None => return Err(bad(format!("no table {family} {table}"))),
+            Some(t) => {
+                if let Some(flags) = &t.flags {
+                    return Err(bad(format!(
+                        "table {family} {table} carries flags ({flags}): a dormant table's chains are unhooked"
+                    )));
+                }
+            }
+        }
+    }
     let ours = |family: &str, name: &str| {
         rules
             .chains
@@ -193,14 +234,18 @@ fn verify(rules: &Ruleset, iface: &str, table: &str) -> Result<(), FloorError> {
     match ours("netdev", INGRESS_CHAIN) {
         Some(c)
             if c.hook == "ingress"
-                && c.devices == [iface]
+                && c.devices == Devices::Known(vec![iface.to_owned()])
                 && c.policy_drop
                 && !c.has_rules
                 && c.priority == Some(PRIORITY) => {}
         Some(c) => {
             return Err(bad(format!(
-                "netdev {table} {INGRESS_CHAIN} is not a bare drop on {iface} (hook {}, devices {:?}, drop {}, rules {})",
-                c.hook, c.devices, c.policy_drop, c.has_rules
+                "netdev {table} {INGRESS_CHAIN} is not a bare drop on {iface} (hook {}, devices {}, priority {:?}, drop {}, rules {})",
+                c.hook,
+                shown(&c.devices),
+                c.priority,
+                c.policy_drop,
+                c.has_rules
             )));
         }
         None => {
@@ -235,10 +280,13 @@ fn foreign_bypass(rules: &Ruleset, iface: &str, table: &str) -> Option<String> {
         if another_floor {
             continue;
         }
-        let at = c.priority.map_or_else(
+        let mut at = c.priority.map_or_else(
             || "an unreadable priority".to_owned(),
             |p| format!("priority {p}"),
         );
+        if let Devices::Unreadable(why) = &c.devices {
+            at.push_str(&format!(", its devices unreadable ({why})"));
+        }
         match c.hook.as_str() {
             "ingress" if c.priority.is_none_or(|p| p <= PRIORITY) => {
                 return Some(format!(
@@ -257,46 +305,107 @@ fn foreign_bypass(rules: &Ruleset, iface: &str, table: &str) -> Option<String> {
     }
     rules.flowtables.iter().find(|f| f.on(iface)).map(|f| {
         format!(
-            "an nftables flowtable `{} {} {}`",
-            f.family, f.table, f.name
+            "an nftables flowtable `{} {} {}` (devices {})",
+            f.family,
+            f.table,
+            f.name,
+            shown(&f.devices)
         )
     })
 }
 
-/// The floor tables of earlier instances, in `rules`, that guard no
-/// interface any more: every chain in them a bare floor chain as
-/// installed, and the ingress one hooked on device names none of which
-/// exists now (looked up with `probe`, in the calling thread's
-/// namespace). What a TAP deleted after its gateway ended leaves behind;
-/// deleting it opens nothing, as its ingress chain drops nothing. A table
-/// altered by anyone, or hooked on a wildcard, is left alone.
-fn orphans(rules: &Ruleset, own: &str, probe: &OwnedFd) -> Vec<String> {
-    use std::collections::BTreeMap;
-    // name -> (an orphaned ingress chain seen, every chain a bare floor chain)
-    let mut seen: BTreeMap<&str, (bool, bool)> = BTreeMap::new();
-    for c in &rules.chains {
-        if !c.table.starts_with(TABLE_PREFIX) || c.table == own {
-            continue;
+/// Whether `name` is a floor instance's table name as [`instance_table`]
+/// makes them: the prefix, the interface's name made safe, the pid and
+/// the install time in hex.
+fn instance_name(name: &str) -> bool {
+    let Some(rest) = name.strip_prefix(TABLE_PREFIX) else {
+        return false;
+    };
+    let mut parts = rest.rsplitn(3, '_');
+    let hex = |p: Option<&str>| {
+        p.is_some_and(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_hexdigit()))
+    };
+    hex(parts.next())
+        && hex(parts.next())
+        && parts.next().is_some_and(|p| {
+            !p.is_empty() && p.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        })
+}
+
+/// The floor tables of earlier instances that guard no interface any
+/// more, in `rules` and `tables` (every table of the namespace): a name
+/// of an instance's making, no regular chain, an inet table holding the
+/// bare forward drop and nothing else (or nothing), and a netdev table
+/// either holding one bare ingress drop hooked on device names none of
+/// which exists now (looked up with `probe`, in the calling thread's
+/// namespace: a kernel of 6.16 or later keeps the chain when its device
+/// goes) or holding no chain at all (an older kernel deletes a netdev
+/// chain with its only device; the inet table must then hold the forward
+/// drop). What a TAP deleted after its gateway ended leaves behind;
+/// deleting it opens nothing, as it drops nothing of any interface's. A
+/// table altered by anyone, or hooked on a wildcard, is left alone.
+fn orphans(
+    rules: &Ruleset,
+    tables: &[(String, String)],
+    own: &str,
+    probe: &OwnedFd,
+) -> Vec<String> {
+    use std::collections::BTreeSet;
+    let names: BTreeSet<&str> = tables
+        .iter()
+        .map(|(_, name)| name.as_str())
+        .chain(rules.chains.iter().map(|c| c.table.as_str()))
+        .filter(|name| *name != own && instance_name(name))
+        .collect();
+    let gone = |devices: &Devices| match devices {
+        Devices::Known(names) => {
+            !names.is_empty()
+                && names.iter().all(|d| {
+                    !d.ends_with('*') && rustix::net::netdevice::name_to_index(probe, d).is_err()
+                })
         }
-        let entry = seen.entry(c.table.as_str()).or_insert((false, true));
-        let bare = c.policy_drop && !c.has_rules;
-        match (c.family.as_str(), c.name.as_str(), c.hook.as_str()) {
-            ("netdev", INGRESS_CHAIN, "ingress") if bare => {
-                let gone = !c.devices.is_empty()
-                    && c.devices.iter().all(|d| {
-                        !d.ends_with('*')
-                            && rustix::net::netdevice::name_to_index(probe, d).is_err()
-                    });
-                entry.0 |= gone;
-                entry.1 &= gone;
+        Devices::Unreadable(_) => false,
+    };
+    names
+        .into_iter()
+        .filter(|name| {
+            if rules.regular.iter().any(|(_, t, _)| t == name) {
+                return false;
             }
-            ("inet", FORWARD_CHAIN, "forward") if bare => {}
-            _ => entry.1 = false,
-        }
-    }
-    seen.into_iter()
-        .filter(|(_, (orphaned, bare))| *orphaned && *bare)
-        .map(|(name, _)| name.to_owned())
+            let chains: Vec<&ruleset::BaseChain> =
+                rules.chains.iter().filter(|c| c.table == *name).collect();
+            let bare = |c: &&ruleset::BaseChain| c.policy_drop && !c.has_rules;
+            let of = |family: &str| -> Vec<&ruleset::BaseChain> {
+                chains
+                    .iter()
+                    .copied()
+                    .filter(|c| c.family == family)
+                    .collect()
+            };
+            let (netdev, inet) = (of("netdev"), of("inet"));
+            if netdev.len() + inet.len() != chains.len() {
+                return false;
+            }
+            let forward_only = inet
+                .iter()
+                .all(|c| c.name == FORWARD_CHAIN && c.hook == "forward" && bare(c));
+            match netdev.as_slice() {
+                [c] => {
+                    forward_only
+                        && c.name == INGRESS_CHAIN
+                        && c.hook == "ingress"
+                        && bare(c)
+                        && gone(&c.devices)
+                }
+                [] => {
+                    forward_only
+                        && inet.len() == 1
+                        && tables.iter().any(|(f, t)| f == "netdev" && t == name)
+                }
+                _ => false,
+            }
+        })
+        .map(str::to_owned)
         .collect()
 }
 
@@ -359,7 +468,7 @@ impl IngressFloor {
                 });
             };
             if foreign == Foreign::Refuse
-                && let Some(what) = foreign_bypass(&ruleset()?, iface, &table)
+                && let Some(what) = foreign_bypass(&ruleset(&table)?, iface, &table)
             {
                 return Err(FloorError::Bypass {
                     iface: iface.to_owned(),
@@ -367,7 +476,7 @@ impl IngressFloor {
                 });
             }
             nft::apply(WHAT, objects(iface, &table))?;
-            let rules = match ruleset().and_then(|r| verify(&r, iface, &table).map(|()| r)) {
+            let rules = match ruleset(&table).and_then(|r| verify(&r, iface, &table).map(|()| r)) {
                 Ok(rules) => rules,
                 Err(e) => {
                     let _ = delete_tables(&table);
@@ -375,7 +484,8 @@ impl IngressFloor {
                 }
             };
             // Best effort: a leftover that stays is harmless (module docs).
-            for orphan in orphans(&rules, &table, &probe) {
+            let tables = ruleset::tables(&|args| nft::output(WHAT, args)).unwrap_or_default();
+            for orphan in orphans(&rules, &tables, &table, &probe) {
                 let _ = delete_tables(&orphan);
             }
             Ok(index)
@@ -388,6 +498,7 @@ impl IngressFloor {
             table,
             foreign,
             removed: false,
+            gone: None,
         })
     }
 
@@ -410,6 +521,27 @@ impl IngressFloor {
         self.ns.as_ref().map(AsFd::as_fd)
     }
 
+    /// Has the floor ask `gone` before it acts on its interface's index
+    /// (checks, [`Self::cut`], [`Self::remove`]): `true` means the
+    /// interface the floor was installed on is gone, whatever interface
+    /// holds its index now, which is then left alone. The gateway's is a
+    /// packet socket bound to the interface at attach, which the kernel
+    /// unbinds when the interface goes.
+    #[must_use]
+    pub fn know_gone_by(mut self, gone: impl Fn() -> bool + Send + Sync + 'static) -> Self {
+        self.gone = Some(GoneCheck(Box::new(gone)));
+        self
+    }
+
+    /// The floor's interface's current name (in the calling thread's
+    /// namespace), or `NODEV` when it is gone.
+    fn current_name(&self, probe: &OwnedFd) -> rustix::io::Result<String> {
+        if self.gone.as_ref().is_some_and(|g| (g.0)()) {
+            return Err(rustix::io::Errno::NODEV);
+        }
+        rustix::net::netdevice::index_to_name(probe, self.index)
+    }
+
     fn run_in<T: Send>(
         &self,
         f: impl FnOnce() -> Result<T, FloorError> + Send,
@@ -420,19 +552,44 @@ impl IngressFloor {
     /// Whether the floor is still in place as installed: the interface
     /// (found by its index) still has the name the floor's chain is hooked
     /// on (the kernel unhooks a netdev chain from an interface renamed
-    /// away from it), both chains are there unaltered and, unless
-    /// [`Foreign::Allow`], nothing of someone else's sees the interface's
-    /// frames before the floor.
+    /// away from it), both tables are there and not dormant, both chains
+    /// unaltered and, unless [`Foreign::Allow`], nothing of someone else's
+    /// in nftables sees the interface's frames before the floor. A
+    /// failure that may pass on its own ([`FloorError::is_transient`]: a
+    /// failed `nft` run, a ruleset that changed while it was read) is
+    /// asked again, [`CHECK_TRIES`] times in all, before it is returned.
     ///
     /// # Errors
     /// [`FloorError::NoInterface`] when the interface is gone (nothing to
     /// protect any more); [`FloorError::Verify`] or
     /// [`FloorError::Bypass`] when the floor no longer holds; `nft`
-    /// errors.
+    /// errors that persisted.
     pub fn check(&self) -> Result<(), FloorError> {
+        self.check_with(|_, _| Ok(None))
+    }
+
+    /// [`Self::check`], and then `also` in the floor's namespace with the
+    /// interface's current name and its index: what sees its frames
+    /// outside nftables (tc, XDP, tcx: the caller's tools), if anything
+    /// (`Ok(Some(what))`: [`FloorError::Bypass`]), or why that could not
+    /// be looked at (`Err`: [`FloorError::Probe`], transient).
+    ///
+    /// # Errors
+    /// As for [`Self::check`], and those two.
+    pub fn check_with<F>(&self, also: F) -> Result<(), FloorError>
+    where
+        F: Fn(&str, u32) -> Result<Option<String>, String> + Sync,
+    {
+        settle(CHECK_TRIES, CHECK_PAUSE, || self.check_once(&also))
+    }
+
+    fn check_once<F>(&self, also: &F) -> Result<(), FloorError>
+    where
+        F: Fn(&str, u32) -> Result<Option<String>, String> + Sync,
+    {
         self.run_in(|| {
             let probe = probe_socket()?;
-            let name = match rustix::net::netdevice::index_to_name(&probe, self.index) {
+            let name = match self.current_name(&probe) {
                 Ok(name) => name,
                 Err(rustix::io::Errno::NODEV) => {
                     return Err(FloorError::NoInterface {
@@ -454,7 +611,7 @@ impl IngressFloor {
                     ),
                 });
             }
-            let rules = ruleset()?;
+            let rules = ruleset(&self.table)?;
             verify(&rules, &self.iface, &self.table)?;
             if self.foreign == Foreign::Refuse
                 && let Some(what) = foreign_bypass(&rules, &self.iface, &self.table)
@@ -464,7 +621,14 @@ impl IngressFloor {
                     what,
                 });
             }
-            Ok(())
+            match also(&name, self.index) {
+                Ok(None) => Ok(()),
+                Ok(Some(what)) => Err(FloorError::Bypass { iface: name, what }),
+                Err(message) => Err(FloorError::Probe {
+                    iface: name,
+                    message,
+                }),
+            }
         })
     }
 
@@ -476,7 +640,7 @@ impl IngressFloor {
     pub fn cut(&self) -> Result<(), FloorError> {
         self.run_in(|| {
             let probe = probe_socket()?;
-            match rustix::net::netdevice::index_to_name(&probe, self.index) {
+            match self.current_name(&probe) {
                 Ok(name) => cut_link(&name),
                 Err(rustix::io::Errno::NODEV) => Ok(()),
                 Err(e) => Err(FloorError::LinkDown {
@@ -518,7 +682,7 @@ impl IngressFloor {
         self.removed = true;
         self.run_in(|| {
             let probe = probe_socket()?;
-            match rustix::net::netdevice::index_to_name(&probe, self.index) {
+            match self.current_name(&probe) {
                 // Gone: the guest's link went with it, the floor may go.
                 Err(rustix::io::Errno::NODEV) => {
                     delete_tables(&self.table)?;
@@ -532,7 +696,7 @@ impl IngressFloor {
                 Ok(name) => {
                     cut_link(&name)?;
                     nft::apply(WHAT, objects(&name, &self.table))?;
-                    verify(&ruleset()?, &name, &self.table)?;
+                    verify(&ruleset(&self.table)?, &name, &self.table)?;
                     Ok(Ended::Kept)
                 }
             }
@@ -545,11 +709,39 @@ impl IngressFloor {
     fn discard(&self) -> Result<(), FloorError> {
         self.run_in(|| {
             let probe = probe_socket()?;
-            if let Ok(name) = rustix::net::netdevice::index_to_name(&probe, self.index) {
+            if let Ok(name) = self.current_name(&probe) {
                 cut_link(&name)?;
             }
             delete_tables(&self.table)
         })
+    }
+}
+
+/// How many times in a row [`IngressFloor::check`] asks before a
+/// transient failure is taken as the answer.
+pub const CHECK_TRIES: u32 = 3;
+
+/// The pause between two of those.
+const CHECK_PAUSE: std::time::Duration = std::time::Duration::from_millis(300);
+
+/// Runs `check` until it passes, fails for a reason that is not transient
+/// ([`FloorError::is_transient`]), or has failed `tries` times in a row
+/// (pausing `pause` between tries): one failed `nft` run in a busy
+/// namespace is not a floor that stopped holding.
+fn settle(
+    tries: u32,
+    pause: std::time::Duration,
+    mut check: impl FnMut() -> Result<(), FloorError>,
+) -> Result<(), FloorError> {
+    let mut tried = 1;
+    loop {
+        match check() {
+            Err(e) if e.is_transient() && tried < tries => {
+                tried += 1;
+                std::thread::sleep(pause);
+            }
+            done => return done,
+        }
     }
 }
 
@@ -612,5 +804,65 @@ impl Drop for IngressFloor {
         if !self.removed {
             let _ = self.discard();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failed() -> FloorError {
+        FloorError::NftFailed {
+            what: WHAT,
+            stderr: "interrupted".to_owned(),
+        }
+    }
+
+    #[test]
+    fn only_names_of_an_instances_making_are_instance_names() {
+        assert!(instance_name(&instance_table("tap0")));
+        assert!(instance_name(&instance_table("a.b-c")));
+        for other in [
+            "sluice_floor_tap0_1f_",
+            "sluice_floor_tap0_1f_2g",
+            "sluice_floor_tap0_1_2 x",
+            "sluice_floor__1_2",
+            "sluice_floor_1_2",
+            "sluice_floor_ta;p_1_2",
+            "other_tap0_1_2",
+        ] {
+            assert!(!instance_name(other), "{other}");
+        }
+    }
+
+    /// A failure that may pass is asked again; a floor that no longer
+    /// holds is the answer at once.
+    #[test]
+    fn transient_failures_are_retried_and_tampering_is_not() {
+        let pause = std::time::Duration::ZERO;
+        let mut calls = 0;
+        let twice_then_ok = settle(3, pause, || {
+            calls += 1;
+            if calls < 3 { Err(failed()) } else { Ok(()) }
+        });
+        assert!(twice_then_ok.is_ok());
+        assert_eq!(calls, 3);
+        calls = 0;
+        let always = settle(3, pause, || {
+            calls += 1;
+            Err(failed())
+        });
+        assert!(matches!(always, Err(FloorError::NftFailed { .. })));
+        assert_eq!(calls, 3);
+        calls = 0;
+        let tampered = settle(3, pause, || {
+            calls += 1;
+            Err(FloorError::Verify {
+                what: WHAT,
+                detail: "gone".to_owned(),
+            })
+        });
+        assert!(matches!(tampered, Err(FloorError::Verify { .. })));
+        assert_eq!(calls, 1);
     }
 }

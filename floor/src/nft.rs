@@ -71,6 +71,38 @@ pub enum FloorError {
     /// An argument that cannot be used (an interface name too long, say).
     #[error("{0}")]
     Invalid(String),
+    /// What else might see the interface's frames (tc, XDP, tcx: the
+    /// caller's check given to [`crate::ingress::IngressFloor::check_with`])
+    /// could not be looked at.
+    #[error("cannot look for what sees `{iface}`'s frames outside nftables: {message}")]
+    Probe {
+        /// The interface.
+        iface: String,
+        /// Why.
+        message: String,
+    },
+}
+
+impl FloorError {
+    /// Whether the error may pass on its own (a failed run of `nft`, `ip`
+    /// or `tc`, a thread or socket that could not be had, a ruleset that
+    /// changed while it was read), rather than say the floor no longer
+    /// holds ([`Self::Verify`], [`Self::Bypass`]) or the interface is gone
+    /// ([`Self::NoInterface`]): worth asking again before concluding.
+    #[must_use]
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::NftMissing(_)
+            | Self::NftFailed { .. }
+            | Self::Netns { .. }
+            | Self::Invalid(_)
+            | Self::Probe { .. } => true,
+            Self::Verify { .. }
+            | Self::Bypass { .. }
+            | Self::NoInterface { .. }
+            | Self::LinkDown { .. } => false,
+        }
+    }
 }
 
 pub(crate) fn one_line(s: &str) -> String {
@@ -126,12 +158,18 @@ pub(crate) fn list_table(
         .map_err(|e| map_err(what, e))
 }
 
-/// `nft list ...` as text (what the JSON listing of nft 1.0.6 leaves out:
-/// a netdev chain's device).
+/// `nft list ...` as text.
 pub(crate) fn list_text(what: &'static str, args: &[&str]) -> Result<String, FloorError> {
+    let mut all = vec!["list"];
+    all.extend_from_slice(args);
+    output(what, &all)
+}
+
+/// What `nft ARGS` prints (in the calling thread's namespace).
+pub(crate) fn output(what: &'static str, args: &[&str]) -> Result<String, FloorError> {
     let out = std::process::Command::new(program())
-        .arg("list")
         .args(args)
+        .stdin(std::process::Stdio::null())
         .output()
         .map_err(|e| FloorError::NftMissing(format!("nft: {e}")))?;
     if !out.status.success() {

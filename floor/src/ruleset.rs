@@ -1,10 +1,55 @@
-//! A namespace's ruleset as `nft list ruleset` prints it, read for what
-//! the ingress floor needs: every base chain (its hook, devices, priority,
+//! A namespace's ruleset, read for what the ingress floor needs: every
+//! table (and whether it carries flags: `dormant` unhooks all its chains
+//! without changing one), every base chain (its hook, devices, priority,
 //! policy and whether it holds rules) and every flowtable (its devices).
 //!
-//! The text listing, not the JSON one: nft 1.0.6's JSON leaves out a
-//! netdev chain's and a flowtable's devices, which is the one thing asked
-//! here.
+//! The structure comes from nft's JSON: `nft -j list chains` and `nft -j
+//! list flowtables`, and the rules of the chains asked about from `nft -j
+//! list chain`. JSON escapes every name and comment, so no name, comment
+//! or program name can forge, hide or shift an object there, as they can
+//! in the text listing (nft prints names unquoted, and a newline or a
+//! brace in one desynchronises any reader of the whole text). Not `nft -j
+//! list ruleset`: nft 1.0.6 prints a table's flags from freed memory
+//! there, and its JSON is then often invalid; a table's flags are read
+//! from `nft list table` of the tables asked about (ours: names of safe
+//! characters, and nothing of anyone else's printed before the flags).
+//!
+//! nft 1.0.6's JSON leaves out the devices of netdev chains and
+//! flowtables, the one thing the floor asks of them (1.0.7 and later give
+//! them as `dev`, used when present). Those are read from the text of that
+//! one object, `nft list chain FAMILY TABLE NAME` (or `list flowtable`),
+//! strictly: the listing must be of the object asked for, hold exactly one
+//! `type … hook …` line (a comment with a newline forging a second makes
+//! it unreadable), and every device must be a token of characters that
+//! cannot end a device list early (none of `, { } " ; \`). Anything else
+//! is [`Devices::Unreadable`], which every caller takes as the worst case
+//! (fail closed): a foreign chain whose devices cannot be read counts as
+//! one on the interface, a floor whose devices cannot be read does not
+//! verify. The chains are listed again after the other listings and must
+//! be the same (same handles, hooks, priorities and policies), so that all
+//! of them describe one state.
+
+use serde_json::Value;
+
+use crate::nft::FloorError;
+
+/// The devices a chain or flowtable is hooked on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Devices {
+    /// Device names (a trailing `*` is a wildcard prefix, kernel 6.16+).
+    Known(Vec<String>),
+    /// They could not be read unambiguously: why.
+    Unreadable(String),
+}
+
+/// One table asked about.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Table {
+    pub(crate) family: String,
+    pub(crate) name: String,
+    /// `None` without flags; else its flags as listed.
+    pub(crate) flags: Option<String>,
+}
 
 /// One base chain (a chain with a hook).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -12,13 +57,14 @@ pub(crate) struct BaseChain {
     pub(crate) family: String,
     pub(crate) table: String,
     pub(crate) name: String,
+    pub(crate) handle: u64,
     pub(crate) hook: String,
-    /// Device names (a trailing `*` is a wildcard prefix, kernel 6.16+).
-    pub(crate) devices: Vec<String>,
+    pub(crate) devices: Devices,
     /// `None` when the listing's priority could not be read.
     pub(crate) priority: Option<i32>,
     pub(crate) policy_drop: bool,
-    /// Whether the chain holds any rule.
+    /// Whether the chain holds any rule (`true`, the worst case, for a
+    /// chain whose rules were not asked about).
     pub(crate) has_rules: bool,
 }
 
@@ -29,200 +75,419 @@ pub(crate) struct Flowtable {
     pub(crate) family: String,
     pub(crate) table: String,
     pub(crate) name: String,
-    pub(crate) devices: Vec<String>,
+    pub(crate) handle: u64,
+    pub(crate) devices: Devices,
 }
 
-/// What [`parse`] found.
-#[derive(Debug, Default)]
+/// What [`read`] found: every base chain and flowtable, and the tables
+/// asked about that exist.
+#[derive(Debug, Default, PartialEq, Eq)]
 pub(crate) struct Ruleset {
+    pub(crate) tables: Vec<Table>,
     pub(crate) chains: Vec<BaseChain>,
     pub(crate) flowtables: Vec<Flowtable>,
+    /// How many rules the listing held (of the one chain listed).
+    pub(crate) rules: usize,
+    /// Every regular chain (family, table, name): one in a floor's table
+    /// means someone else put it there.
+    pub(crate) regular: Vec<(String, String, String)>,
+}
+
+impl Ruleset {
+    /// The table `name` of `family`, if listed.
+    pub(crate) fn table(&self, family: &str, name: &str) -> Option<&Table> {
+        self.tables
+            .iter()
+            .find(|t| t.family == family && t.name == name)
+    }
 }
 
 impl BaseChain {
-    /// Whether the chain is hooked on `iface`.
+    /// Whether the chain may be hooked on `iface` (one whose devices
+    /// cannot be read may).
     pub(crate) fn on(&self, iface: &str) -> bool {
         on(&self.devices, iface)
     }
 }
 
 impl Flowtable {
-    /// Whether the flowtable takes `iface`'s frames.
+    /// Whether the flowtable may take `iface`'s frames (one whose devices
+    /// cannot be read may).
     pub(crate) fn on(&self, iface: &str) -> bool {
         on(&self.devices, iface)
     }
 }
 
-fn on(devices: &[String], iface: &str) -> bool {
-    devices.iter().any(|d| match d.strip_suffix('*') {
-        Some(prefix) => iface.starts_with(prefix),
-        None => d == iface,
+fn on(devices: &Devices, iface: &str) -> bool {
+    match devices {
+        Devices::Known(names) => names.iter().any(|d| match d.strip_suffix('*') {
+            Some(prefix) => iface.starts_with(prefix),
+            None => d == iface,
+        }),
+        Devices::Unreadable(_) => true,
+    }
+}
+
+/// How many times the ruleset is read before a ruleset that changes
+/// under every reading is given up on.
+const READS: usize = 3;
+
+/// Runs `nft` with the arguments given and returns what it printed.
+pub(crate) type Nft<'a> = dyn Fn(&[&str]) -> Result<String, FloorError> + 'a;
+
+/// Reads the ruleset of the calling thread's namespace (module docs), with
+/// the flags of the tables `tables` (family, name) and the rules of the
+/// chains in tables whose name starts with `rules_in`.
+pub(crate) fn read(
+    what: &'static str,
+    nft: &Nft<'_>,
+    tables: &[(&str, &str)],
+    rules_in: &str,
+) -> Result<Ruleset, FloorError> {
+    let unreadable = |detail: String| FloorError::NftFailed {
+        what,
+        stderr: format!("its JSON listing could not be read: {detail}"),
+    };
+    let json = |args: &[&str]| -> Result<Value, FloorError> {
+        serde_json::from_str(&nft(args)?).map_err(|e| unreadable(e.to_string()))
+    };
+    let structure = || -> Result<Ruleset, FloorError> {
+        let mut rules = from_json(&json(&["-j", "list", "chains"])?).map_err(unreadable)?;
+        rules.flowtables = from_json(&json(&["-j", "list", "flowtables"])?)
+            .map_err(unreadable)?
+            .flowtables;
+        Ok(rules)
+    };
+    for _ in 0..READS {
+        let mut rules = structure()?;
+        for c in &mut rules.chains {
+            if needs_listing(&c.devices) {
+                c.devices = listed(nft, "chain", &c.family, &c.table, &c.name, Some(&c.hook));
+            }
+            c.has_rules = true;
+            if c.table.starts_with(rules_in) && nameable(&c.table) && nameable(&c.name) {
+                let list = json(&["-j", "list", "chain", &c.family, &c.table, &c.name])?;
+                c.has_rules = from_json(&list).map_err(unreadable)?.rules > 0;
+            }
+        }
+        for f in &mut rules.flowtables {
+            if needs_listing(&f.devices) {
+                f.devices = listed(nft, "flowtable", &f.family, &f.table, &f.name, None);
+            }
+        }
+        for (family, name) in tables {
+            if let Some(flags) = table_flags(nft, family, name)? {
+                rules.tables.push(Table {
+                    family: (*family).to_owned(),
+                    name: (*name).to_owned(),
+                    flags,
+                });
+            }
+        }
+        if same_structure(&structure()?, &rules) {
+            return Ok(rules);
+        }
+    }
+    Err(FloorError::NftFailed {
+        what,
+        stderr: format!("the ruleset changed under each of {READS} readings"),
     })
 }
 
-/// The block being read at depth 2.
-enum Block {
-    Chain { name: String, body: Vec<String> },
-    Flowtable { name: String, body: Vec<String> },
-    Other,
+/// Every table (family, name) of the namespace, from `nft -j list
+/// tables`. nft 1.0.6 prints a flagged table's flags from freed memory
+/// there, so this may fail on a namespace that holds one: for best-effort
+/// uses only.
+pub(crate) fn tables(nft: &Nft<'_>) -> Result<Vec<(String, String)>, String> {
+    let text = nft(&["-j", "list", "tables"]).map_err(|e| e.to_string())?;
+    let json: Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
+    json.get("nftables")
+        .and_then(Value::as_array)
+        .ok_or("no `nftables` list")?
+        .iter()
+        .filter_map(|item| item.get("table"))
+        .map(|t| Ok((string(t, "family")?, string(t, "name")?)))
+        .collect()
 }
 
-/// Reads `nft list ruleset` output.
-pub(crate) fn parse(text: &str) -> Ruleset {
-    let mut out = Ruleset::default();
-    let mut depth = 0usize;
-    let mut table: Option<(String, String)> = None;
-    let mut block = Block::Other;
-    for raw in text.lines() {
-        let line = raw.trim();
-        let before = depth;
-        if before == 0 {
-            let mut words = line.split_whitespace();
-            if words.next() == Some("table") {
-                table = match (words.next(), words.next()) {
-                    (Some(f), Some(n)) => Some((f.to_owned(), n.to_owned())),
-                    _ => None,
-                };
-            }
-        } else if before == 1 {
-            let mut words = line.split_whitespace();
-            let name = |w: Option<&str>| w.unwrap_or_default().to_owned();
-            block = match words.next() {
-                Some("chain") => Block::Chain {
-                    name: name(words.next()),
-                    body: Vec::new(),
-                },
-                Some("flowtable") => Block::Flowtable {
-                    name: name(words.next()),
-                    body: Vec::new(),
-                },
-                _ => Block::Other,
-            };
-        } else if before == 2
-            && let Block::Chain { body, .. } | Block::Flowtable { body, .. } = &mut block
-            && !line.is_empty()
-            && line != "}"
+/// The flags of the table `name` of `family` from `nft list table`
+/// (`None`: no such table; `Some(None)`: no flags). Only the lines before
+/// the table's first block count: nothing of anyone else's (a chain's
+/// comment) is printed there.
+fn table_flags(
+    nft: &Nft<'_>,
+    family: &str,
+    name: &str,
+) -> Result<Option<Option<String>>, FloorError> {
+    if !nameable(name) {
+        return Ok(Some(Some(format!(
+            "unreadable: `{}` cannot be named to nft",
+            name.escape_debug()
+        ))));
+    }
+    let text = match nft(&["list", "table", family, name]) {
+        Ok(text) => text,
+        Err(FloorError::NftFailed { stderr, .. })
+            if stderr.contains("No such file or directory") =>
         {
-            body.push(line.to_owned());
+            return Ok(None);
         }
-        depth = next_depth(depth, line);
-        if before >= 2 && depth < 2 {
-            let done = std::mem::replace(&mut block, Block::Other);
-            if let Some((family, tname)) = &table {
-                finish(&mut out, family, tname, done);
-            }
-        }
-        if depth == 0 {
-            table = None;
-        }
-    }
-    out
-}
-
-/// Brace depth after `line` (braces inside double quotes do not count).
-fn next_depth(mut depth: usize, line: &str) -> usize {
-    let mut quoted = false;
-    for c in line.chars() {
-        match c {
-            '"' => quoted = !quoted,
-            '{' if !quoted => depth += 1,
-            '}' if !quoted => depth = depth.saturating_sub(1),
-            _ => {}
-        }
-    }
-    depth
-}
-
-fn finish(out: &mut Ruleset, family: &str, table: &str, block: Block) {
-    match block {
-        Block::Chain { name, body } => {
-            // nft prints a chain's comment on its own line before the
-            // `type ... hook ...` line; a comment's words never count.
-            let Some(hook_line) = body
-                .iter()
-                .find(|l| l.starts_with("type ") && word_after(l, "hook").is_some())
-            else {
-                return; // a regular chain: reached only by a jump from a base chain
-            };
-            let has_rules = body.iter().any(|l| {
-                !std::ptr::eq(l, hook_line)
-                    && !l.starts_with("policy ")
-                    && !l.starts_with("comment ")
-            });
-            out.chains.push(BaseChain {
-                family: family.to_owned(),
-                table: table.to_owned(),
-                name,
-                hook: word_after(hook_line, "hook").unwrap_or_default(),
-                devices: devices(hook_line),
-                priority: priority(family, hook_line),
-                policy_drop: body.iter().any(|l| {
-                    !l.starts_with("comment ") && (l.contains("policy drop;") || l == "policy drop")
-                }),
-                has_rules,
-            });
-        }
-        Block::Flowtable { name, body } => {
-            let devices = body.iter().flat_map(|l| devices(l)).collect();
-            out.flowtables.push(Flowtable {
-                family: family.to_owned(),
-                table: table.to_owned(),
-                name,
-                devices,
-            });
-        }
-        Block::Other => {}
-    }
-}
-
-/// The word after `key` in `line` (`hook ingress` gives `ingress`).
-fn word_after(line: &str, key: &str) -> Option<String> {
-    let mut words = line.split(|c: char| c.is_whitespace() || c == ';');
-    words.by_ref().find(|w| *w == key)?;
-    words
-        .find(|w| !w.is_empty())
-        .map(|w| w.trim_matches('"').to_owned())
-}
-
-/// `device "x"`, `device x` or `devices = { a, "b" }` in `line`.
-fn devices(line: &str) -> Vec<String> {
-    if let Some(start) = line.find("devices = {") {
-        let rest = &line[start + "devices = {".len()..];
-        let inner = rest.split('}').next().unwrap_or_default();
-        return inner
-            .split(',')
-            .map(|d| d.trim().trim_matches('"').to_owned())
-            .filter(|d| !d.is_empty())
-            .collect();
-    }
-    word_after(line, "device").into_iter().collect()
-}
-
-/// The numeric priority of the hook line: a number, or a standard name
-/// with an optional `+ N` / `- N`.
-fn priority(family: &str, line: &str) -> Option<i32> {
-    let start = line.find("priority ")? + "priority ".len();
-    let spec = line[start..].split(';').next()?.trim();
-    let mut words = spec.split_whitespace();
-    let first = words.next()?;
-    let base = match first.parse::<i32>() {
-        Ok(n) => n,
-        Err(_) => match (family, first) {
-            (_, "filter") => 0,
-            ("netdev", _) => return None,
-            (_, "raw") => -300,
-            (_, "mangle") => -150,
-            (_, "dstnat") => -100,
-            (_, "security") => 50,
-            (_, "srcnat") => 100,
-            _ => return None,
-        },
+        Err(e) => return Err(e),
     };
-    match (words.next(), words.next()) {
-        (None, _) => Some(base),
-        (Some("+"), Some(n)) => base.checked_add(n.parse().ok()?),
-        (Some("-"), Some(n)) => base.checked_sub(n.parse().ok()?),
-        _ => None,
+    let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
+    if lines.next() != Some(format!("table {family} {name} {{").as_str()) {
+        return Ok(Some(Some(
+            "unreadable: the listing is not of that table".to_owned(),
+        )));
+    }
+    let flags: Vec<&str> = lines
+        .take_while(|l| !l.ends_with('{') && *l != "}")
+        .filter_map(|l| l.strip_prefix("flags "))
+        .collect();
+    Ok(Some((!flags.is_empty()).then(|| flags.join(", "))))
+}
+
+/// Marks a chain or flowtable whose devices the JSON did not give.
+const NOT_LISTED: &str = "not listed yet";
+
+fn needs_listing(d: &Devices) -> bool {
+    matches!(d, Devices::Unreadable(why) if why == NOT_LISTED)
+}
+
+/// Whether `a` and `b` list the same chains and flowtables (apart from
+/// what was read of each separately: devices, rules, table flags).
+fn same_structure(a: &Ruleset, b: &Ruleset) -> bool {
+    type ChainKey<'a> = (&'a str, &'a str, &'a str, u64, &'a str, Option<i32>, bool);
+    fn chain(c: &BaseChain) -> ChainKey<'_> {
+        (
+            &c.family,
+            &c.table,
+            &c.name,
+            c.handle,
+            &c.hook,
+            c.priority,
+            c.policy_drop,
+        )
+    }
+    fn flowtable(f: &Flowtable) -> (&str, &str, &str, u64) {
+        (&f.family, &f.table, &f.name, f.handle)
+    }
+    a.chains.iter().map(chain).eq(b.chains.iter().map(chain))
+        && a.flowtables
+            .iter()
+            .map(flowtable)
+            .eq(b.flowtables.iter().map(flowtable))
+}
+
+fn string(o: &Value, key: &str) -> Result<String, String> {
+    o.get(key)
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+        .ok_or_else(|| format!("an object without `{key}`: {o}"))
+}
+
+/// Devices as the JSON gives them (`"dev": "a"` or `"dev": ["a", "b"]`,
+/// nft 1.0.7 and later), else whether they must be listed: a netdev
+/// chain, an inet ingress chain and a flowtable have devices; no other
+/// chain has any.
+fn json_devices(o: &Value, family: &str, hook: Option<&str>) -> Devices {
+    match o.get("dev") {
+        Some(Value::String(d)) => Devices::Known(vec![d.clone()]),
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|d| d.as_str().map(str::to_owned))
+            .collect::<Option<Vec<_>>>()
+            .map_or_else(
+                || Devices::Unreadable(format!("a `dev` that is not a list of names: {a:?}")),
+                Devices::Known,
+            ),
+        Some(other) => Devices::Unreadable(format!("an unknown `dev`: {other}")),
+        None if family == "netdev" || hook.is_none() || hook == Some("ingress") => {
+            Devices::Unreadable(NOT_LISTED.to_owned())
+        }
+        None => Devices::Known(Vec::new()),
+    }
+}
+
+/// The chains, flowtables and rules in a JSON listing (module docs).
+fn from_json(json: &Value) -> Result<Ruleset, String> {
+    let items = json
+        .get("nftables")
+        .and_then(Value::as_array)
+        .ok_or("no `nftables` list")?;
+    let mut out = Ruleset::default();
+    for item in items {
+        if let Some(c) = item.get("chain") {
+            let Some(hook) = c.get("hook").and_then(Value::as_str) else {
+                // A regular chain: reached only by a jump from a base chain.
+                out.regular.push((
+                    string(c, "family")?,
+                    string(c, "table")?,
+                    string(c, "name")?,
+                ));
+                continue;
+            };
+            let family = string(c, "family")?;
+            out.chains.push(BaseChain {
+                devices: json_devices(c, &family, Some(hook)),
+                family,
+                table: string(c, "table")?,
+                name: string(c, "name")?,
+                handle: c.get("handle").and_then(Value::as_u64).unwrap_or(0),
+                hook: hook.to_owned(),
+                priority: c
+                    .get("prio")
+                    .and_then(Value::as_i64)
+                    .and_then(|p| i32::try_from(p).ok()),
+                policy_drop: c.get("policy").and_then(Value::as_str) == Some("drop"),
+                has_rules: true,
+            });
+        } else if item.get("rule").is_some() {
+            out.rules += 1;
+        } else if let Some(f) = item.get("flowtable") {
+            let family = string(f, "family")?;
+            out.flowtables.push(Flowtable {
+                devices: json_devices(f, &family, None),
+                family,
+                table: string(f, "table")?,
+                name: string(f, "name")?,
+                handle: f.get("handle").and_then(Value::as_u64).unwrap_or(0),
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// Whether nft's command line takes `name` as the bare word it is (its
+/// scanner's identifier: a letter, `_` or `.`, then those, digits, `/` and
+/// `-`). Any other name (one with a quote, a space or a newline, or one
+/// nft reads as a keyword) cannot be asked about safely.
+fn nameable(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_' || c == '.')
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '/' | '-'))
+        && name.len() <= 256
+}
+
+/// The devices of one chain or flowtable (`kind`) from `nft list KIND
+/// FAMILY TABLE NAME` (module docs); `hook` is the chain's hook as the
+/// JSON gave it.
+fn listed(
+    nft: &dyn Fn(&[&str]) -> Result<String, FloorError>,
+    kind: &str,
+    family: &str,
+    table: &str,
+    name: &str,
+    hook: Option<&str>,
+) -> Devices {
+    if let Some(bad) = [family, table, name].into_iter().find(|n| !nameable(n)) {
+        return Devices::Unreadable(format!("`{}` cannot be named to nft", bad.escape_debug()));
+    }
+    match nft(&["list", kind, family, table, name]) {
+        Ok(text) => devices_in_listing(&text, kind, family, table, name, hook)
+            .map_or_else(Devices::Unreadable, Devices::Known),
+        Err(e) => Devices::Unreadable(e.to_string()),
+    }
+}
+
+/// The devices in the listing of one chain or flowtable.
+fn devices_in_listing(
+    text: &str,
+    kind: &str,
+    family: &str,
+    table: &str,
+    name: &str,
+    hook: Option<&str>,
+) -> Result<Vec<String>, String> {
+    let lines: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    let header = [
+        format!("table {family} {table} {{"),
+        format!("{kind} {name} {{"),
+    ];
+    if lines.len() < 2 || lines[0] != header[0] || lines[1] != header[1] {
+        return Err(format!(
+            "the listing is not of {kind} {family} {table} {name}"
+        ));
+    }
+    let marker = if kind == "chain" { "type " } else { "device" };
+    let found: Vec<&str> = lines[2..]
+        .iter()
+        .copied()
+        .filter(|l| l.starts_with(marker))
+        .collect();
+    match (kind, found.as_slice()) {
+        ("chain", [line]) => hook_devices(line, hook),
+        ("flowtable", []) => Ok(Vec::new()),
+        ("flowtable", [line]) => device_list(&line.split_whitespace().collect::<Vec<_>>()),
+        (_, lines) => Err(format!(
+            "{} lines start with `{}` in the listing of {kind} {family} {table} {name}",
+            lines.len(),
+            marker.trim_end()
+        )),
+    }
+}
+
+/// The devices of a chain's `type T hook H [device D | devices = {…}]
+/// priority …` line; `hook` is the hook the JSON gave.
+fn hook_devices(line: &str, hook: Option<&str>) -> Result<Vec<String>, String> {
+    let words: Vec<&str> = line.split_whitespace().collect();
+    match words.as_slice() {
+        ["type", _, "hook", h, rest @ ..] if Some(*h) == hook => match rest {
+            ["device", d, ..] => device(d).map(|d| vec![d]),
+            ["devices", ..] => device_list(rest),
+            _ => Ok(Vec::new()),
+        },
+        _ => Err(format!("an unexpected hook line: {line}")),
+    }
+}
+
+/// `devices = { a, b }` (the words, from `devices` on).
+fn device_list(words: &[&str]) -> Result<Vec<String>, String> {
+    let ["devices" | "device", "=", "{", rest @ ..] = words else {
+        return Err(format!("an unexpected device list: {}", words.join(" ")));
+    };
+    let end = rest
+        .iter()
+        .position(|w| *w == "}")
+        .ok_or("a device list without its end")?;
+    let list = &rest[..end];
+    let mut out = Vec::with_capacity(list.len());
+    for (i, word) in list.iter().enumerate() {
+        let last = i + 1 == list.len();
+        let name = match (word.strip_suffix(','), last) {
+            (Some(name), false) => name,
+            (None, true) => word,
+            _ => return Err(format!("an unexpected device list: {}", words.join(" "))),
+        };
+        out.push(device(name)?);
+    }
+    Ok(out)
+}
+
+/// One device word (quoted or not), of the characters an unambiguous
+/// listing can hold.
+fn device(word: &str) -> Result<String, String> {
+    let name = word
+        .strip_prefix('"')
+        .and_then(|w| w.strip_suffix('"'))
+        .unwrap_or(word);
+    let plain = !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_graphic() && !b",{}\";\\".contains(&b));
+    if plain {
+        Ok(name.to_owned())
+    } else {
+        Err(format!(
+            "a device named `{}`, which the listing cannot show unambiguously",
+            name.escape_debug()
+        ))
     }
 }
 
@@ -230,88 +495,154 @@ fn priority(family: &str, line: &str) -> Option<i32> {
 mod tests {
     use super::*;
 
-    const LISTING: &str = r#"table netdev foo {
-	chain c {
-		type filter hook ingress device "a0" priority -600; policy accept;
-		meta l4proto udp fwd to "eth1"
-	}
+    /// `nft -j list chains` of nft 1.0.6 (no devices), trimmed.
+    const CHAINS: &str = r#"{"nftables": [
+ {"metainfo": {"version": "1.0.6", "json_schema_version": 1}},
+ {"chain": {"family": "netdev", "table": "foo", "name": "c", "handle": 1, "type": "filter", "hook": "ingress", "prio": -600, "policy": "accept"}},
+ {"chain": {"family": "netdev", "table": "sluice_floor_x", "name": "e", "handle": 3, "type": "filter", "hook": "egress", "prio": 0, "policy": "accept"}},
+ {"chain": {"family": "inet", "table": "bar", "name": "f", "handle": 1, "type": "filter", "hook": "forward", "prio": -500, "policy": "drop"}},
+ {"chain": {"family": "inet", "table": "bar", "name": "plain", "handle": 4}}
+]}"#;
 
-	chain e {
-		type filter hook egress devices = { a0, a1 } priority filter; policy accept;
-	}
-}
-table inet bar {
-	set s {
-		type ipv4_addr
-		elements = { 10.0.0.1, 10.0.0.2,
-			     10.0.0.3 }
-	}
+    /// `nft -j list flowtables` of nft 1.0.7 (with devices).
+    const FLOWTABLES: &str = r#"{"nftables": [
+ {"flowtable": {"family": "inet", "name": "ft", "table": "bar", "handle": 5, "hook": "ingress", "prio": 0, "dev": ["a1", "tap*"]}}
+]}"#;
 
-	flowtable f2 {
-		hook ingress priority filter + 5
-		devices = { a1, "tap*" }
-	}
+    /// What `nft` prints for each listing asked.
+    fn fake(args: &[&str]) -> Result<String, FloorError> {
+        let text = match args {
+            ["-j", "list", "chains"] => CHAINS,
+            ["-j", "list", "flowtables"] => FLOWTABLES,
+            ["-j", "list", "chain", "netdev", "sluice_floor_x", "e"] => {
+                r#"{"nftables": [{"chain": {"family": "netdev", "table": "sluice_floor_x", "name": "e", "handle": 3, "hook": "egress", "prio": 0, "policy": "accept"}}]}"#
+            }
+            ["list", "chain", "netdev", "foo", "c"] => {
+                "table netdev foo {\n\tchain c {\n\t\tcomment \"dup hook for capture\"\n\t\ttype filter hook ingress device \"a0\" priority -600; policy accept;\n\t\tfwd to \"eth1\"\n\t}\n}\n"
+            }
+            ["list", "chain", "netdev", "sluice_floor_x", "e"] => {
+                "table netdev sluice_floor_x {\n\tchain e {\n\t\ttype filter hook egress devices = { a0, a1 } priority filter; policy accept;\n\t}\n}\n"
+            }
+            ["list", "table", "netdev", "sluice_floor_x"] => {
+                "table netdev sluice_floor_x {\n\tchain e {\n\t\ttype filter hook egress devices = { a0, a1 } priority filter; policy accept;\n\t}\n}\n"
+            }
+            ["list", "table", "inet", "bar"] => {
+                "table inet bar {\n\tflags dormant\n\n\tchain f {\n\t\tcomment \"x\n\tflags owner\"\n\t\ttype filter hook forward priority -500; policy drop;\n\t}\n}\n"
+            }
+            ["list", "table", "inet", "gone"] => {
+                return Err(FloorError::NftFailed {
+                    what: "test",
+                    stderr: "Error: No such file or directory".to_owned(),
+                });
+            }
+            other => panic!("unexpected nft {other:?}"),
+        };
+        Ok(text.to_owned())
+    }
 
-	chain i {
-		type filter hook ingress device a1 priority raw - 10; policy accept;
-	}
-
-	chain plain {
-		ip saddr @s accept
-	}
-}
-table netdev sluice_floor_a0_1 {
-	chain guest_in {
-		type filter hook ingress device "a0" priority -500; policy drop;
-	}
-}
-"#;
+    fn read_all(nft: &Nft<'_>) -> Result<Ruleset, FloorError> {
+        let tables = [
+            ("netdev", "sluice_floor_x"),
+            ("inet", "bar"),
+            ("inet", "gone"),
+        ];
+        read("test", nft, &tables, "sluice_floor_")
+    }
 
     #[test]
-    fn chains_flowtables_devices_and_priorities_are_read() {
-        let r = parse(LISTING);
+    fn structure_comes_from_the_json_and_devices_from_each_chains_listing() {
+        let r = read_all(&fake).unwrap();
+        assert_eq!(r.tables.len(), 2, "{:?}", r.tables);
+        assert_eq!(r.table("netdev", "sluice_floor_x").unwrap().flags, None);
+        let bar = r.table("inet", "bar").unwrap();
+        assert_eq!(bar.flags.as_deref(), Some("dormant"), "{bar:?}");
+        assert!(r.table("inet", "gone").is_none());
         let names: Vec<_> = r.chains.iter().map(|c| c.name.as_str()).collect();
-        assert_eq!(names, ["c", "e", "i", "guest_in"]);
+        assert_eq!(names, ["c", "e", "f"]);
         let c = &r.chains[0];
-        assert_eq!(
-            (c.family.as_str(), c.table.as_str(), c.hook.as_str()),
-            ("netdev", "foo", "ingress")
-        );
-        assert_eq!(c.devices, ["a0"]);
-        assert_eq!(c.priority, Some(-600));
-        assert!(c.has_rules && !c.policy_drop);
-        let e = &r.chains[1];
-        assert_eq!(e.devices, ["a0", "a1"]);
-        assert_eq!((e.hook.as_str(), e.priority), ("egress", Some(0)));
-        assert!(!e.has_rules);
-        assert_eq!(r.chains[2].priority, Some(-310));
-        assert_eq!(r.chains[2].devices, ["a1"]);
-        let g = &r.chains[3];
-        assert!(g.policy_drop && !g.has_rules && g.on("a0") && !g.on("a1"));
-        assert_eq!(r.flowtables.len(), 1);
-        let f = &r.flowtables[0];
-        assert_eq!(f.name, "f2");
-        assert!(f.on("a1") && f.on("tap7") && !f.on("a0"));
-    }
-
-    /// A comment naming a hook or a drop policy (nft prints it on the
-    /// line before the chain's `type` line) changes nothing that is read.
-    #[test]
-    fn a_chains_comment_is_not_its_hook_or_its_policy() {
-        let r = parse(
-            "table netdev x {\n\tchain c {\n\t\tcomment \"dup hook for capture; policy drop;\"\n\t\ttype filter hook ingress device \"tap0\" priority -600; policy accept;\n\t\tdup to \"a9\"\n\t}\n}\n",
-        );
-        let c = &r.chains[0];
-        assert_eq!(c.devices, ["tap0"]);
+        assert_eq!(c.devices, Devices::Known(vec!["a0".to_owned()]));
         assert_eq!((c.hook.as_str(), c.priority), ("ingress", Some(-600)));
-        assert!(c.has_rules && !c.policy_drop);
+        assert!(
+            c.has_rules && !c.policy_drop,
+            "rules not asked: may hold some"
+        );
+        let e = &r.chains[1];
+        assert_eq!(
+            e.devices,
+            Devices::Known(vec!["a0".to_owned(), "a1".to_owned()])
+        );
+        assert!(!e.has_rules);
+        let f = &r.chains[2];
+        assert_eq!(f.devices, Devices::Known(Vec::new()));
+        assert!(f.policy_drop && f.priority == Some(-500));
+        let ft = &r.flowtables[0];
+        assert!(ft.on("a1") && ft.on("tap7") && !ft.on("a0"));
     }
 
     #[test]
-    fn an_unknown_priority_reads_as_none() {
-        let r = parse(
-            "table netdev x {\n\tchain c {\n\t\ttype filter hook ingress device \"a\" priority raw; policy accept;\n\t}\n}\n",
-        );
-        assert_eq!(r.chains[0].priority, None);
+    fn a_ruleset_that_changes_under_every_reading_is_an_error() {
+        let n = std::cell::Cell::new(0u64);
+        let changing = |args: &[&str]| -> Result<String, FloorError> {
+            if args == ["-j", "list", "chains"] {
+                n.set(n.get() + 1);
+                return Ok(CHAINS.replace("\"handle\": 3", &format!("\"handle\": {}", n.get() + 9)));
+            }
+            fake(args)
+        };
+        let e = read_all(&changing).unwrap_err();
+        assert!(e.to_string().contains("changed"), "{e}");
+    }
+
+    fn chain_devices(listing: &str) -> Result<Vec<String>, String> {
+        devices_in_listing(listing, "chain", "netdev", "t", "c", Some("ingress"))
+    }
+
+    /// An interface named `x}` (the kernel allows it) ends no device list
+    /// early: the listing is unreadable, never read as `x`.
+    #[test]
+    fn a_device_name_that_could_end_a_list_makes_it_unreadable() {
+        let ok = "table netdev t {\n\tchain c {\n\t\ttype filter hook ingress devices = { g0, x1 } priority -600; policy accept;\n\t}\n}\n";
+        assert_eq!(chain_devices(ok).unwrap(), ["g0", "x1"]);
+        for bad in [
+            "devices = { x}, g0 }",
+            "devices = { g0, x} }",
+            "devices = { a\"b, g0 }",
+            "devices = { g0 x }",
+            "device \"x;\"",
+        ] {
+            let listing = format!(
+                "table netdev t {{\n\tchain c {{\n\t\ttype filter hook ingress {bad} priority -600; policy accept;\n\t}}\n}}\n"
+            );
+            assert!(chain_devices(&listing).is_err(), "{bad}");
+        }
+    }
+
+    /// A comment with a newline prints a forged `type` line before the
+    /// real one: two of them make the listing unreadable.
+    #[test]
+    fn a_forged_hook_line_makes_the_listing_unreadable() {
+        let forged = "table netdev t {\n\tchain c {\n\t\tcomment \"x\n\t\ttype filter hook ingress device \"other\" priority -600; policy accept;\"\n\t\ttype filter hook ingress device \"g0\" priority -600; policy accept;\n\t}\n}\n";
+        assert!(chain_devices(forged).is_err());
+        let other = "table netdev t {\n\tchain d {\n\t\ttype filter hook ingress device \"g0\" priority -600; policy accept;\n\t}\n}\n";
+        assert!(chain_devices(other).is_err(), "another chain's listing");
+    }
+
+    #[test]
+    fn names_nft_cannot_take_as_words_are_not_asked_about() {
+        for ok in [
+            "filter",
+            "DOCKER-USER",
+            "a.b",
+            "sluice_floor_g0_1_2",
+            "_x/y",
+        ] {
+            assert!(nameable(ok), "{ok}");
+        }
+        for bad in ["", "1abc", "a b", "a\"b", "a\nb", "t;list", "x}"] {
+            assert!(!nameable(bad), "{bad}");
+        }
+        let d = listed(&fake, "chain", "netdev", "a\nb", "c", Some("ingress"));
+        assert!(matches!(d, Devices::Unreadable(_)));
+        assert!(on(&d, "anything"));
     }
 }

@@ -17,97 +17,9 @@ use sluice_floor::egress::{
 };
 use sluice_floor::ingress::{Ended, Foreign, IngressFloor, table_prefix};
 
-fn is_root() -> bool {
-    rustix::process::geteuid().is_root()
-}
+mod support;
 
-fn run(args: &[&str]) -> std::process::Output {
-    Command::new(args[0]).args(&args[1..]).output().unwrap()
-}
-
-fn ok(args: &[&str]) {
-    let out = run(args);
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// A named network namespace, deleted on drop.
-struct Netns(String);
-
-impl Netns {
-    fn new(tag: &str) -> Self {
-        let name = format!("sfl-{tag}-{}", std::process::id());
-        let _ = run(&["ip", "netns", "del", &name]);
-        ok(&["ip", "netns", "add", &name]);
-        ok(&["ip", "-n", &name, "link", "set", "lo", "up"]);
-        Self(name)
-    }
-
-    fn path(&self) -> PathBuf {
-        Path::new("/run/netns").join(&self.0)
-    }
-
-    fn exec(&self, args: &[&str]) -> Command {
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", &self.0]).args(args);
-        c
-    }
-
-    fn tables(&self) -> String {
-        String::from_utf8(
-            self.exec(&["nft", "list", "tables"])
-                .output()
-                .unwrap()
-                .stdout,
-        )
-        .unwrap()
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = run(&["ip", "netns", "del", &self.0]);
-    }
-}
-
-/// Whether the kernel behind `to` answers at all: a TCP connect to a closed
-/// port is refused when it does (ARP answered, then RST) and times out when
-/// nothing answers.
-fn kernel_answers(from: &Netns, to: &str) -> bool {
-    let code = format!(
-        "import socket,sys\ns=socket.socket()\ns.settimeout(1.5)\ntry:\n    s.connect(('{to}',9))\nexcept ConnectionRefusedError:\n    sys.exit(0)\nexcept OSError:\n    sys.exit(1)\n"
-    );
-    from.exec(&[PY, "-c", &code])
-        .stderr(Stdio::null())
-        .status()
-        .unwrap()
-        .success()
-}
-
-/// The system's python (the tests run it as other uids, which cannot read
-/// a per-user install).
-const PY: &str = "/usr/bin/python3";
-
-/// The gateway's namespace `g` with `g0` (10.99.0.1) and a peer namespace
-/// with `p0` (10.99.0.2) standing in for the guest.
-/// Two namespaces joined by a veth (`g0` 10.99.0.1, `p0` 10.99.0.2),
-/// named after `tag` so tests running at once never share one.
-fn pair(tag: &str) -> (Netns, Netns) {
-    let g = Netns::new(&format!("{tag}g"));
-    let p = Netns::new(&format!("{tag}p"));
-    ok(&[
-        "ip", "link", "add", "g0", "netns", &g.0, "type", "veth", "peer", "name", "p0", "netns",
-        &p.0,
-    ]);
-    ok(&["ip", "-n", &g.0, "addr", "add", "10.99.0.1/24", "dev", "g0"]);
-    ok(&["ip", "-n", &p.0, "addr", "add", "10.99.0.2/24", "dev", "p0"]);
-    ok(&["ip", "-n", &g.0, "link", "set", "g0", "up"]);
-    ok(&["ip", "-n", &p.0, "link", "set", "p0", "up"]);
-    (g, p)
-}
+use support::{Netns, PY, delete_by_hand, install, is_root, kernel_answers, ok, pair, run};
 
 const PACKET_READER: &str = r#"
 import socket
@@ -211,25 +123,9 @@ fn the_ingress_floor_silences_the_kernel_while_a_packet_socket_reads_every_frame
     assert!(!g.tables().contains("sluice_floor"), "{}", g.tables());
 }
 
-/// Installs the floor on `iface` in the namespace at `path`, refusing
-/// foreign bypasses.
-fn install(path: &Path, iface: &str) -> IngressFloor {
-    IngressFloor::install(Some(path), iface, Foreign::Refuse).unwrap()
-}
-
 /// `ip -o link show IFACE` in `ns`.
 fn link_of(ns: &Netns, iface: &str) -> String {
     String::from_utf8(run(&["ip", "-n", &ns.0, "-o", "link", "show", iface]).stdout).unwrap()
-}
-
-/// Deletes the floor table `table` of both families in `ns`, as an
-/// operator would.
-fn delete_by_hand(ns: &Netns, table: &str) {
-    for family in ["netdev", "inet"] {
-        ok(&[
-            "ip", "netns", "exec", &ns.0, "nft", "delete", "table", family, table,
-        ]);
-    }
 }
 
 /// `nft list ruleset` in `ns`.

@@ -89,11 +89,17 @@ pub(crate) struct Attached {
 pub(crate) struct LinkCutter {
     probe: OwnedFd,
     index: u32,
+    /// A packet socket bound to the interface: tells it gone ([`unbound`]).
+    token: OwnedFd,
 }
 
 impl LinkCutter {
-    /// Clears IFF_UP on the interface; one that is gone needs nothing.
+    /// Clears IFF_UP on the interface; one that is gone needs nothing (an
+    /// interface that took its index since is not it, and is left alone).
     pub(crate) fn cut(&self) -> anyhow::Result<()> {
+        if unbound(&self.token, self.index) {
+            return Ok(());
+        }
         let name = match rustix::net::netdevice::index_to_name(&self.probe, self.index) {
             Ok(name) => name,
             Err(rustix::io::Errno::NODEV) => return Ok(()),
@@ -113,6 +119,12 @@ pub(crate) fn attach(
 ) -> anyhow::Result<Attached> {
     let ns = File::open(netns).map_err(|e| anyhow!("--netns {}: {e}", netns.display()))?;
     let (socket, index) = in_namespace(&ns, netns, || open_in_namespace(iface, netns, mtu))?;
+    // The interface is known by its index, which the kernel may give
+    // another interface once this one is gone: a packet socket bound to
+    // it for no protocol (it receives nothing) tells it gone instead.
+    let token = in_namespace(&ns, netns, || {
+        gone_token(index).with_context(|| format!("binding a socket to `{iface}`"))
+    })?;
     // By the descriptor opened above, never by the path again: the floor
     // goes into the namespace the socket was bound in, and its keeper
     // holds that namespace (docs/attach.md).
@@ -121,8 +133,12 @@ pub(crate) fn attach(
     } else {
         Foreign::Refuse
     };
+    let keeper_token = token
+        .try_clone()
+        .context("duplicating the interface's socket")?;
+    let token_fd = keeper_token.as_raw_fd();
     let floor = match IngressFloor::install_in(Some(ns.as_fd()), netns, iface, foreign) {
-        Ok(floor) => Some(floor),
+        Ok(floor) => Some(floor.know_gone_by(move || unbound(&keeper_token, index))),
         Err(e) if allow_missing_floor => {
             tracing::warn!(error = %e, "no nftables floor (--allow-missing-isolation nftables): the kernel may route the guest's traffic if the gateway stops");
             None
@@ -133,8 +149,12 @@ pub(crate) fn attach(
     };
     // On error the floor drops here, which removes it.
     let probe = in_namespace(&ns, netns, || bring_up(&socket, iface, netns))?;
-    let link = LinkCutter { probe, index };
-    let keeper = match floor.map(FloorKeeper::spawn).transpose() {
+    let link = LinkCutter {
+        probe,
+        index,
+        token,
+    };
+    let keeper = match floor.map(|f| FloorKeeper::spawn(f, token_fd)).transpose() {
         Ok(keeper) => keeper,
         Err(e) => {
             // The floor dropped in the failed spawn is removed: the link
@@ -231,7 +251,8 @@ fn open_in_namespace(iface: &str, netns: &Path, mtu: u16) -> anyhow::Result<(Own
     .context("opening a packet socket")?;
     set_packet_option(&sock, PACKET_VNET_HDR).context("setting PACKET_VNET_HDR")?;
     set_packet_option(&sock, PACKET_IGNORE_OUTGOING).context("setting PACKET_IGNORE_OUTGOING")?;
-    let hatype = bind_packet(&sock, index).with_context(|| format!("binding to {}", where_()))?;
+    let hatype = bind_packet(&sock, index, abi::ETH_P_ALL_BE)
+        .with_context(|| format!("binding to {}", where_()))?;
     if hatype != libc::ARPHRD_ETHER {
         bail!(
             "{} is not a layer-2 (Ethernet) interface (hardware type {hatype}): attach to a TAP or a veth end",
@@ -419,15 +440,49 @@ fn set_packet_option(sock: &OwnedFd, option: libc::c_int) -> std::io::Result<()>
     }
 }
 
-/// Binds the packet socket to interface `index` for every protocol and
-/// returns the interface's hardware type (`ARPHRD_*`).
-fn bind_packet(sock: &OwnedFd, index: u32) -> std::io::Result<u16> {
+/// A packet socket (in the calling thread's namespace) bound to interface
+/// `index` for no protocol: it receives nothing, and [`unbound`] on it
+/// tells when that interface is gone.
+fn gone_token(index: u32) -> anyhow::Result<OwnedFd> {
+    use rustix::net::{AddressFamily, SocketFlags, SocketType, socket_with};
+    let sock = socket_with(
+        AddressFamily::PACKET,
+        SocketType::RAW,
+        SocketFlags::CLOEXEC,
+        None,
+    )
+    .context("opening a packet socket")?;
+    bind_packet(&sock, index, 0)?;
+    Ok(sock)
+}
+
+/// Whether the interface that the packet socket `sock` was bound to (as
+/// index `index`) is gone: when an interface unregisters, the kernel
+/// unbinds every packet socket bound to it for good (its bound index reads
+/// -1), so an interface given the same index later is never taken for
+/// it. A socket that cannot be asked says nothing (`false`: the index is
+/// used as before).
+fn unbound(sock: &OwnedFd, index: u32) -> bool {
+    // SAFETY: sockaddr_ll is plain data; all-zero is a valid value.
+    let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+    let mut len = abi::SOCKADDR_LL_LEN;
+    // SAFETY: the pointer and length describe `addr`, writable and as large
+    // as the kernel's answer for an AF_PACKET socket (a sockaddr_ll).
+    if unsafe { libc::getsockname(sock.as_raw_fd(), (&raw mut addr).cast(), &raw mut len) } != 0 {
+        return false;
+    }
+    i32::try_from(index).ok() != Some(addr.sll_ifindex)
+}
+
+/// Binds the packet socket to interface `index` for `protocol` (network
+/// order; 0: none) and returns the interface's hardware type (`ARPHRD_*`).
+fn bind_packet(sock: &OwnedFd, index: u32, protocol: u16) -> std::io::Result<u16> {
     let ifindex =
         i32::try_from(index).map_err(|_| std::io::Error::other("ifindex out of range"))?;
     // SAFETY: sockaddr_ll is plain data; all-zero is a valid value.
     let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
     addr.sll_family = abi::AF_PACKET;
-    addr.sll_protocol = abi::ETH_P_ALL_BE;
+    addr.sll_protocol = protocol;
     addr.sll_ifindex = ifindex;
     let len = abi::SOCKADDR_LL_LEN;
     // SAFETY: `sock` is an open AF_PACKET socket; the pointer and length
@@ -519,7 +574,9 @@ const FAILED: &str = "failed: ";
 impl FloorKeeper {
     /// Forks the keeper. Must be called while the process has one thread
     /// (before the runtime starts): the child runs Rust code after fork.
-    fn spawn(floor: IngressFloor) -> anyhow::Result<Self> {
+    /// `token` is the descriptor the floor's gone check holds (kept open in
+    /// the keeper).
+    fn spawn(floor: IngressFloor, token: libc::c_int) -> anyhow::Result<Self> {
         let (ours, theirs) = UnixStream::pair().context("creating the floor keeper's channel")?;
         let gateway = libc::pid_t::try_from(std::process::id()).context("the gateway's pid")?;
         // SAFETY: the gateway is single-threaded here (main calls this
@@ -535,7 +592,7 @@ impl FloorKeeper {
                 // not unwind into the copies of main's frames this child
                 // holds: abort instead. The floor then stays (fail closed).
                 let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    keeper_main(floor, theirs, gateway)
+                    keeper_main(floor, theirs, gateway, token)
                 }));
                 std::process::abort()
             }
@@ -586,22 +643,32 @@ const CHECK_EVERY_MS: u16 = 3000;
 /// The keeper's whole life: ignore the signals a terminal or a process
 /// group sends (the gateway decides), check the floor every
 /// [`CHECK_EVERY_MS`] until the request or the end of the channel, act,
-/// exit. A floor found gone or altered (its tables deleted, a rule slipped
-/// into its chain, the interface renamed away from it, a foreign chain or
-/// flowtable ahead of it) is the end of the service, fail closed: the
+/// exit. A floor found gone or altered (its tables deleted or made
+/// dormant, a rule slipped into its chain, the interface renamed away from
+/// it, a foreign chain or flowtable ahead of it, or what [`bypasses`]
+/// refuses at attach added since: a `clsact` qdisc, XDP, tcx, a master)
+/// is the end of the service, fail closed: the
 /// keeper sets the interface down and asks the gateway to end (SIGTERM);
 /// the gateway's request then puts the floor back and its answer gives
-/// the gateway the reason, which it exits with.
-fn keeper_main(floor: IngressFloor, mut channel: UnixStream, gateway: libc::pid_t) -> ! {
+/// the gateway the reason, which it exits with. A check that fails for a
+/// reason that may pass (a failed `nft`, `ip` or `tc` run) is asked again
+/// a few times before it counts ([`IngressFloor::check_with`]).
+fn keeper_main(
+    floor: IngressFloor,
+    mut channel: UnixStream,
+    gateway: libc::pid_t,
+    token: libc::c_int,
+) -> ! {
     for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGPIPE] {
         // SAFETY: setting a signal's disposition to SIG_IGN has no
         // memory-safety preconditions.
         unsafe { libc::signal(sig, libc::SIG_IGN) };
     }
-    // Keep nothing of the gateway's open but stdio, the channel and the
-    // floor's descriptor of its namespace: a readiness pipe or the packet
-    // socket held here would outlive the gateway.
-    let mut keep = vec![channel.as_raw_fd()];
+    // Keep nothing of the gateway's open but stdio, the channel, the
+    // floor's descriptor of its namespace and the socket its gone check
+    // asks (bound for no protocol: it receives nothing): a readiness pipe
+    // or the gateway's packet socket held here would outlive the gateway.
+    let mut keep = vec![channel.as_raw_fd(), token];
     keep.extend(floor.netns_fd().map(|fd| fd.as_raw_fd()));
     // SAFETY: the objects of the gateway that owned the other descriptors
     // are never used again in this process (it ends in `_exit` without
@@ -626,7 +693,10 @@ fn keeper_main(floor: IngressFloor, mut channel: UnixStream, gateway: libc::pid_
         if ready < 0 || tampered.is_some() {
             continue;
         }
-        match floor.check() {
+        // What attach refuses outside nftables (tc, XDP, tcx, a master)
+        // is looked for again on the interface's current name.
+        let outside = |name: &str, index: u32| bypasses(name, index).map_err(|e| format!("{e:#}"));
+        match floor.check_with(outside) {
             // Gone: the gateway's socket reports it and the gateway ends.
             Ok(()) | Err(FloorError::NoInterface { .. }) => {}
             Err(e) => {

@@ -39,6 +39,21 @@ pub(crate) struct Inherited {
     pub(crate) metrics: Option<OwnedFd>,
     /// `--fd`.
     pub(crate) guest: Option<GuestFd>,
+    /// Descriptors a path argument names (`--policy /dev/fd/N`, as a
+    /// shell's `<(…)` gives, `--audit /proc/self/fd/N`): left open, and
+    /// close-on-exec, for the gateway to open by that path.
+    pub(crate) named: Vec<i32>,
+}
+
+/// The descriptor a path such as `/dev/fd/N`, `/proc/self/fd/N` or
+/// `/proc/thread-self/fd/N` names, if it is one.
+fn named_fd(path: &std::path::Path) -> Option<i32> {
+    let s = path.to_str()?;
+    ["/dev/fd/", "/proc/self/fd/", "/proc/thread-self/fd/"]
+        .iter()
+        .find_map(|prefix| s.strip_prefix(prefix))
+        .and_then(|n| n.parse::<i32>().ok())
+        .filter(|n| *n >= 3)
 }
 
 impl Inherited {
@@ -61,6 +76,27 @@ impl Inherited {
             bail!("--metrics fd:{m} must differ from --fd and --ready-fd");
         }
         let mut taken = Self::default();
+        let paths = [
+            args.policy.as_deref(),
+            args.netns.as_deref(),
+            args.ca_out.as_deref(),
+        ]
+        .into_iter()
+        .flatten()
+        .chain(args.upstream_ca.iter().map(std::path::PathBuf::as_path))
+        .chain(std::iter::once(std::path::Path::new(&args.audit)));
+        for fd in paths.filter_map(named_fd) {
+            // Only an open descriptor: a number nobody passed stays closed
+            // (opening the path then fails with ENOENT, as it would have).
+            // SAFETY: the descriptor is only borrowed for these calls,
+            // while nothing else in the process owns or closes it.
+            #[allow(unsafe_code)]
+            let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+            if let Ok(flags) = rustix::io::fcntl_getfd(borrowed) {
+                let _ = rustix::io::fcntl_setfd(borrowed, flags | rustix::io::FdFlags::CLOEXEC);
+                taken.named.push(fd);
+            }
+        }
         // Taken first: whatever fails from here on closes it unwritten,
         // which the launcher reads as "stopped before ready".
         if let Some(fd) = args.ready_fd {
@@ -90,7 +126,7 @@ impl Inherited {
     }
 
     /// Closes every descriptor above the standard streams that no flag
-    /// named: whatever the parent leaked into the gateway (a descriptor
+    /// or path argument named: whatever the parent leaked into the gateway (a descriptor
     /// without `FD_CLOEXEC`) would otherwise be held for the gateway's
     /// life, and passed on to the `ip`, `tc` and `nft` it runs at start
     /// and to the floor keeper.
@@ -106,6 +142,7 @@ impl Inherited {
         ]
         .into_iter()
         .flatten()
+        .chain(self.named.iter().copied())
         .collect();
         // SAFETY: called right after `take`, before anything else in the
         // process opens a descriptor: every descriptor the gateway owns is

@@ -16,10 +16,13 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
+use attach_support::{delete_floors, floor_table, tables, vm};
 use sluice_e2e::{
     Netns, ORIGIN_ADDR, ORIGIN_NAME, ORIGIN2_NAME, Proc, REFUSING_ADDR, Transport, VM_IFACE, World,
     bin_path, unique_name, wait_until,
 };
+
+mod attach_support;
 
 /// Allows only `origin.test` on 80; the fake internet lives in
 /// documentation ranges, which answers may use only when `internal:` lists them.
@@ -33,35 +36,6 @@ internal:
   - "198.51.100.0/24"
   - "203.0.113.0/24"
 "#;
-
-/// The start of the name of every floor table on `iface` (each gateway's
-/// floor is a table of its own instance's: the floor crate's names).
-fn floor_table(iface: &str) -> String {
-    sluice_floor::ingress::table_prefix(iface)
-}
-
-/// Deletes every floor table on `iface` in `ns`, as an operator would.
-fn delete_floors(ns: &Netns, iface: &str) -> Result<()> {
-    ns.sh_ok(
-        &format!(
-            "nft list tables | while read -r _ family name; do case $name in {}*) nft delete table $family $name;; esac; done",
-            floor_table(iface)
-        ),
-        30,
-    )?;
-    let left = tables(ns)?;
-    ensure!(!left.contains(&floor_table(iface)), "left: {left}");
-    Ok(())
-}
-
-/// `nft list tables` inside `ns`.
-fn tables(ns: &Netns) -> Result<String> {
-    ns.sh_ok("nft list tables", 30)
-}
-
-fn vm(w: &World) -> Result<&Netns> {
-    w.vm.as_ref().context("an attach world has a VM namespace")
-}
 
 #[test]
 #[ignore = "needs root: run via scripts/test"]

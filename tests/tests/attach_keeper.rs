@@ -1,0 +1,117 @@
+//! The floor keeper's checks while an `--attach` gateway serves, beyond
+//! nftables: what attach refuses at install (a `clsact` qdisc, whose tc
+//! ingress runs before the floor's netdev hook) added to the interface
+//! afterwards ends the gateway fail closed, as a deleted floor does
+//! (`tests/tests/attach.rs`); and the end's acts on the interface, which
+//! never touch another interface that took its index once it was gone.
+//! Needs root: run via `scripts/test` (or
+//! `cargo test --release -p sluice-e2e --test attach_keeper --
+//! --include-ignored`).
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use attach_support::{floor_table, tables, vm};
+use sluice_e2e::{ORIGIN_NAME, Transport, VM_IFACE, World, wait_until};
+
+mod attach_support;
+
+#[test]
+#[ignore = "needs root: run via scripts/test"]
+fn a_clsact_qdisc_added_while_serving_ends_the_gateway_fail_closed() -> Result<()> {
+    let mut w = World::builder().transport(Transport::Attach).start()?;
+    w.guest_ok(&format!("curl -sS --max-time 60 http://{ORIGIN_NAME}/"), 90)?;
+    // Kata's `tcfilter` model, or the CNI bandwidth plugin, adding its
+    // qdisc to the interface while the gateway serves: a `mirred`
+    // redirect there would carry the guest's frames past the floor.
+    vm(&w)?.sh_ok(&format!("tc qdisc add dev {VM_IFACE} clsact"), 30)?;
+    let sidecar = w.sidecar().context("no sidecar")?;
+    wait_until("the gateway to end", Duration::from_secs(60), || {
+        sidecar.check_alive().is_err()
+    })?;
+    let st = sidecar.signal_and_wait(0, Duration::from_secs(10))?;
+    let log = w.sidecar_log();
+    ensure!(st.code() == Some(1), "exit {st}\n{log}");
+    let errors: Vec<&str> = log.lines().filter(|l| l.starts_with("Error")).collect();
+    ensure!(
+        errors.len() == 1
+            && errors[0].contains("the floor stopped holding while the gateway served")
+            && errors[0].contains("`clsact` qdisc")
+            && errors[0].contains("its floor is back on it"),
+        "want one error line with the reason: {log}"
+    );
+    // Fail closed: the interface is down and the floor is on it.
+    let vm = vm(&w)?;
+    ensure!(
+        tables(vm)?.contains(&floor_table(VM_IFACE)),
+        "no floor after the end: {}",
+        tables(vm)?
+    );
+    let link = vm.sh_ok(&format!("ip -o link show dev {VM_IFACE}"), 30)?;
+    ensure!(link.contains("state DOWN"), "{VM_IFACE}: {link}");
+    Ok(())
+}
+
+/// Sends `sig` (`STOP`, `CONT`) to `pids`.
+fn signal(pids: &[u32], sig: &str) -> Result<()> {
+    let st = std::process::Command::new("kill")
+        .arg(format!("-{sig}"))
+        .args(pids.iter().map(u32::to_string))
+        .status()
+        .context("running kill")?;
+    ensure!(st.success(), "kill -{sig} {pids:?}: {st}");
+    Ok(())
+}
+
+/// The interface goes and another takes its index before the gateway or
+/// its keeper looks (both stopped meanwhile): the end sets nothing down
+/// and installs no floor on the newcomer, and removes the floor.
+#[test]
+#[ignore = "needs root: run via scripts/test"]
+fn an_interface_given_the_index_of_the_gone_one_is_left_alone() -> Result<()> {
+    let mut w = World::builder().transport(Transport::Attach).start()?;
+    w.guest_ok(&format!("curl -sS --max-time 60 http://{ORIGIN_NAME}/"), 90)?;
+    let gateway = w.sidecar_pid().context("no gateway")?;
+    let children = std::process::Command::new("pgrep")
+        .args(["-P", &gateway.to_string()])
+        .output()
+        .context("running pgrep")?;
+    let keeper: u32 = String::from_utf8_lossy(&children.stdout)
+        .lines()
+        .next()
+        .and_then(|l| l.trim().parse().ok())
+        .context("no floor keeper (a child of the gateway)")?;
+    let ns = vm(&w)?;
+    let index = ns
+        .sh_ok(&format!("cat /sys/class/net/{VM_IFACE}/ifindex"), 30)?
+        .trim()
+        .to_owned();
+    // In the world's own VM namespace: no other test's.
+    let other = "swap0".to_owned();
+    signal(&[gateway, keeper], "STOP")?;
+    let swapped = ns.sh_ok(
+        &format!(
+            "ip link del {VM_IFACE} && ip link add {other} index {index} type veth peer name {other}p && ip link set {other} up && ip link set {other}p up"
+        ),
+        30,
+    );
+    signal(&[keeper, gateway], "CONT")?;
+    swapped?;
+    let sidecar = w.sidecar().context("no sidecar")?;
+    wait_until("the gateway to end", Duration::from_secs(60), || {
+        sidecar.check_alive().is_err()
+    })?;
+    let log = w.sidecar_log();
+    let ns = vm(&w)?;
+    let link = ns.sh_ok(&format!("ip -o link show dev {other}"), 30)?;
+    ensure!(
+        link.contains(",UP") || link.contains("<UP"),
+        "the newcomer was set down: {link}\n{log}"
+    );
+    let left = tables(ns)?;
+    ensure!(
+        !left.contains(&floor_table(VM_IFACE)) && !left.contains(&floor_table(&other)),
+        "a floor after the end: {left}\n{log}"
+    );
+    Ok(())
+}
