@@ -86,7 +86,19 @@ fn parse_url(url: &str) -> Result<(Uri, bool, String, u16), BackendError> {
     if host.is_empty() {
         return Err(config_err(format!("webhook url {url:?}: no host")));
     }
-    let port = authority.port_u16().unwrap_or(if https { 443 } else { 80 });
+    // `port_u16` is `None` both without a port and with one that is not a
+    // number: the latter must not become the default port.
+    let port = match authority.port_u16() {
+        Some(p) => p,
+        None if authority.as_str().ends_with(authority.host()) => {
+            if https {
+                443
+            } else {
+                80
+            }
+        }
+        None => return Err(config_err(format!("webhook url {url:?}: bad port"))),
+    };
     Ok((uri, https, host, port))
 }
 
