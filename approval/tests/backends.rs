@@ -15,7 +15,7 @@ use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use sluice_approval::backend::unix::{UnixBackend, serve_one};
-use sluice_approval::backend::webhook::{WebhookBackend, WebhookConfig};
+use sluice_approval::backend::webhook::{WebhookBackend, WebhookConfig, WebhookPin};
 use sluice_approval::wire::WIRE_VERSION;
 use sluice_approval::{Answer, Backend, BackendError, Choice, Question};
 use tokio::net::{TcpListener, UnixListener};
@@ -99,6 +99,7 @@ async fn unix_backend_failures_are_errors() {
 /// What the test webhook saw.
 #[derive(Debug)]
 struct Seen {
+    host: Option<String>,
     authorization: Option<String>,
     content_type: Option<String>,
     body: Vec<u8>,
@@ -130,6 +131,7 @@ fn webhook(
                                 .and_then(|v| v.to_str().ok())
                                 .map(str::to_owned)
                         };
+                        let host = h("host");
                         let authorization = h("authorization");
                         let content_type = h("content-type");
                         let body_in = req
@@ -139,6 +141,7 @@ fn webhook(
                             .map(|b| b.to_bytes().to_vec())
                             .unwrap_or_default();
                         let _ = tx.send(Seen {
+                            host,
                             authorization,
                             content_type,
                             body: body_in,
@@ -419,4 +422,104 @@ async fn webhook_over_mutual_tls() {
         seen.try_recv().is_err(),
         "a refused client reached the handler"
     );
+}
+
+/// A pinned webhook connects to its pinned address only, never resolving
+/// the URL's host (`hook.invalid` resolves nowhere: RFC 6761), and still
+/// names that host in `Host`, in SNI and in the certificate check.
+#[tokio::test]
+async fn a_pinned_webhook_connects_to_its_address_and_keeps_the_urls_name() {
+    let pki = Pki::new("pinned");
+    let (cert, key) = pki.leaf("hook.invalid", "server");
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let server_cfg = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(vec![cert], key)
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server_cfg));
+    let (l, port) = listen().await;
+    let mut seen = webhook(
+        l,
+        Some(acceptor),
+        StatusCode::OK,
+        br#"{"decision":"allow_once","by":"pinned"}"#,
+    );
+    let at: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let cfg = WebhookConfig {
+        url: format!("https://hook.invalid:{port}/ask"),
+        bearer_token_file: None,
+        client_cert: None,
+        client_key: None,
+        ca: Some(pki.dir.join("ca.pem")),
+    };
+    // Unpinned: the name resolves nowhere, so nothing is asked.
+    let err = WebhookBackend::new(&cfg).unwrap().ask(&question()).await;
+    assert!(matches!(err, Err(BackendError::Connect(_))), "{err:?}");
+    // Pinned: the question reaches the address, verified as hook.invalid.
+    let a = WebhookBackend::new(&cfg)
+        .unwrap()
+        .with_addresses(vec![at])
+        .ask(&question())
+        .await
+        .unwrap();
+    assert_eq!(a.decision, Choice::AllowOnce);
+    let got = seen.recv().await.unwrap();
+    assert_eq!(
+        got.host.as_deref(),
+        Some(format!("hook.invalid:{port}").as_str())
+    );
+    // Pinned elsewhere (nobody listens there): a connect error, though the
+    // server above still listens.
+    let (gone, gone_port) = listen().await;
+    drop(gone);
+    let err = WebhookBackend::new(&cfg)
+        .unwrap()
+        .with_addresses(vec![format!("127.0.0.1:{gone_port}").parse().unwrap()])
+        .ask(&question())
+        .await;
+    assert!(matches!(err, Err(BackendError::Connect(_))), "{err:?}");
+    // The address pinned, the name another: the certificate check fails.
+    let other = WebhookConfig {
+        url: format!("https://other.invalid:{port}/ask"),
+        ..cfg.clone()
+    };
+    let err = WebhookBackend::new(&other)
+        .unwrap()
+        .with_addresses(vec![at])
+        .ask(&question())
+        .await;
+    assert!(matches!(err, Err(BackendError::Tls(_))), "{err:?}");
+    assert!(
+        seen.try_recv().is_err(),
+        "a refused question reached the handler"
+    );
+}
+
+/// A pin applies to the host and port it was resolved for only: a URL a
+/// reload changed gets no address (a deny), and an empty pin none either.
+#[test]
+fn a_pin_applies_to_its_own_host_and_port_only() {
+    let pin = WebhookPin {
+        host: "Hook.Example".into(),
+        addrs: vec!["192.0.2.8:8443".parse().unwrap()],
+    };
+    assert_eq!(
+        pin.addresses_for("https://hook.example:8443/ask").unwrap(),
+        pin.addrs
+    );
+    for url in [
+        "https://other.example:8443/ask",
+        "https://hook.example/ask",
+        "http://hook.example:8080/ask",
+    ] {
+        let err = pin.addresses_for(url).unwrap_err();
+        assert!(err.to_string().contains("restart"), "{url}: {err}");
+    }
+    let empty = WebhookPin {
+        host: "hook.example".into(),
+        addrs: Vec::new(),
+    };
+    assert!(empty.addresses_for("https://hook.example/ask").is_err());
 }

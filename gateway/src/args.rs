@@ -206,6 +206,19 @@ pub struct GatewayArgs {
     /// jail keeps the policy's directory read-only (docs/approval.md).
     #[arg(long)]
     pub approval_overlay_socket: Option<PathBuf>,
+    /// Pin the policy's approval webhook: connect to the
+    /// `--approval-webhook-addr` addresses given, never resolving the URL's
+    /// host, which must be this one (it still names the server in TLS and
+    /// `Host`). `sluice run` resolves the host once, opens exactly those
+    /// addresses in the egress floor and passes them here. With no address,
+    /// or a URL naming another host after a reload, every question is
+    /// denied. Without it the gateway resolves the host at each question.
+    #[arg(long, value_name = "HOST")]
+    pub approval_webhook_name: Option<String>,
+    /// An address of the pinned approval webhook (repeatable; needs
+    /// `--approval-webhook-name`).
+    #[arg(long, value_name = "IP:PORT", requires = "approval_webhook_name")]
+    pub approval_webhook_addr: Vec<SocketAddr>,
 }
 
 fn parse_upstream_arg(s: &str) -> Result<SocketAddr, config::ConfigError> {
@@ -245,6 +258,8 @@ impl GatewayArgs {
             flow_buffer_kib: config::DEFAULT_FLOW_BUFFER / 1024,
             approval_socket: None,
             approval_overlay_socket: None,
+            approval_webhook_name: None,
+            approval_webhook_addr: Vec::new(),
         }
     }
 
@@ -308,6 +323,12 @@ impl GatewayArgs {
         }
         if let Some(path) = &self.approval_overlay_socket {
             flag("approval-overlay-socket", path.into());
+        }
+        if let Some(host) = &self.approval_webhook_name {
+            flag("approval-webhook-name", host.into());
+        }
+        for a in &self.approval_webhook_addr {
+            flag("approval-webhook-addr", a.to_string().into());
         }
         for uid in &self.dgram_peer_uid {
             flag("dgram-peer-uid", uid.to_string().into());
@@ -374,6 +395,11 @@ mod tests {
         a.flow_buffer_kib = 128;
         a.approval_socket = Some("/run/approve.sock".into());
         a.approval_overlay_socket = Some("/run/approved.sock".into());
+        a.approval_webhook_name = Some("hook.example".into());
+        a.approval_webhook_addr = vec![
+            "192.0.2.8:8443".parse().expect("addr"),
+            "[2001:db8::8]:8443".parse().expect("addr"),
+        ];
         a.metrics = Some("127.0.0.1:9464".parse().expect("addr"));
         assert_eq!(parse(a.to_argv()), a);
         a.metrics = Some("unix:/run/sluice/m.sock".parse().expect("path"));

@@ -162,6 +162,10 @@ pub struct ApprovalSetup {
     /// the overlay (`--approval-overlay-socket`: `sluice run`'s launcher
     /// writes it beside the policy after validating the entry).
     pub overlay_socket: Option<PathBuf>,
+    /// The approval webhook's pinned addresses (`--approval-webhook-name`
+    /// and `--approval-webhook-addr`): connected to instead of resolving
+    /// the URL's host. `None`: resolve it at each question.
+    pub webhook_pin: Option<sluice_approval::backend::webhook::WebhookPin>,
 }
 
 /// Everything the datapath needs to know, fixed for the process lifetime.

@@ -154,6 +154,12 @@ fn prepare_and_serve(
         socket: args.approval_socket.clone(),
         policy_path: args.policy.clone(),
         overlay_socket: args.approval_overlay_socket.clone(),
+        webhook_pin: args.approval_webhook_name.as_ref().map(|host| {
+            sluice_approval::backend::webhook::WebhookPin {
+                host: host.clone(),
+                addrs: args.approval_webhook_addr.clone(),
+            }
+        }),
     };
     let mut options = CompileOptions::default();
     options.host_addresses = host_addresses();

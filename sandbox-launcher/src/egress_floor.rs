@@ -14,18 +14,21 @@
 //!
 //! The table outlives the launcher's own death: the gateway's jail
 //! supervisor removes it after the gateway has ended
-//! ([`crate::jail::JailSpec::egress_floor`]). When the gateway applies a
-//! reload, the launcher reinstalls the floor from the new policy (one nft
-//! transaction replaces the table), so a network a reload names is
-//! reachable and one it drops is not.
+//! ([`crate::jail::JailSpec::egress_floor`]). When the policy file changes
+//! and the gateway applies it, the launcher reinstalls the floor from the
+//! new policy (one nft transaction replaces the table), so a network a
+//! reload names is reachable and one it drops is not (`run::gateway`: off
+//! the audit reader, at most once a second, only for a changed file).
 //!
-//! A policy whose approval backend is a webhook (without `--ask`) gets the
-//! webhook's resolved addresses (at most 8) opened on its port for TCP
-//! only, exactly and nothing else of their networks (the webhook is often
-//! on loopback or a private address). A link-local or cloud host service,
-//! unspecified, multicast or broadcast address is never opened; loopback
-//! and the host's own addresses only when the URL names the address
-//! itself (a name that resolves there opens nothing).
+//! A policy whose approval backend is a webhook (without `--ask`, and
+//! only under `unlisted: ask`) gets the webhook's addresses (at most 8)
+//! opened on its port for TCP only, exactly and nothing else of their
+//! networks (the webhook is often on loopback or a private address). The
+//! host is resolved once, here, and the gateway is pinned to the same
+//! addresses ([`pin_webhook`]); a reinstall reuses them. A link-local or
+//! cloud host service, unspecified, multicast or broadcast address is
+//! never opened; loopback and the host's own addresses only when the URL
+//! names the address itself (a name that resolves there opens nothing).
 //!
 //! Rootless there is no floor: nftables in the host's namespace needs
 //! root. The run reports it off, with that reason.
@@ -35,10 +38,11 @@ use std::path::Path;
 
 use anyhow::{Context, anyhow};
 use ipnet::IpNet;
+use sluice_approval::backend::webhook::{WebhookPin, url_host_port};
 use sluice_floor::egress::{EgressFloor, EgressSpec, Owner, always_denied, non_public};
 use sluice_gateway::metrics::{MetricsAddr, MetricsListener};
 use sluice_policy::platform::{CLOUD_HOST_SERVICES_V4, CLOUD_HOST_SERVICES_V6};
-use sluice_policy::{ApprovalBackend, CompiledPolicy, Upstream};
+use sluice_policy::{ApprovalBackend, CompiledPolicy, Unlisted, Upstream};
 
 use crate::jail::Layer;
 
@@ -117,51 +121,45 @@ fn resolvers(policy: &CompiledPolicy) -> anyhow::Result<Vec<SocketAddr>> {
     }
 }
 
-/// The `host` and port of a webhook `url` (`http`/`https`, default ports
-/// 80/443); `None` if it is not such a URL.
-fn webhook_host_port(url: &str) -> Option<(String, u16)> {
-    let (scheme, rest) = url.split_once("://")?;
-    let default = match scheme.to_ascii_lowercase().as_str() {
-        "https" => 443,
-        "http" => 80,
-        _ => return None,
-    };
-    let authority = rest.split(['/', '?', '#']).next()?;
-    let authority = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
-    let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
-        let (host, after) = v6.split_once(']')?;
-        (host, after.strip_prefix(':'))
-    } else {
-        match authority.rsplit_once(':') {
-            Some((host, port)) => (host, Some(port)),
-            None => (authority, None),
-        }
-    };
-    let port = match port {
-        Some(p) => p.parse().ok()?,
-        None => default,
-    };
-    (!host.is_empty()).then(|| (host.to_owned(), port))
-}
-
 /// The most addresses of the approval webhook's host the floor opens.
 const MAX_WEBHOOK_ADDRS: usize = 8;
 
-/// Where the floor must let the gateway reach its approval webhook under
-/// `policy`, on a host whose own addresses are `host`: the URL's host
-/// resolved here, on the URL's port, for TCP only, at most
-/// [`MAX_WEBHOOK_ADDRS`] addresses. Empty for another backend. An address
-/// [`webhook_refusal`] refuses is left out (the metadata service, loopback
-/// reached through a name, ...), and so is a host that does not resolve
-/// (the webhook is then unreachable: every question is denied), each said
-/// on stderr.
-pub(crate) fn approval_webhook(policy: &CompiledPolicy, host: &[IpAddr]) -> Vec<SocketAddr> {
+/// The approval webhook of `policy` pinned for this run, on a host whose
+/// own addresses are `host`: the URL's host resolved here, once, and the
+/// addresses the floor may open on the URL's port (TCP only, at most
+/// [`MAX_WEBHOOK_ADDRS`]). The gateway is passed the same pin and connects
+/// only there (`--approval-webhook-addr`), so what the floor opens and what
+/// the gateway reaches are one set.
+///
+/// `None` when the gateway does not post to a webhook: another backend,
+/// or `--ask` (`ask`), whose prompt answers instead. A pin with no address
+/// when nothing will ask (`unlisted: deny`: not even resolved), when the
+/// host does not resolve (every question is then denied), or when
+/// [`webhook_refusal`] refuses every address (the metadata service,
+/// loopback reached through a name, ...); each refusal said on stderr.
+///
+/// Resolved once: a reload that changes the webhook's host or turns
+/// `unlisted: ask` on does not move the pin (docs/approval.md: a restart
+/// does).
+pub(crate) fn pin_webhook(
+    policy: &CompiledPolicy,
+    host: &[IpAddr],
+    ask: bool,
+) -> Option<WebhookPin> {
     let Some(ApprovalBackend::Webhook { url, .. }) = policy.approval().map(|a| &a.backend) else {
-        return Vec::new();
+        return None;
     };
-    let Some((name, port)) = webhook_host_port(url) else {
-        return Vec::new();
+    if ask {
+        return None;
+    }
+    let (name, port) = url_host_port(url).ok()?;
+    let mut pin = WebhookPin {
+        host: name.clone(),
+        addrs: Vec::new(),
     };
+    if policy.unlisted() != Unlisted::Ask {
+        return Some(pin);
+    }
     let literal = name.parse::<IpAddr>().ok();
     let resolved = match (name.as_str(), port).to_socket_addrs() {
         Ok(a) => a,
@@ -169,10 +167,9 @@ pub(crate) fn approval_webhook(policy: &CompiledPolicy, host: &[IpAddr]) -> Vec<
             eprintln!(
                 "sluice: approval webhook {name}: {e}; the gateway's egress floor opens nothing for it"
             );
-            return Vec::new();
+            return Some(pin);
         }
     };
-    let mut out: Vec<SocketAddr> = Vec::new();
     for a in resolved {
         let ip = unmapped(a.ip());
         if let Some(why) = webhook_refusal(ip, literal.map(unmapped) == Some(ip), host) {
@@ -180,16 +177,16 @@ pub(crate) fn approval_webhook(policy: &CompiledPolicy, host: &[IpAddr]) -> Vec<
                 "sluice: approval webhook {name} is at {ip}, {why}: the gateway's egress floor \
                  does not open it"
             );
-        } else if out.len() == MAX_WEBHOOK_ADDRS {
+        } else if pin.addrs.len() == MAX_WEBHOOK_ADDRS {
             eprintln!(
                 "sluice: approval webhook {name}: only its first {MAX_WEBHOOK_ADDRS} addresses \
                  are opened; {ip} is not"
             );
-        } else if !out.contains(&SocketAddr::new(ip, port)) {
-            out.push(SocketAddr::new(ip, port));
+        } else if !pin.addrs.contains(&SocketAddr::new(ip, port)) {
+            pin.addrs.push(SocketAddr::new(ip, port));
         }
     }
-    out
+    Some(pin)
 }
 
 /// `ip`, or the IPv4 address it maps.
@@ -246,14 +243,14 @@ pub(crate) struct Openings {
     /// Its published host ports and a TCP metrics port: its replies from
     /// them are not its own egress.
     pub(crate) reply_ports: Vec<u16>,
-    /// Whether `--ask` answers the gateway's questions (over a socket):
-    /// then the policy's webhook is not asked and not opened.
-    pub(crate) ask: bool,
+    /// The approval webhook's pinned addresses ([`pin_webhook`]), the same
+    /// at every reinstall: the floor never resolves the webhook again.
+    pub(crate) webhook: Vec<SocketAddr>,
 }
 
 /// What the floor holds the gateway of gid `gid` to, under `policy`, on a
 /// host whose own addresses are `host`, with the `webhook` addresses
-/// ([`approval_webhook`]) and the `reply_ports` opened.
+/// ([`pin_webhook`]) and the `reply_ports` opened.
 ///
 /// # Errors
 /// As for [`resolvers`].
@@ -297,12 +294,7 @@ pub(crate) fn install(
     open: &Openings,
 ) -> anyhow::Result<EgressFloor> {
     let host = sluice_gateway::decide::host_addresses();
-    let webhook = if open.ask {
-        Vec::new()
-    } else {
-        approval_webhook(policy, &host)
-    };
-    let spec = spec(policy, &host, gid, &open.reply_ports, &webhook)?;
+    let spec = spec(policy, &host, gid, &open.reply_ports, &open.webhook)?;
     EgressFloor::install(None, &spec).map_err(|e| anyhow!("the gateway's egress floor: {e}"))
 }
 
@@ -339,13 +331,12 @@ pub(crate) fn install_for_run(
     let gid = gateway_gid();
     match install(policy, gid, open) {
         Ok(floor) => {
-            if !open.ask {
-                for a in approval_webhook(policy, &sluice_gateway::decide::host_addresses()) {
-                    eprintln!(
-                        "sluice: the gateway's egress floor lets it reach the approval webhook \
-                         at {a} (that address and port only)"
-                    );
-                }
+            // The addresses installed, not a second resolution.
+            for a in &open.webhook {
+                eprintln!(
+                    "sluice: the gateway's egress floor lets it reach the approval webhook \
+                     at {a} (that address and port only)"
+                );
             }
             let status = format!(
                 "on: nftables table inet {} drops the gateway's (gid {gid}) packets to \
@@ -451,7 +442,7 @@ mod tests {
             ("https://10.0.0.5:notaport/", None),
         ] {
             assert_eq!(
-                webhook_host_port(url),
+                url_host_port(url).ok(),
                 want.map(|(h, p)| (h.to_owned(), p)),
                 "{url}"
             );
@@ -462,7 +453,11 @@ mod tests {
             ))
         };
         let host: Vec<IpAddr> = vec!["192.0.2.7".parse().unwrap()];
-        let webhook = |url: &str| approval_webhook(&hooked(url), &host);
+        let webhook = |url: &str| {
+            pin_webhook(&hooked(url), &host, false)
+                .map(|p| p.addrs)
+                .unwrap_or_default()
+        };
         // Loopback and the host's own address, named literally: opened.
         assert_eq!(
             webhook("https://127.0.0.1:18443/ask"),
@@ -490,7 +485,36 @@ mod tests {
         ] {
             assert!(webhook(url).is_empty(), "{url}");
         }
-        assert!(approval_webhook(&compile("version: 1\nid: t\n"), &host).is_empty());
+        assert_eq!(
+            pin_webhook(&compile("version: 1\nid: t\n"), &host, false),
+            None
+        );
+    }
+
+    /// Under `unlisted: deny` nothing asks: the webhook is pinned to no
+    /// address and the floor's spec opens none (the host is not even
+    /// resolved). Under `--ask` the prompt answers: no pin at all.
+    #[test]
+    fn no_webhook_opening_when_nothing_will_ask_it() {
+        let policy = |unlisted: &str| {
+            compile(&format!(
+                "version: 1\nid: t\nunlisted: {unlisted}\napproval:\n  backend:\n    webhook:\n      \
+                 url: https://127.0.0.1:18443/ask\n"
+            ))
+        };
+        let host: Vec<IpAddr> = vec!["192.0.2.7".parse().unwrap()];
+        let hook: SocketAddr = "127.0.0.1:18443".parse().unwrap();
+        let pin = pin_webhook(&policy("deny"), &host, false).unwrap();
+        assert_eq!(pin.host, "127.0.0.1");
+        assert!(pin.addrs.is_empty(), "{pin:?}");
+        let s = spec(&policy("deny"), &host, gateway_gid(), &[], &pin.addrs).unwrap();
+        assert!(s.tcp_only.is_empty(), "{:?}", s.tcp_only);
+        // The same policy asking: exactly the webhook's address and port.
+        let pin = pin_webhook(&policy("ask"), &host, false).unwrap();
+        assert_eq!(pin.addrs, vec![hook]);
+        let s = spec(&policy("ask"), &host, gateway_gid(), &[], &pin.addrs).unwrap();
+        assert_eq!(s.tcp_only, vec![hook]);
+        assert_eq!(pin_webhook(&policy("ask"), &host, true), None);
     }
 
     #[test]

@@ -329,8 +329,7 @@ pub(crate) fn without_covered(read: Vec<PathBuf>) -> Vec<PathBuf> {
 }
 
 /// Writes a file of the run dir that the jailed gateway reads (mode 0644;
-/// the run dir itself is 0700 and owned by the jail's uid: 65534 as root,
-/// the caller rootless).
+/// the run dir itself is searchable only by the gateway: `run::run_dir`).
 ///
 /// # Errors
 /// The write fails.
@@ -341,16 +340,17 @@ pub(crate) fn write_for_jail(path: &Path, data: &[u8]) -> anyhow::Result<()> {
 }
 
 /// Hands a unix socket the launcher just bound in the run dir to the jailed
-/// gateway: mode 0600, owned by the run dir's owner (the jail's uid).
+/// gateway: owned like the run dir, mode 0660 when that is root's (its
+/// group is the gateway's own gid: `run::run_dir`), else 0600 (rootless,
+/// the caller's; or the jails' uid's).
 ///
-/// The run dir is owned by that uid (65534 as root), so a process of it
-/// may swap the socket's name for a symlink between bind and chown; a
-/// chown or chmod by path would then, as root, follow it to any file.
-/// So the name is opened with `O_PATH | O_NOFOLLOW` (a symlink is opened
-/// as itself), the fd must be a socket, and both changes go through the
-/// fd's `/proc/self/fd` link, which names the opened inode, never a path
-/// that can be swapped. A socket the jail's uid put there instead is its
-/// own already; handing it over gives it nothing.
+/// As root the run dir is root's, so no other uid can swap the socket's
+/// name; where the dir is another uid's, a process of it could swap the
+/// name for a symlink between bind and chown, and a chown or chmod by path
+/// would then, as root, follow it to any file. So the name is opened with
+/// `O_PATH | O_NOFOLLOW` (a symlink is opened as itself), the fd must be a
+/// socket, and both changes go through the fd's `/proc/self/fd` link,
+/// which names the opened inode, never a path that can be swapped.
 ///
 /// # Errors
 /// The name is not a socket (it was replaced), or the changes fail.
@@ -373,7 +373,10 @@ pub(crate) fn hand_socket_to_jail(socket: &Path, run_dir: &Path) -> anyhow::Resu
         );
     }
     let link = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
-    fs::set_permissions(&link, fs::Permissions::from_mode(0o600))
+    // Root's dir: the gateway connects through the group (its own gid),
+    // not as the owner; no one else is in that group.
+    let mode = if owner.uid() == 0 { 0o660 } else { 0o600 };
+    fs::set_permissions(&link, fs::Permissions::from_mode(mode))
         .with_context(|| format!("chmod {}", socket.display()))?;
     if meta.uid() != owner.uid() || meta.gid() != owner.gid() {
         std::os::unix::fs::chown(&link, Some(owner.uid()), Some(owner.gid()))

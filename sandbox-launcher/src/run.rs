@@ -21,7 +21,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -35,7 +35,6 @@ use sluice_agent_proto::{
     CHUNK, ExecRequest, ExitStatus, Message, VERSION, read_frame, write_frame,
 };
 
-use crate::gateway_inputs::jail_ids;
 use crate::image::{self, ImageOptions};
 use crate::jail::{self, CgroupLimits, FdMap, JailSpec, Layer};
 use crate::network_mode::{self, GuestNetwork, HeldNetwork, NetworkMode};
@@ -43,12 +42,14 @@ use crate::phases::Phases;
 use crate::qemu::{self, AGENT_FD, CONSOLE_FD, NET_FD, VmConfig};
 use crate::spawn::{Isolation, QemuJail, Sidecar, qemu_spec};
 use gateway::{GatewayHandles, parse_metrics_addr, spawn_gateway};
+use run_dir::{RunDir, make_run_dir};
 use sluice_gateway::args::AuditFormat;
 use sluice_gateway::config::PublishSpec;
 use sluice_gateway::metrics::MetricsAddr;
 use terminal::{DebugEcho, GuestOutput};
 
 mod gateway;
+mod run_dir;
 pub(crate) mod terminal;
 
 /// Exit status when `--timeout` expired.
@@ -279,15 +280,6 @@ struct Session {
     network: Option<HeldNetwork>,
     /// When the launcher first saw the gateway gone (`next`).
     gateway_gone: std::sync::OnceLock<Instant>,
-}
-
-/// A per-run directory, removed (with its contents) when dropped.
-struct RunDir(PathBuf);
-
-impl Drop for RunDir {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
 }
 
 /// How long, after the gateway is gone, the guest's output is still passed
@@ -558,7 +550,7 @@ impl Session {
         if !ca.exists() {
             return Ok(false);
         }
-        let pem = fs::read(ca).map_err(|e| {
+        let pem = run_dir::read_written(ca, MAX_CA_PEM).map_err(|e| {
             Stop::Failed(anyhow!(
                 "the gateway's sandbox CA {} cannot be read: {e}{}",
                 ca.display(),
@@ -1112,33 +1104,6 @@ fn spawn_log_reader(
             line.clear();
         }
     });
-}
-
-/// Creates the run dir `<runtime>/<sandbox_id>.run` (mode 0700), where the
-/// gateway writes the CA. As root `<runtime>` is the temp dir and the run
-/// dir is given to the jails' uid 65534; rootless it is the caller's
-/// private runtime dir (`jail::default_runtime_dir`) and stays the caller's.
-fn make_run_dir(sandbox_id: &str) -> anyhow::Result<RunDir> {
-    let base = jail::default_runtime_dir();
-    if jail::is_rootless() {
-        jail::ensure_private_dir(&base).context("the run dir's parent")?;
-    }
-    let path = base.join(format!("{sandbox_id}.run"));
-    // A previous launcher with this pid died before its helper started.
-    if path.exists() {
-        fs::remove_dir_all(&path).with_context(|| format!("removing stale {}", path.display()))?;
-    }
-    fs::DirBuilder::new()
-        .mode(0o700)
-        .create(&path)
-        .with_context(|| format!("creating {}", path.display()))?;
-    let dir = RunDir(path);
-    if !jail::is_rootless() {
-        let (uid, gid) = jail_ids();
-        std::os::unix::fs::chown(&dir.0, Some(uid), Some(gid))
-            .with_context(|| format!("chown {}", dir.0.display()))?;
-    }
-    Ok(dir)
 }
 
 /// Refuses, in one line, a run whose jails would miss a layer the user did

@@ -1096,7 +1096,7 @@ fn the_sandbox_ca_in_the_guest_trust_store_and_secrets_substituted() {
     wait_line(&lines, &stderr, 300, "the guest's `ready`", |l| {
         l == "ready"
     });
-    let ca_path = std::env::temp_dir().join(format!("sluice-{launcher}.run/ca.pem"));
+    let ca_path = std::env::temp_dir().join(format!("sluice-{launcher}.run/out/ca.pem"));
     let host_ca = fs::read_to_string(&ca_path).unwrap();
     stdin.write_all(b"go\n").unwrap();
     drop(stdin);

@@ -447,6 +447,30 @@ os.rename(portfile + ".tmp", portfile)
 s.serve_forever()
 "#;
 
+/// Run as uid 65534 outside the jails with the run dir and one of its
+/// sockets: what each attempt to take the socket's place, or to reach it,
+/// gets (a JSON object of operation to "ok" or the errno's name).
+const NOBODY_REPLACES: &str = r#"
+import errno, json, os, socket, sys
+run, sock = sys.argv[1], sys.argv[2]
+def do(f):
+    try:
+        f()
+        return "ok"
+    except OSError as e:
+        return errno.errorcode.get(e.errno, str(e.errno))
+def bind(path):
+    socket.socket(socket.AF_UNIX, socket.SOCK_STREAM).bind(path)
+def connect(path):
+    socket.socket(socket.AF_UNIX, socket.SOCK_STREAM).connect(path)
+print(json.dumps({
+    "unlink": do(lambda: os.unlink(sock)),
+    "bind_beside": do(lambda: bind(os.path.join(run, "evil.sock"))),
+    "connect": do(lambda: connect(sock)),
+    "move_run_dir": do(lambda: os.rename(run, run + ".moved")),
+}))
+"#;
+
 /// `openssl` in `dir`: a CA `{tag}-ca.pem`, and a leaf `{tag}-leaf.pem`
 /// (key `{tag}-leaf.key`) it signs for `cn` with the extensions `ext`.
 fn openssl_pki(dir: &Path, tag: &str, cn: &str, ext: &str) -> (PathBuf, PathBuf, PathBuf) {
@@ -618,6 +642,33 @@ fn a_webhook_over_mutual_tls_on_loopback_decides_under_sluice_run() {
         .spawn()
         .unwrap();
     let nsenter = child.id();
+    // Review s10 #9: while the run is live, a process of the jails' uid
+    // (65534) outside the jails can neither replace the launcher's socket
+    // nor reach it; the run below still gets its answers.
+    let run_dir = std::env::temp_dir().join(format!("sluice-{nsenter}.run"));
+    let socket = run_dir.join("approved.sock");
+    wait_until("the run's approved.sock", Duration::from_secs(240), || {
+        socket.exists()
+    })
+    .unwrap();
+    let outsider = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .args(["/usr/bin/python3", "-I", "-c", NOBODY_REPLACES])
+        .arg(&run_dir)
+        .arg(&socket)
+        .current_dir("/")
+        .output()
+        .unwrap();
+    assert!(outsider.status.success(), "{}", text(&outsider.stderr));
+    let got: serde_json::Value = serde_json::from_slice(&outsider.stdout).unwrap();
+    for (op, want) in [
+        ("unlink", "EACCES"),
+        ("bind_beside", "EACCES"),
+        ("connect", "EACCES"),
+        ("move_run_dir", "EPERM"),
+    ] {
+        assert_eq!(got[op], want, "nobody outside the jail, {op}: {got}");
+    }
     let out = child.wait_with_output().unwrap();
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
     assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");

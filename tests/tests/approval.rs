@@ -460,6 +460,7 @@ class H(http.server.BaseHTTPRequestHandler):
         body = self.rfile.read(int(self.headers.get("content-length", "0")))
         with open(log, "a") as f:
             f.write(json.dumps({"path": self.path,
+                                "host": self.headers.get("host"),
                                 "authorization": self.headers.get("authorization"),
                                 "content_type": self.headers.get("content-type"),
                                 "client": dict(x[0] for x in (self.connection.getpeercert() or {}).get("subject", ())).get("commonName") if hasattr(self.connection, "getpeercert") else None,
@@ -549,6 +550,60 @@ fn webhook_backend_posts_the_question_with_its_bearer_token() -> Result<()> {
         90,
     )?;
     ensure!(body.contains("hooked"), "curl: {body}");
+    Ok(())
+}
+
+/// A pinned webhook (review s10 #4): the gateway is given the webhook's
+/// address as `sluice run` gives it (`--approval-webhook-name`,
+/// `--approval-webhook-addr`) and connects there, though the URL's host,
+/// `hook.invalid`, resolves nowhere (RFC 6761); the request still names
+/// that host in `Host`.
+#[test]
+#[ignore = "needs root: run via scripts/test"]
+fn a_pinned_webhook_is_reached_at_its_address_not_by_resolving_its_name() -> Result<()> {
+    let dir = TempDir::new(&format!("{}-pin", unique_name()))?;
+    let script = dir.path().join("hook.py");
+    std::fs::write(&script, WEBHOOK)?;
+    let log = dir.path().join("hook.jsonl");
+    let portfile = dir.path().join("port");
+    let port = 18081;
+    let backend = format!("    webhook:\n      url: http://hook.invalid:{port}/ask");
+    let mut b = World::builder()
+        .policy(&policy(&backend, ""))
+        .sidecar_arg("--approval-webhook-name")
+        .sidecar_arg("hook.invalid")
+        .sidecar_arg("--approval-webhook-addr")
+        .sidecar_arg(&format!("127.0.0.1:{port}"));
+    for n in NAMES {
+        b = b.dns_record(n, ORIGIN_ADDR);
+    }
+    let w = b.start()?;
+    let _hook = Proc::spawn(
+        "webhook",
+        w.host
+            .cmd("python3")
+            .arg(&script)
+            .arg(&log)
+            .arg(&portfile)
+            .arg(port.to_string()),
+        &dir.path().join("hook.log"),
+    )?;
+    wait_until("the webhook's port", DEADLINE, || portfile.exists())?;
+    let text = dig(&w, "hook.test")?;
+    let rec = approval_record(&w, "hook.test")?;
+    ensure!(status_of(&text) == "NOERROR", "hook.test: {text}\n{rec}");
+    ensure!(
+        rec["approval"]["by"] == "webhook: hook" && rec["approval"]["decision"] == "allow_once",
+        "record: {rec}"
+    );
+    let seen: Vec<serde_json::Value> = std::fs::read_to_string(&log)?
+        .lines()
+        .map(serde_json::from_str)
+        .collect::<Result<_, _>>()?;
+    ensure!(
+        seen.len() == 1 && seen[0]["host"] == format!("hook.invalid:{port}"),
+        "webhook requests: {seen:?}"
+    );
     Ok(())
 }
 

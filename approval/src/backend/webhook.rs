@@ -8,7 +8,16 @@
 //! policy), and a client certificate for mutual TLS. With `https`, the
 //! server is verified against the `ca` file if given, else the public web
 //! roots compiled in (no system store is read).
+//!
+//! Pinning: a backend given addresses ([`WebhookBackend::with_addresses`])
+//! connects only there and never resolves the URL's host; the host still
+//! names the server in the TLS handshake (SNI, certificate check) and in
+//! `Host`. `sluice run` resolves the host once, opens exactly those
+//! addresses in the gateway's egress floor and pins the gateway to them
+//! ([`WebhookPin`]), so the launcher and the jailed gateway cannot reach
+//! different servers.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -41,12 +50,104 @@ pub struct WebhookConfig {
     pub ca: Option<PathBuf>,
 }
 
+/// The host and port of a webhook URL (`http` or `https`; the port
+/// defaults to 80 or 443), IPv6 brackets removed: what the backend connects
+/// to and names in TLS and `Host`, and what `sluice run` resolves and pins.
+///
+/// # Errors
+/// A URL that is not `http` or `https`, or has no host.
+pub fn url_host_port(url: &str) -> Result<(String, u16), BackendError> {
+    let (_, _, host, port) = parse_url(url)?;
+    Ok((host, port))
+}
+
+/// The URL, whether it is `https`, its host (brackets removed) and port.
+fn parse_url(url: &str) -> Result<(Uri, bool, String, u16), BackendError> {
+    let uri: Uri = url
+        .parse()
+        .map_err(|e| config_err(format!("webhook url {url:?}: {e}")))?;
+    let https = match uri.scheme_str() {
+        Some(s) if s.eq_ignore_ascii_case("https") => true,
+        Some(s) if s.eq_ignore_ascii_case("http") => false,
+        _ => {
+            return Err(config_err(format!(
+                "webhook url {url:?}: not http or https"
+            )));
+        }
+    };
+    let authority = uri
+        .authority()
+        .ok_or_else(|| config_err(format!("webhook url {url:?}: no host")))?;
+    let host = authority
+        .host()
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_owned();
+    if host.is_empty() {
+        return Err(config_err(format!("webhook url {url:?}: no host")));
+    }
+    // `port_u16` is `None` both without a port and with one that is not a
+    // number: the latter must not become the default port.
+    let port = match authority.port_u16() {
+        Some(p) => p,
+        None if authority.as_str().ends_with(authority.host()) => {
+            if https {
+                443
+            } else {
+                80
+            }
+        }
+        None => return Err(config_err(format!("webhook url {url:?}: bad port"))),
+    };
+    Ok((uri, https, host, port))
+}
+
+/// The addresses a launcher resolved a webhook's host to, for the gateway
+/// to connect to instead of resolving it again (`--approval-webhook-name`,
+/// `--approval-webhook-addr`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WebhookPin {
+    /// The URL host the addresses were resolved for.
+    pub host: String,
+    /// The addresses with the URL's port; empty when none could be opened
+    /// (every question is then denied).
+    pub addrs: Vec<SocketAddr>,
+}
+
+impl WebhookPin {
+    /// The pinned addresses for a webhook at `url`, or why there are none:
+    /// a URL whose host or port is not the pin's (a reload changed it; the
+    /// pin, like the egress floor's opening, holds until the run restarts),
+    /// or an empty pin.
+    ///
+    /// # Errors
+    /// [`BackendError::Config`] saying which.
+    pub fn addresses_for(&self, url: &str) -> Result<Vec<SocketAddr>, BackendError> {
+        let (host, port) = url_host_port(url)?;
+        if !host.eq_ignore_ascii_case(&self.host) || self.addrs.iter().any(|a| a.port() != port) {
+            return Err(config_err(format!(
+                "webhook host {host}:{port} is not the one resolved when the run started ({}); \
+                 a changed webhook host needs a restart",
+                self.host
+            )));
+        }
+        if self.addrs.is_empty() {
+            return Err(config_err(format!(
+                "webhook host {host}: no address was opened for it when the run started"
+            )));
+        }
+        Ok(self.addrs.clone())
+    }
+}
+
 /// Posts questions to a URL.
 pub struct WebhookBackend {
     uri: Uri,
     authority: String,
     host: String,
     port: u16,
+    /// Where to connect instead of resolving `host` (empty: resolve).
+    pinned: Vec<SocketAddr>,
     tls: Option<(TlsConnector, ServerName<'static>)>,
     bearer_token_file: Option<PathBuf>,
 }
@@ -55,6 +156,7 @@ impl std::fmt::Debug for WebhookBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WebhookBackend")
             .field("uri", &self.uri)
+            .field("pinned", &self.pinned)
             .field("tls", &self.tls.is_some())
             .field("bearer_token_file", &self.bearer_token_file)
             .finish_non_exhaustive()
@@ -72,29 +174,11 @@ impl WebhookBackend {
     /// # Errors
     /// An unusable URL or a certificate, key or CA file that cannot be read.
     pub fn new(cfg: &WebhookConfig) -> Result<Self, BackendError> {
-        let uri: Uri = cfg
-            .url
-            .parse()
-            .map_err(|e| config_err(format!("webhook url {:?}: {e}", cfg.url)))?;
-        let https = match uri.scheme_str() {
-            Some("https") => true,
-            Some("http") => false,
-            _ => {
-                return Err(config_err(format!(
-                    "webhook url {:?}: not http or https",
-                    cfg.url
-                )));
-            }
-        };
+        let (uri, https, host, port) = parse_url(&cfg.url)?;
         let authority = uri
             .authority()
+            .map(ToString::to_string)
             .ok_or_else(|| config_err(format!("webhook url {:?}: no host", cfg.url)))?;
-        let host = authority
-            .host()
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .to_owned();
-        let port = authority.port_u16().unwrap_or(if https { 443 } else { 80 });
         let tls = if https {
             let server = ServerName::try_from(host.clone())
                 .map_err(|e| config_err(format!("webhook host {host:?}: {e}")))?;
@@ -106,13 +190,23 @@ impl WebhookBackend {
             None
         };
         Ok(Self {
-            authority: authority.to_string(),
+            authority,
             uri,
             host,
             port,
+            pinned: Vec::new(),
             tls,
             bearer_token_file: cfg.bearer_token_file.clone(),
         })
+    }
+
+    /// Connects only to `addrs` (tried in order), never resolving the URL's
+    /// host, which still names the server in TLS and `Host`. Empty: resolve
+    /// the host at each question.
+    #[must_use]
+    pub fn with_addresses(mut self, addrs: Vec<SocketAddr>) -> Self {
+        self.pinned = addrs;
+        self
     }
 
     async fn post(&self, body: Vec<u8>) -> Result<Answer, BackendError> {
@@ -120,9 +214,12 @@ impl WebhookBackend {
             Some(path) => Some(read_token(path)?),
             None => None,
         };
-        let tcp = TcpStream::connect((self.host.as_str(), self.port))
-            .await
-            .map_err(BackendError::Connect)?;
+        let tcp = if self.pinned.is_empty() {
+            TcpStream::connect((self.host.as_str(), self.port)).await
+        } else {
+            TcpStream::connect(&self.pinned[..]).await
+        }
+        .map_err(BackendError::Connect)?;
         let _ = tcp.set_nodelay(true);
         match &self.tls {
             Some((connector, name)) => {

@@ -177,7 +177,7 @@ impl Approvals {
                 per_minute: spec.per_minute,
                 deny_once_hold: DENY_ONCE_HOLD,
             }),
-            backend: backend_for(&spec.backend, setup.socket.as_ref()),
+            backend: backend_for(&spec.backend, setup),
         })
     }
 
@@ -229,13 +229,14 @@ impl Approvals {
     }
 }
 
-/// The backend for the policy's `approval.backend`; `socket`
-/// (`--approval-socket`) replaces it when given.
+/// The backend for the policy's `approval.backend`; the setup's `socket`
+/// (`--approval-socket`) replaces it when given, and its webhook pin (a
+/// launcher's resolution) says where a webhook is connected to.
 fn backend_for(
     backend: &ApprovalBackend,
-    socket: Option<&PathBuf>,
+    setup: &ApprovalSetup,
 ) -> Result<Arc<dyn Backend>, String> {
-    if let Some(path) = socket {
+    if let Some(path) = &setup.socket {
         return Ok(Arc::new(TerminalSocket(UnixBackend::new(path.clone()))));
     }
     match backend {
@@ -249,15 +250,23 @@ fn backend_for(
             client_cert,
             client_key,
             ca,
-        } => WebhookBackend::new(&WebhookConfig {
-            url: url.clone(),
-            bearer_token_file: bearer_token_file.clone(),
-            client_cert: client_cert.clone(),
-            client_key: client_key.clone(),
-            ca: ca.clone(),
-        })
-        .map(|b| Arc::new(b) as Arc<dyn Backend>)
-        .map_err(|e| e.to_string()),
+        } => {
+            let hook = WebhookBackend::new(&WebhookConfig {
+                url: url.clone(),
+                bearer_token_file: bearer_token_file.clone(),
+                client_cert: client_cert.clone(),
+                client_key: client_key.clone(),
+                ca: ca.clone(),
+            })
+            .map_err(|e| e.to_string())?;
+            let hook = match &setup.webhook_pin {
+                Some(pin) => {
+                    hook.with_addresses(pin.addresses_for(url).map_err(|e| e.to_string())?)
+                }
+                None => hook,
+            };
+            Ok(Arc::new(hook))
+        }
     }
 }
 

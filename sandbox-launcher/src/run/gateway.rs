@@ -6,10 +6,10 @@ use std::fs;
 use std::io::{self, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::{self, Receiver};
+use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::thread;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow};
 
@@ -146,7 +146,7 @@ pub(super) fn spawn_gateway(
     }
     // The gateway decides whether the policy needs a sandbox CA (it inspects
     // a host: a bound secret or `inspect:`) and writes it before it serves.
-    let ca_out = run_dir.join("ca.pem");
+    let ca_out = super::run_dir::ca_out(run_dir);
     gw_args.ca_out = Some(ca_out.clone());
     for (i, pem) in args.upstream_ca.iter().enumerate() {
         let data = fs::read(pem).with_context(|| format!("--upstream-ca {}", pem.display()))?;
@@ -188,15 +188,6 @@ pub(super) fn spawn_gateway(
             crate::approved::OverlayWriter::start(run_dir, policy, sandbox_id.to_owned(), prompt)?;
         gw_args.approval_overlay_socket = Some(writer.socket);
     }
-    let argv = gw_args
-        .to_argv()
-        .into_iter()
-        .map(|a| {
-            a.into_string()
-                .map_err(|a| anyhow!("a gateway argument is not UTF-8: {}", a.display()))
-        })
-        .collect::<anyhow::Result<Vec<String>>>()?;
-
     // The kernel floor under the gateway's own egress: installed before the
     // gateway exists, its removal handed to the gateway's jail supervisor
     // once the gateway runs (egress_floor.rs).
@@ -211,13 +202,33 @@ pub(super) fn spawn_gateway(
             _ => None,
         })
         .collect();
+    // The webhook is resolved here, once: the floor opens those addresses
+    // and the gateway connects only there (`--approval-webhook-addr`).
+    let pin = egress_floor::pin_webhook(
+        &compiled,
+        &sluice_gateway::decide::host_addresses(),
+        args.ask,
+    );
     let openings = egress_floor::Openings {
         reply_ports,
-        ask: args.ask,
+        webhook: pin.as_ref().map(|p| p.addrs.clone()).unwrap_or_default(),
     };
+    if let Some(pin) = pin {
+        gw_args.approval_webhook_name = Some(pin.host);
+        gw_args.approval_webhook_addr = pin.addrs;
+    }
     let (floor, egress_floor) =
         egress_floor::install_for_run(&compiled, &iso.allow_missing, &openings)?;
     let floor_gid = floor.as_ref().map(|_| egress_floor::gateway_gid());
+
+    let argv = gw_args
+        .to_argv()
+        .into_iter()
+        .map(|a| {
+            a.into_string()
+                .map_err(|a| anyhow!("a gateway argument is not UTF-8: {}", a.display()))
+        })
+        .collect::<anyhow::Result<Vec<String>>>()?;
 
     let (audit_read, audit_write) = io::pipe().context("pipe")?;
     let (log_read, log_write) = io::pipe().context("pipe")?;
@@ -265,12 +276,15 @@ pub(super) fn spawn_gateway(
         iso,
     )
     .context("the gateway's jail")?;
-    if let (Some(floor), Some(gid)) = (&floor, floor_gid) {
-        // Its own gid for the floor's match; the jail's group (65534) as a
-        // supplementary one, so files shared with it stay readable
-        // (`chgrp 65534 FILE && chmod g+r FILE`, docs/launcher.md).
+    if !crate::jail::is_rootless() {
+        // Its own gid, for the floor's match and the run dir's sockets
+        // (`run_dir`: no other process is in that group); the jail's group
+        // (65534) as a supplementary one, so files shared with it stay
+        // readable (`chgrp 65534 FILE && chmod g+r FILE`, docs/launcher.md).
         spec.groups = vec![spec.gid];
-        spec.gid = gid;
+        spec.gid = egress_floor::gateway_gid();
+    }
+    if let Some(floor) = &floor {
         spec.egress_floor = Some(floor.table().to_owned());
     }
     let sidecar = Sidecar::spawn("the gateway", &spec)
@@ -305,14 +319,11 @@ pub(super) fn spawn_gateway(
     let keep = Arc::clone(&audit);
     // A reload the gateway applied may name other networks: the floor
     // follows the policy file (an inline policy never reloads).
-    let refresh = floor_gid.filter(|_| args.policy.is_some()).map(|gid| {
-        let path = gw_args.policy.clone().unwrap_or_default();
-        move || {
-            if let Err(e) = egress_floor::refresh(&path, gid, &openings) {
-                eprintln!("sluice: {e:#}; the egress floor keeps the previous policy's networks");
-            }
-        }
-    });
+    let refresh = floor_gid
+        .filter(|_| args.policy.is_some())
+        .zip(gw_args.policy.clone())
+        .map(|(gid, path)| spawn_floor_refresher(path, gid, openings))
+        .transpose()?;
     let audit_reader = thread::spawn(move || {
         let mut lines = io::BufReader::new(audit_read);
         let mut line = String::new();
@@ -332,11 +343,13 @@ pub(super) fn spawn_gateway(
             ) {
                 // The --json summary counts schema-1 fields, in either format.
                 let v = crate::audit_cmd::entry::schema1_view(v);
+                // Only a nudge: the gateway writes this line, so it may
+                // forge it; the refresher decides whether anything changed.
                 if v["kind"] == "policy_reload"
                     && v["reason"] == "reload_applied"
                     && let Some(refresh) = &refresh
                 {
-                    refresh();
+                    let _ = refresh.try_send(());
                 }
                 a.push(v);
             }
@@ -355,6 +368,70 @@ pub(super) fn spawn_gateway(
             ask,
         },
     ))
+}
+
+/// The least time between two looks at the policy file for the floor.
+const FLOOR_REFRESH_EVERY: Duration = Duration::from_secs(1);
+
+/// Starts the thread that keeps the egress floor of gid `gid` on the policy
+/// file at `path`: each nudge (the gateway's `reload_applied` audit line)
+/// makes it read the file, at most once per [`FLOOR_REFRESH_EVERY`], nudges
+/// meanwhile coalesced into one, and reinstall the floor only when the
+/// file's bytes differ from those it last installed (the first nudge
+/// always reinstalls). The gateway writes the line that nudges it, so a
+/// compromised gateway can only make it look at the file once a second;
+/// never resolve anything (the webhook's addresses stay those pinned in
+/// `open`), never block the audit reader. The returned sender is the
+/// nudge: `try_send`, a full channel means one is already pending. The
+/// thread ends when the sender is dropped (the audit pipe ended).
+fn spawn_floor_refresher(
+    path: PathBuf,
+    gid: u32,
+    open: egress_floor::Openings,
+) -> anyhow::Result<SyncSender<()>> {
+    let (tx, rx) = mpsc::sync_channel::<()>(1);
+    thread::Builder::new()
+        .name("sluice-floor".into())
+        .spawn(move || {
+            let mut installed: Option<Vec<u8>> = None;
+            let mut last: Option<Instant> = None;
+            while rx.recv().is_ok() {
+                if let Some(at) = last {
+                    thread::sleep(FLOOR_REFRESH_EVERY.saturating_sub(at.elapsed()));
+                }
+                // Nudges that came while waiting are this one; a gateway
+                // gone meanwhile (its supervisor removes the table) ends it.
+                loop {
+                    match rx.try_recv() {
+                        Ok(()) => {}
+                        Err(TryRecvError::Empty) => break,
+                        Err(TryRecvError::Disconnected) => return,
+                    }
+                }
+                last = Some(Instant::now());
+                let now = match fs::read(&path) {
+                    Ok(bytes) => bytes,
+                    Err(e) => {
+                        eprintln!(
+                            "sluice: the egress floor: reading {}: {e}; it keeps the previous policy's networks",
+                            path.display()
+                        );
+                        continue;
+                    }
+                };
+                if installed.as_ref() == Some(&now) {
+                    continue;
+                }
+                match egress_floor::refresh(&path, gid, &open) {
+                    Ok(()) => installed = Some(now),
+                    Err(e) => eprintln!(
+                        "sluice: {e:#}; the egress floor keeps the previous policy's networks"
+                    ),
+                }
+            }
+        })
+        .context("starting the egress floor's refresher")?;
+    Ok(tx)
 }
 
 /// Reads the gateway's `--ready-fd` pipe: sends once when the ready line
