@@ -76,7 +76,9 @@ pub const QUESTION_READ: Duration = Duration::from_secs(2);
 /// for long.
 pub trait TerminalShare: Sync {
     /// A question is about to be drawn: hold other output to the terminal
-    /// and stop passing its keys to anyone but the prompt.
+    /// and stop passing its keys to anyone but the prompt. May wait for
+    /// output already on its way to the terminal (so it lands before the
+    /// question), never for output held.
     fn begin(&self);
     /// The question has settled ([`SETTLE`]): throw away what the terminal
     /// holds unread (a partial line in the line discipline, keys read for
