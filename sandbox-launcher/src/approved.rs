@@ -621,13 +621,13 @@ mod tests {
         let served = Arc::new(Mutex::new(Served::default()));
         let w =
             OverlayWriter::start(&run, p.clone(), "sb".into(), Some(Arc::clone(&served))).unwrap();
-        // Never answered `a`: refused, nothing written.
+        // Never answered always: refused, nothing written.
         let never = entry("never.example.com", &[443]).to_line().unwrap();
         assert!(
             matches!(ask_on(&w.socket, &never), HandoffReply::Refused(why) if why.contains("did not answer")),
         );
         assert!(!sluice_policy::overlay::overlay_path(&p).exists());
-        // Answered `a`: written, once.
+        // Answered always: written, once.
         served.lock().unwrap().always.push("new.example.com".into());
         let good = entry("new.example.com", &[443]).to_line().unwrap();
         assert_eq!(ask_on(&w.socket, &good), HandoffReply::Written);

@@ -376,9 +376,12 @@ impl Session {
         let (qemu_err_read, qemu_err_write) = io::pipe().context("pipe")?;
         let qemu_log = Arc::new(Mutex::new(Vec::new()));
         // Under `--ask`, held while a question is shown once the prompt's
-        // gate exists (below): the console is the guest's to write.
+        // gate exists (below). The console is the guest's to write (not
+        // escaped, as its output); QEMU's log is escaped, as the
+        // gateway's: a compromised QEMU is not trusted with the terminal.
         let echo = args.debug.then(|| DebugEcho::new(None, false));
-        spawn_log_reader(qemu_err_read, Arc::clone(&qemu_log), echo.clone(), "qemu");
+        let qemu_echo = echo.as_ref().map(|e| e.escaping(args.ask));
+        spawn_log_reader(qemu_err_read, Arc::clone(&qemu_log), qemu_echo, "qemu");
         let fd = |f: &dyn AsRawFd, child| FdMap {
             parent: f.as_raw_fd(),
             child,

@@ -877,7 +877,7 @@ fn an_always_answer_writes_the_overlay_beside_the_policy_and_the_next_run_does_n
     drop(world);
 }
 
-/// Review s10 finding 2: a question the gateway gives up on (its
+/// A question the gateway gives up on (its
 /// `approval.timeout`, 8 s here) comes down from the terminal at once,
 /// with nobody at the keyboard, and the guest's output it held is
 /// released then, not when a key is pressed or the run ends. The guest

@@ -65,12 +65,20 @@ pub const RESET: &str = "\x1b[!p\x1b[0m\x1b(B\x0f\x1b[?25h\r\n";
 /// How long after a question is drawn the terminal's input is discarded.
 pub const SETTLE: Duration = Duration::from_millis(300);
 
+/// How long a connection to the question socket has to send its question
+/// (one short line, written as it connects). Questions are served one at
+/// a time: a peer that connects and sends nothing must not stop every
+/// later question from being asked.
+pub const QUESTION_READ: Duration = Duration::from_secs(2);
+
 /// Others that use the prompt's terminal: told when a prompt begins and
 /// ends. Each method is called from the prompt's task and must not block
 /// for long.
 pub trait TerminalShare: Sync {
     /// A question is about to be drawn: hold other output to the terminal
-    /// and stop passing its keys to anyone but the prompt.
+    /// and stop passing its keys to anyone but the prompt. May wait for
+    /// output already on its way to the terminal (so it lands before the
+    /// question), never for output held.
     fn begin(&self);
     /// The question has settled ([`SETTLE`]): throw away what the terminal
     /// holds unread (a partial line in the line discipline, keys read for
@@ -357,7 +365,8 @@ pub enum Mode<R, W> {
 /// backend's other side) one at a time: each is prompted on the terminal,
 /// or denied at once in [`Mode::AutoDeny`]. Runs until `listener` fails;
 /// `served` is updated after each question. A terminal that fails denies
-/// the question and every later one.
+/// the question and every later one. A connection that has not sent its
+/// question within [`QUESTION_READ`] is dropped unasked.
 pub async fn serve<R, W>(
     listener: tokio::net::UnixListener,
     mode: Mode<R, W>,
@@ -384,13 +393,19 @@ pub async fn serve_shared<R, W>(
     W: AsyncWrite + Unpin,
 {
     while let Ok((stream, _)) = listener.accept().await {
-        let asked = match super::unix::Asked::read(stream).await {
-            Ok(asked) => asked,
-            Err(e) => {
-                tracing::debug!(error = %e, "approval question not read");
-                continue;
-            }
-        };
+        let asked =
+            match tokio::time::timeout(QUESTION_READ, super::unix::Asked::read(stream)).await {
+                Ok(Ok(asked)) => asked,
+                Ok(Err(e)) => {
+                    tracing::debug!(error = %e, "approval question not read");
+                    continue;
+                }
+                Err(_) => {
+                    // Dropped: the peer's connection is closed.
+                    tracing::debug!("approval question not sent in time; connection dropped");
+                    continue;
+                }
+            };
         let outcome = match &mut mode {
             Mode::Prompt(input, out) => ask_one(asked, input, out, &served, share).await,
             Mode::AutoDeny(why) => {
@@ -481,9 +496,8 @@ where
             let _ = out.write_all(withdrawn_line(&name, why).as_bytes()).await;
             (None, Outcome::Withdrawn)
         }
-        Ok(Ok(a)) if asked.hung_up() => {
+        Ok(Ok(_)) if asked.hung_up() => {
             // Typed just as the gateway gave up: it took nothing.
-            let _ = a;
             let why = super::unix::Withdrawn::HungUp;
             let _ = out.write_all(withdrawn_line(&name, why).as_bytes()).await;
             (None, Outcome::Withdrawn)
@@ -588,6 +602,15 @@ mod tests {
             name: "files.example.org".into(),
             ..q(true)
         }
+    }
+
+    /// `f`, failed if it has not finished within a minute: a regression
+    /// that leaves a question unanswered fails the test instead of hanging
+    /// it.
+    async fn bounded<T>(f: impl Future<Output = T>) -> T {
+        tokio::time::timeout(Duration::from_secs(60), f)
+            .await
+            .expect("the test did not finish within a minute")
     }
 
     async fn run_q(q: &Question, input: &str) -> (Result<Answer, BackendError>, String) {
@@ -864,10 +887,13 @@ mod tests {
             let a = backend.ask(&q(true)).await.unwrap();
             assert_eq!(a.by.as_deref(), Some("terminal: the run ended"));
         };
-        tokio::select! {
-            () = server => panic!("the server stopped"),
-            () = body => {}
-        }
+        bounded(async {
+            tokio::select! {
+                () = server => panic!("the server stopped"),
+                () = body => {}
+            }
+        })
+        .await;
         let mut rest = Vec::new();
         tokio::io::AsyncReadExt::read_to_end(&mut screen, &mut rest)
             .await
@@ -1010,10 +1036,13 @@ mod tests {
             seen.push_str(&later);
             seen
         };
-        let seen = tokio::select! {
-            () = server => panic!("the server stopped"),
-            seen = body => seen,
-        };
+        let seen = bounded(async {
+            tokio::select! {
+                () = server => panic!("the server stopped"),
+                seen = body => seen,
+            }
+        })
+        .await;
         assert_eq!(seen.matches("allow_once").count(), 1, "{seen}");
         let s = served.lock().unwrap().clone();
         assert_eq!((s.prompted, s.withdrawn), (1, 1), "{s:?}");
@@ -1051,10 +1080,13 @@ mod tests {
             assert!(rest.is_empty(), "{}", String::from_utf8_lossy(&rest));
             seen
         };
-        let seen = tokio::select! {
-            () = server => panic!("the server stopped"),
-            seen = body => seen,
-        };
+        let seen = bounded(async {
+            tokio::select! {
+                () = server => panic!("the server stopped"),
+                seen = body => seen,
+            }
+        })
+        .await;
         assert!(
             seen.contains("sluice: files.example.org: not answered in time"),
             "{seen}"
@@ -1094,14 +1126,60 @@ mod tests {
             screen_until(&mut screen, &mut seen, "sluice: deny_once").await;
             seen
         };
-        let seen = tokio::select! {
-            () = server => panic!("the server stopped"),
-            seen = body => seen,
-        };
+        let seen = bounded(async {
+            tokio::select! {
+                () = server => panic!("the server stopped"),
+                seen = body => seen,
+            }
+        })
+        .await;
         assert!(!seen.contains("stale.example.org"), "{seen}");
         assert_eq!(*share.calls.lock().unwrap(), vec!["begin", "end"]);
         let s = served.lock().unwrap().clone();
         assert_eq!((s.prompted, s.withdrawn), (1, 1), "{s:?}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn a_peer_that_sends_no_question_is_dropped_and_the_next_is_asked() {
+        let (dir, path, listener) = ask_socket("silent");
+        let served = std::sync::Arc::new(std::sync::Mutex::new(Served::default()));
+        let (mut key_w, key_r) = tokio::io::duplex(64);
+        let (out_w, mut screen) = tokio::io::duplex(1 << 16);
+        // Connected first, holding its connection open, sending nothing.
+        let mut silent = tokio::net::UnixStream::connect(&path).await.unwrap();
+        let share = Ends::default();
+        let server = serve_shared(
+            listener,
+            Mode::Prompt(tokio::io::BufReader::new(key_r), out_w),
+            std::sync::Arc::clone(&served),
+            &share,
+        );
+        let body = async {
+            let mut gateway = raw_ask(&path, &plain()).await;
+            // The silent peer is hung up on (after `QUESTION_READ`) ...
+            let mut rest = Vec::new();
+            tokio::io::AsyncReadExt::read_to_end(&mut silent, &mut rest)
+                .await
+                .unwrap();
+            assert!(rest.is_empty(), "{}", String::from_utf8_lossy(&rest));
+            // ... and the question behind it is asked and answered.
+            let mut seen = String::new();
+            screen_until(&mut screen, &mut seen, "choice> ").await;
+            key_w.write_all(b"d\n").await.unwrap();
+            let mut r = tokio::io::BufReader::new(&mut gateway);
+            let line = read_line(&mut r).await.unwrap();
+            assert_eq!(Answer::parse(&line).unwrap().decision, Choice::DenyOnce);
+        };
+        bounded(async {
+            tokio::select! {
+                () = server => panic!("the server stopped"),
+                () = body => {}
+            }
+        })
+        .await;
+        assert_eq!(*share.calls.lock().unwrap(), vec!["begin", "end"]);
+        assert_eq!(served.lock().unwrap().prompted, 1);
         let _ = std::fs::remove_dir_all(&dir);
     }
 
@@ -1133,10 +1211,13 @@ mod tests {
             }
             seen
         };
-        let seen = tokio::select! {
-            () = server => panic!("the server stopped"),
-            seen = body => seen,
-        };
+        let seen = bounded(async {
+            tokio::select! {
+                () = server => panic!("the server stopped"),
+                seen = body => seen,
+            }
+        })
+        .await;
         assert!(!seen.contains("allow_always"), "{seen}");
         let s = served.lock().unwrap().clone();
         assert!(s.always.is_empty(), "{s:?}");

@@ -65,9 +65,13 @@ pub(crate) struct TerminalGate {
 /// gateway-controlled bytes like the guest's output, so once the prompt's
 /// gate is attached they are held while a question is shown
 /// ([`TerminalGate::write_debug`]); and log lines (`escape`: those of the
-/// gateway, which may be compromised) have their control characters
-/// escaped, so they cannot move the cursor or change how the terminal
-/// draws even between questions.
+/// gateway and of QEMU, either of which may be compromised) have their
+/// control characters escaped, so they cannot move the cursor or change
+/// how the terminal draws even between questions. The guest's console is
+/// held but not escaped, like the guest's own output: between questions
+/// the terminal is the guest's to draw on (a console is raw bytes whose
+/// `\r\n` and colours escaping would mangle), and what it holds is
+/// never drawn over a question.
 #[derive(Clone, Default)]
 pub(crate) struct DebugEcho {
     gate: Arc<OnceLock<Arc<TerminalGate>>>,
@@ -86,6 +90,15 @@ impl DebugEcho {
             echo.attach(gate);
         }
         echo
+    }
+
+    /// An echo through the same gate as this one (attached to either, it
+    /// is attached to both), escaping log lines or not.
+    pub(crate) fn escaping(&self, escape: bool) -> Self {
+        Self {
+            gate: Arc::clone(&self.gate),
+            escape,
+        }
     }
 
     /// From now on, through `gate` (the prompt's, made after the echo's
@@ -162,6 +175,11 @@ struct Held {
     bytes: usize,
     /// `--debug` bytes dropped because the hold was full.
     debug_dropped: usize,
+    /// Writes passed on and not yet finished. Each is decided under the
+    /// lock and written after it is let go, so a stalled terminal stalls
+    /// only the writer at it, never everyone waiting for the lock; a
+    /// question begins only once these are done ([`TerminalShare::begin`]).
+    passing: usize,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -261,19 +279,38 @@ impl TerminalGate {
     }
 
     /// Passes on a `--debug` echo (`data`, to stderr), or holds it while a
-    /// question is shown, like the guest's output. It never waits: the
-    /// echo's readers are QEMU's and the gateway's pipes, and a gateway
-    /// blocked on its log would stall its datapath. What does not fit in
-    /// the hold is dropped, and counted in one line when it is released.
+    /// question is shown, like the guest's output. It never waits for a
+    /// question: the echo's readers are QEMU's and the gateway's pipes,
+    /// and a gateway blocked on its log would stall its datapath. What
+    /// does not fit in the hold is dropped, and counted in one line when
+    /// it is released. Passed on, it waits only for stderr itself, and
+    /// without the lock ([`TerminalGate::pass`]): a stalled stderr (Ctrl-S,
+    /// a pager) stops this writer alone, not the other readers nor a
+    /// question beginning.
     pub(crate) fn write_debug(&self, data: &[u8]) {
         let mut held = lock(&self.held);
         if !held.holding {
-            (self.sink)(true, data);
+            self.pass(held, true, data);
         } else if held.bytes + data.len() <= HOLD_LIMIT {
             held.bytes += data.len();
             held.chunks.push((true, data.to_vec()));
         } else {
             held.debug_dropped += data.len();
+        }
+    }
+
+    /// Writes `data` (stdout, or `err`: stderr), decided under `held` (no
+    /// question shown), after letting the lock go. Counted in `passing`
+    /// meanwhile: a question that begins waits for it, so nothing passed
+    /// on before the question lands on it.
+    fn pass(&self, mut held: MutexGuard<'_, Held>, err: bool, data: &[u8]) {
+        held.passing += 1;
+        drop(held);
+        (self.sink)(err, data);
+        let mut held = lock(&self.held);
+        held.passing -= 1;
+        if held.passing == 0 {
+            self.released.notify_all();
         }
     }
 
@@ -292,7 +329,7 @@ impl TerminalGate {
         let mut held = lock(&self.held);
         loop {
             if !held.holding {
-                (self.sink)(err, data);
+                self.pass(held, err, data);
                 return Ok(());
             }
             if held.chunks.is_empty() || held.bytes + data.len() <= HOLD_LIMIT {
@@ -311,11 +348,23 @@ impl TerminalGate {
 }
 
 impl TerminalShare for TerminalGate {
+    /// From now on output is held. Waits for the writes passed on
+    /// before (`Held::passing`), not holding the lock meanwhile: the
+    /// question starts on a terminal the guest and the logs have finished
+    /// writing to. That wait is the terminal's own (a stalled terminal
+    /// could not show the question either) and blocks only the prompt's
+    /// runtime, which is its alone (`ask`); the other writers hold their
+    /// output meanwhile instead of waiting.
     fn begin(&self) {
         *lock(&self.keys) = KeyRoute::Settling;
-        // Waits for a write in progress: the question starts on a
-        // terminal the guest has finished writing to.
-        lock(&self.held).holding = true;
+        let mut held = lock(&self.held);
+        held.holding = true;
+        while held.passing > 0 {
+            held = self
+                .released
+                .wait(held)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
     }
 
     fn settled(&self) {
@@ -332,19 +381,32 @@ impl TerminalShare for TerminalGate {
 
     fn end(&self) {
         *lock(&self.keys) = KeyRoute::Guest;
+        // Released without the lock, so a stalled terminal stops only
+        // this: output arriving meanwhile is still held, after what is
+        // being released (nothing overtakes it), until none is left.
         let mut held = lock(&self.held);
-        for (err, data) in std::mem::take(&mut held.chunks) {
-            (self.sink)(err, &data);
+        loop {
+            let dropped = std::mem::take(&mut held.debug_dropped);
+            if dropped > 0 {
+                let line = format!(
+                    "sluice: --debug: {dropped} byte(s) of console and log output dropped while \
+                     a question was shown\n"
+                );
+                held.chunks.push((true, line.into_bytes()));
+            }
+            if held.chunks.is_empty() {
+                break;
+            }
+            let chunks = std::mem::take(&mut held.chunks);
+            held.bytes = 0;
+            // A writer waiting for room may add to the hold now.
+            self.released.notify_all();
+            drop(held);
+            for (err, data) in chunks {
+                (self.sink)(err, &data);
+            }
+            held = lock(&self.held);
         }
-        let dropped = std::mem::take(&mut held.debug_dropped);
-        if dropped > 0 {
-            let line = format!(
-                "sluice: --debug: {dropped} byte(s) of console and log output dropped while a \
-                 question was shown\n"
-            );
-            (self.sink)(true, line.as_bytes());
-        }
-        held.bytes = 0;
         held.holding = false;
         self.released.notify_all();
     }
@@ -719,6 +781,92 @@ mod tests {
         assert!(
             text[4].contains("2000 byte(s) of console and log output dropped"),
             "{text:?}"
+        );
+    }
+
+    #[test]
+    fn a_stalled_terminal_stops_only_its_writer_not_a_question_beginning() {
+        use std::sync::mpsc;
+        // The terminal: a pipe nobody reads, filled, so the next write to
+        // it blocks (Ctrl-S, `2>&1 | less`).
+        let (r, w) = io::pipe().unwrap();
+        let (mut r, w) = (
+            fs::File::from(std::os::fd::OwnedFd::from(r)),
+            fs::File::from(std::os::fd::OwnedFd::from(w)),
+        );
+        nonblocking(&w).unwrap();
+        while (&w).write(&[b'f'; 4096]).is_ok() {}
+        rustix::fs::fcntl_setfl(&w, rustix::fs::OFlags::empty()).unwrap();
+        let entered = Arc::new(AtomicUsize::new(0));
+        let mut gate = TerminalGate::new(None);
+        gate.sink = {
+            let entered = Arc::clone(&entered);
+            Box::new(move |_, data| {
+                entered.fetch_add(1, Ordering::SeqCst);
+                let _ = (&w).write_all(data);
+            })
+        };
+        let gate = Arc::new(gate);
+        let echo = DebugEcho::new(Some(Arc::clone(&gate)), false);
+        let qemu = echo.escaping(true);
+        let stalled = {
+            let echo = echo.clone();
+            thread::spawn(move || echo.write(b"stalled\n"))
+        };
+        let patience = Instant::now() + Duration::from_secs(60);
+        while entered.load(Ordering::SeqCst) == 0 {
+            assert!(Instant::now() < patience, "the echo never wrote");
+            thread::sleep(Duration::from_millis(10));
+        }
+        // A question begins while that write is stuck: output is held
+        // from now on, and `begin` waits for the stuck write ...
+        let begin = {
+            let gate = Arc::clone(&gate);
+            thread::spawn(move || gate.begin())
+        };
+        loop {
+            if let Ok(held) = gate.held.try_lock()
+                && held.holding
+            {
+                break;
+            }
+            assert!(Instant::now() < patience, "the question never began");
+            thread::sleep(Duration::from_millis(10));
+        }
+        // ... but the other writers are held without waiting for it.
+        let (done, others) = mpsc::channel();
+        {
+            let (gate, qemu) = (Arc::clone(&gate), qemu.clone());
+            thread::spawn(move || {
+                qemu.line("sluice: qemu: \u{1b}[2Jlog\n");
+                gate.write(false, b"guest\n", ok).unwrap();
+                done.send(()).unwrap();
+            });
+        }
+        others
+            .recv_timeout(Duration::from_secs(60))
+            .expect("a writer waited behind the stalled terminal");
+        assert!(!begin.is_finished(), "began over a write in progress");
+        assert_eq!(entered.load(Ordering::SeqCst), 1);
+        // The terminal drains: the stuck write lands, then the question
+        // begins; after it, the held output follows in order.
+        let reader = thread::spawn(move || {
+            let mut got = Vec::new();
+            r.read_to_end(&mut got).unwrap();
+            got
+        });
+        stalled.join().unwrap();
+        begin.join().unwrap();
+        gate.end();
+        drop(echo);
+        drop(qemu);
+        drop(Arc::try_unwrap(gate).expect("the gate is still shared"));
+        let got = reader.join().unwrap();
+        let text = String::from_utf8_lossy(&got);
+        assert!(
+            text.trim_start_matches('f') == "stalled\nsluice: qemu: \\u{1b}[2Jlog\nguest\n",
+            "{:?}",
+            text.trim_start_matches('f')
         );
     }
 
