@@ -20,9 +20,10 @@
 //! group or other user may write it; every later step (the lock, the
 //! existing overlay, the temporary file, the rename, the unlink) is made
 //! relative to that descriptor, so swapping a path component meanwhile
-//! changes nothing. Writers of one overlay take turns: each holds an
-//! exclusive `flock` on `.NAME.lock` beside it from [`prepare`] to
-//! [`Prepared::commit`] (or its drop), and the commit is refused if the
+//! changes nothing. Writers in one directory take turns: each holds an
+//! exclusive `flock` on that directory descriptor from [`prepare`] to
+//! [`Prepared::commit`] (or its drop), waits at most a few seconds for
+//! another's, and the commit is refused if the
 //! overlay changed meanwhile anyway (its owner edited it). The existing
 //! overlay is opened without following a symlink and read only if it is a
 //! regular file with one link, owned by the policy's owner or root; the new
@@ -118,14 +119,14 @@ pub fn append(policy: &Path, entry: &Approved<'_>) -> Result<bool, OverlayError>
 
 /// A new overlay written beside the old one under a temporary name,
 /// replacing it on [`Prepared::commit`]; removed if dropped uncommitted.
-/// It holds the overlay's lock until then: another writer's [`prepare`]
-/// waits, so neither loses the other's entry.
+/// It holds the lock on the overlay's directory until then: another
+/// writer's [`prepare`] waits (a few seconds at most, then refuses), so
+/// neither loses the other's entry.
 #[derive(Debug)]
 pub struct Prepared {
-    /// The policy's directory, as opened and checked by [`prepare`].
+    /// The policy's directory, as opened and checked by [`prepare`], and
+    /// locked exclusively (released when dropped).
     dir: OwnedFd,
-    /// The lock file, locked exclusively (released when dropped).
-    _lock: OwnedFd,
     /// The temporary file's name in `dir`.
     tmp: OsString,
     /// The overlay's name in `dir`.
@@ -200,8 +201,9 @@ impl Drop for Prepared {
 
 /// Writes the overlay of the policy at `policy` with `entry` added, under
 /// a temporary name beside it, ready for [`Prepared::commit`]; `None` when
-/// the overlay already lists the name. Waits while another writer holds
-/// the overlay's lock (between its own `prepare` and commit).
+/// the overlay already lists the name. Waits (a few seconds at most) while
+/// another writer holds the directory's lock (between its own `prepare`
+/// and commit), then refuses.
 ///
 /// # Errors
 /// The policy's directory (its path resolved) is writable by its group or
@@ -211,7 +213,7 @@ impl Drop for Prepared {
 /// would make it larger than a policy may be; the new file cannot be given
 /// the policy's owner and group (a writer running as another uid); or the
 /// file could not be read or written (a read-only policy directory, for
-/// one).
+/// one); or another writer kept the directory locked too long.
 pub fn prepare(policy: &Path, entry: &Approved<'_>) -> Result<Option<Prepared>, OverlayError> {
     let path = overlay_path(policy);
     let io = |source| OverlayError::Io {
@@ -242,12 +244,13 @@ pub fn prepare(policy: &Path, entry: &Approved<'_>) -> Result<Option<Prepared>, 
     if dir_stat.st_mode & 0o022 != 0 {
         return Err(refuse(format!(
             "the policy's directory {} (mode {:o}) is writable by its group or by anyone: \
-             not writing there",
+             not writing there (make it writable by its owner alone: chmod go-w {})",
             shown.display(),
-            dir_stat.st_mode & 0o7777
+            dir_stat.st_mode & 0o7777,
+            shown.display()
         )));
     }
-    let lock = lock_overlay(&dir, name, &owner).map_err(io)?;
+    lock_overlay(&dir, LOCK_PATIENCE).map_err(io)?;
     let (mut text, seen) = match read_existing(&dir, name, owner.st_uid) {
         Ok(Some((text, seen))) => {
             let raw = validate(&text, &origin).map_err(OverlayError::Invalid)?;
@@ -305,7 +308,6 @@ pub fn prepare(policy: &Path, entry: &Approved<'_>) -> Result<Option<Prepared>, 
     let (f, tmp) = create_temporary(&dir, name).map_err(io)?;
     let prepared = Prepared {
         dir,
-        _lock: lock,
         tmp,
         name: name.to_owned(),
         path: path.clone(),
@@ -329,30 +331,40 @@ fn open_policy_dir(shown: &Path) -> std::io::Result<OwnedFd> {
     Ok(rustix::fs::open(&real, flags, Mode::empty())?)
 }
 
-/// Opens (creating it if missing, for the policy's owner alone) the lock
-/// file `.NAME.lock` beside the overlay `name` and locks it exclusively,
-/// waiting for the writer that holds it. Only the policy's owner and root
-/// may open it, so nobody else can hold the lock.
-fn lock_overlay(dir: &OwnedFd, name: &OsStr, owner: &Stat) -> std::io::Result<OwnedFd> {
-    let mut lock_name = OsString::from(".");
-    lock_name.push(name);
-    lock_name.push(".lock");
-    let flags =
-        OFlags::RDONLY | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
-    let fd = rustix::fs::openat(dir, &lock_name, flags, Mode::RUSR | Mode::WUSR)?;
-    let st = rustix::fs::fstat(&fd)?;
-    if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
-        return Err(std::io::Error::other(format!(
-            "its lock file {} is not a regular file",
-            lock_name.to_string_lossy()
-        )));
+/// How long [`prepare`] waits for another writer of the same directory to
+/// finish before refusing: a writer holds the lock from its `prepare` to
+/// its commit, which the launcher bounds well below this.
+const LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// How often [`lock_overlay`] tries the lock again while it is held.
+const LOCK_RETRY: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// Locks the policy's directory `dir` (the descriptor [`prepare`] opened
+/// and checked) exclusively with `flock`, trying again for up to
+/// `patience` while another writer holds it, then refusing. Locking the
+/// directory itself creates and chowns nothing, so nobody can plant a
+/// file for the writer to give away; the lock lasts as long as that
+/// descriptor is open.
+fn lock_overlay(dir: &OwnedFd, patience: std::time::Duration) -> std::io::Result<()> {
+    let start = std::time::Instant::now();
+    loop {
+        match rustix::fs::flock(dir, FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => return Ok(()),
+            Err(rustix::io::Errno::WOULDBLOCK) if start.elapsed() < patience => {
+                std::thread::sleep(LOCK_RETRY);
+            }
+            Err(rustix::io::Errno::WOULDBLOCK) => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::WouldBlock,
+                    format!(
+                        "another writer holds the overlay (its directory stayed locked for {} s):                          not written",
+                        patience.as_secs()
+                    ),
+                ));
+            }
+            Err(e) => return Err(e.into()),
+        }
     }
-    // Made by root: the policy's owner must be able to open it too.
-    if st.st_uid != owner.st_uid {
-        let _ = rustix::fs::fchown(&fd, Some(rustix::fs::Uid::from_raw(owner.st_uid)), None);
-    }
-    rustix::fs::flock(&fd, FlockOperation::LockExclusive)?;
-    Ok(fd)
 }
 
 /// How many random temporary names [`create_temporary`] tries.
@@ -588,9 +600,12 @@ mod tests {
     use crate::{CompileOptions, Decision, load_file};
 
     fn dir(tag: &str) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt as _;
         let d = std::env::temp_dir().join(format!("sluice-overlay-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
         std::fs::create_dir_all(&d).unwrap();
+        // The writer refuses a group-writable directory: not up to the umask.
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
         d
     }
 
@@ -677,9 +692,10 @@ mod tests {
     }
 
     #[test]
-    fn files_left_at_the_old_fixed_temporary_name_neither_block_nor_are_followed() {
-        // `.<name>.<pid>.tmp` was the one name tried: a file a crash left
-        // there (the pid is 1 in containers) failed every later write.
+    fn files_at_pid_named_temporary_names_neither_block_nor_are_followed() {
+        // A file a crash left at a guessable temporary name (the pid is 1
+        // in containers), or a symlink planted there, must not fail or
+        // redirect a later write.
         let d = dir("tmplink");
         let policy = d.join("p.yaml");
         std::fs::write(&policy, "version: 1\nid: p\n").unwrap();
@@ -771,8 +787,16 @@ mod tests {
             std::fs::write(&policy, "version: 1\nid: p\n").unwrap();
             std::fs::set_permissions(&d, std::fs::Permissions::from_mode(mode)).unwrap();
             let err = append(&policy, &entry("a.example.org")).unwrap_err();
-            assert!(err.to_string().contains("writable by its group"), "{err}");
+            let err = err.to_string();
+            assert!(err.contains("writable by its group"), "{err}");
+            assert!(
+                err.contains(&format!("chmod go-w {}", d.display())),
+                "{err}"
+            );
             assert!(!overlay_path(&policy).exists());
+            // Doing what the refusal says is enough.
+            std::fs::set_permissions(&d, std::fs::Permissions::from_mode(mode & !0o022)).unwrap();
+            assert!(append(&policy, &entry("a.example.org")).unwrap());
         }
     }
 
@@ -961,35 +985,45 @@ mod tests {
         }
     }
 
+    /// A descriptor of `d` of its own, as another writer would open.
+    fn open_dir(d: &Path) -> OwnedFd {
+        open_policy_dir(d).unwrap()
+    }
+
+    #[test]
+    fn a_prepared_entry_holds_the_directory_lock_until_its_commit() {
+        let d = dir("lock");
+        let policy = d.join("p.yaml");
+        std::fs::write(&policy, "version: 1\nid: p\n").unwrap();
+        let first = prepare(&policy, &entry("a.example.org")).unwrap().unwrap();
+        let err = lock_overlay(&open_dir(&d), std::time::Duration::ZERO).unwrap_err();
+        assert!(
+            err.to_string().contains("another writer holds the overlay"),
+            "{err}"
+        );
+        first.commit().unwrap();
+        lock_overlay(&open_dir(&d), std::time::Duration::ZERO).unwrap();
+        // Nothing was made for the lock: only the policy and its overlay.
+        let mut names: Vec<_> = std::fs::read_dir(&d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["p.approved.yaml", "p.yaml"]);
+    }
+
     #[test]
     fn a_second_writer_waits_for_the_first_and_keeps_its_entry() {
-        use std::os::unix::fs::MetadataExt as _;
-        let d = dir("lock");
+        let d = dir("wait");
         let policy = d.join("p.yaml");
         std::fs::write(&policy, "version: 1\nid: p\n").unwrap();
         // The first writer has read the overlay (none) and holds its entry
         // until its commit, as the launcher does while the gateway decides.
         let first = prepare(&policy, &entry("a.example.org")).unwrap().unwrap();
-        let lock = std::fs::metadata(d.join(".p.approved.yaml.lock")).unwrap();
         let second = {
             let policy = policy.clone();
             std::thread::spawn(move || append(&policy, &entry("b.example.org")))
         };
-        // The second waits on the lock: the kernel lists it as a waiter.
-        let waiting = format!(":{} ", lock.ino());
-        let mut seen = false;
-        for _ in 0..2000 {
-            let locks = std::fs::read_to_string("/proc/locks").unwrap();
-            if locks
-                .lines()
-                .any(|l| l.contains("->") && l.contains(&waiting))
-            {
-                seen = true;
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
-        assert!(seen, "the second writer did not wait for the lock");
         first.commit().unwrap();
         assert!(second.join().unwrap().unwrap());
         let text = std::fs::read_to_string(overlay_path(&policy)).unwrap();
@@ -997,6 +1031,21 @@ mod tests {
             text.contains("a.example.org") && text.contains("b.example.org"),
             "an entry was lost: {text}"
         );
+    }
+
+    #[test]
+    fn a_writer_refuses_when_the_lock_stays_held() {
+        let d = dir("held");
+        let policy = d.join("p.yaml");
+        std::fs::write(&policy, "version: 1\nid: p\n").unwrap();
+        let other = open_dir(&d);
+        rustix::fs::flock(&other, FlockOperation::LockExclusive).unwrap();
+        let err = append(&policy, &entry("a.example.org")).unwrap_err();
+        assert!(
+            err.to_string().contains("another writer holds the overlay"),
+            "{err}"
+        );
+        assert!(!overlay_path(&policy).exists());
     }
 
     #[test]
@@ -1133,7 +1182,7 @@ mod tests {
             return;
         }
         let policy = owned("asowner", 54_321, (54_321, 54_321));
-        // Root writes first: the overlay and its lock file become the owner's.
+        // Root writes first: the overlay becomes the owner's.
         assert!(append(&policy, &entry("a.example.org")).unwrap());
         assert_eq!(
             append_as(54_321, 54_321, &policy, "b.example.org"),

@@ -42,8 +42,47 @@ use sluice_policy::CompileOptions;
 /// The socket's name in the run dir.
 const SOCKET: &str = "approved.sock";
 
-/// How long one connection may take to send its entry, or its go-ahead.
-const READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long one connection may take in all, from its accept to the
+/// outcome: sending its entry, the policy load, the overlay's lock and its
+/// go-ahead. The overlay's directory stays locked from the prepare to the
+/// go-ahead, so a gateway trickling bytes must not keep it locked longer
+/// (other runs' writers give up on the lock after a few seconds).
+const HANDOFF_DEADLINE: Duration = Duration::from_secs(10);
+
+/// Reads from a stream until one deadline: each read may wait only for
+/// what is left of it, so a peer sending a byte now and then cannot stretch
+/// the connection past it.
+struct Deadlined<'a> {
+    stream: &'a UnixStream,
+    deadline: Instant,
+}
+
+/// The error of a read past the deadline.
+fn too_late() -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!(
+            "the hand-off took longer than {} s",
+            HANDOFF_DEADLINE.as_secs()
+        ),
+    )
+}
+
+impl std::io::Read for Deadlined<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(too_late());
+        }
+        self.stream.set_read_timeout(Some(left))?;
+        let mut stream = self.stream;
+        // A socket's read timeout ends the read with `WouldBlock`.
+        stream.read(buf).map_err(|e| match e.kind() {
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => too_late(),
+            _ => e,
+        })
+    }
+}
 
 /// Entries one run takes at most, counted when they reach [`place`]
 /// (written, already listed, refused by the policy, or prepared and then
@@ -216,17 +255,22 @@ impl OverlayWriter {
 /// go-ahead writes it; answers at each step, and tells the person on
 /// `notices`.
 fn serve(stream: UnixStream, policy: &Path, sandbox: &str, gate: &mut Gate, notices: &mut Notices) {
-    let _ = stream.set_read_timeout(Some(READ_TIMEOUT));
-    let _ = stream.set_write_timeout(Some(READ_TIMEOUT));
-    let mut lines = BufReader::new(&stream);
-    let read_line = |lines: &mut BufReader<&UnixStream>| {
+    let deadline = Instant::now() + HANDOFF_DEADLINE;
+    let mut lines = BufReader::new(Deadlined {
+        stream: &stream,
+        deadline,
+    });
+    let read_line = |lines: &mut BufReader<Deadlined<'_>>| {
         let mut line = Vec::new();
         let limit = u64::try_from(MAX_MESSAGE_BYTES + 1).unwrap_or(u64::MAX);
         lines.take(limit).read_until(b'\n', &mut line).map(|_| line)
     };
     let reply = |r: &HandoffReply| {
-        r.to_line()
-            .is_ok_and(|bytes| (&stream).write_all(&bytes).is_ok())
+        let left = deadline.saturating_duration_since(Instant::now());
+        !left.is_zero()
+            && stream.set_write_timeout(Some(left)).is_ok()
+            && r.to_line()
+                .is_ok_and(|bytes| (&stream).write_all(&bytes).is_ok())
     };
     let line = match read_line(&mut lines) {
         Ok(line) => line,
@@ -580,7 +624,7 @@ mod tests {
         );
         drop(s);
         // A launcher busy with a connection that sends nothing (it waits
-        // READ_TIMEOUT on it, serially): the gateway's deadline passes
+        // HANDOFF_DEADLINE on it, serially): the gateway's deadline passes
         // first, and the entry it sent is never written.
         let stall = UnixStream::connect(&w.socket).unwrap();
         let late = hand_off(
@@ -777,5 +821,29 @@ mod tests {
             matches!(ask_on(&w.socket, &good), HandoffReply::Refused(why) if why.contains("limit"))
         );
         assert!(!sluice_policy::overlay::overlay_path(&p).exists());
+    }
+
+    #[test]
+    fn a_peer_trickling_bytes_is_cut_off_at_the_deadline() {
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        // A byte every 50 ms, never a newline: each read alone would end
+        // well within any per-read timeout.
+        let trickle = thread::spawn(move || {
+            let mut theirs = theirs;
+            while theirs.write_all(b"x").is_ok() {
+                thread::sleep(Duration::from_millis(50));
+            }
+        });
+        let mut lines = BufReader::new(Deadlined {
+            stream: &ours,
+            deadline: Instant::now() + Duration::from_millis(500),
+        });
+        let mut line = Vec::new();
+        let err = lines.read_until(b'\n', &mut line).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::TimedOut, "{err}");
+        assert!(!line.is_empty(), "the peer's bytes were read until then");
+        drop(lines);
+        drop(ours);
+        trickle.join().unwrap();
     }
 }

@@ -292,37 +292,42 @@ pub(crate) fn approval_inputs(policy: &CompiledPolicy) -> anyhow::Result<Vec<Pat
 /// paths already covers (a file of a directory bound whole), since the
 /// jail binds each path read-only at its own place and a mount point
 /// cannot be made inside a read-only bind (a webhook's key beside the
-/// policy, say). A path is covered when it is written under a bound
-/// directory *and* its real path (symlinks resolved) lies under that
-/// directory's real path: only then does the jail, which has the
-/// directory's bind and nothing else there, show it. A path written under
-/// a bound directory that resolves elsewhere (`/etc/sluice/keys`, a
-/// symlink to `/srv/keys`) would dangle in the jail: its real path is
-/// bound instead, so the symlink in the bound directory leads somewhere.
+/// policy, say). The result does not depend on the order of `read`.
+///
+/// Each path is first given the place it must be bound at: its own, if no
+/// other path of `read` is written above it; none, if it is written under
+/// such a directory *and* its real path (symlinks resolved) lies under
+/// that directory's real path (the jail, which has the directory's bind,
+/// shows it); else its real path. A path written under a bound directory
+/// that resolves elsewhere (`/etc/sluice/keys`, a symlink to `/srv/keys`)
+/// would dangle in the jail: its real path is bound instead, so the
+/// symlink in the bound directory leads somewhere. Then every place that
+/// lies under another is dropped: the outer bind shows it, and a nested
+/// one could not be made.
 pub(crate) fn without_covered(read: Vec<PathBuf>) -> Vec<PathBuf> {
     let real = |p: &Path| fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
-    // The directory of `read` that `p` is reached through in the jail, and
-    // whether `p` is then seen (its real path is under that directory's).
-    let through = |p: &Path| {
-        read.iter()
-            .find(|d| d.as_path() != p && p.starts_with(d))
-            .map(|d| real(p).starts_with(real(d)))
-    };
-    let mut out: Vec<PathBuf> = Vec::new();
-    for p in &read {
-        let bind = match through(p) {
-            None => p.clone(),
-            Some(true) => continue,
-            Some(false) => {
-                let leads_to = real(p);
-                if through(&leads_to) == Some(true) {
-                    continue;
-                }
-                leads_to
+    let places: Vec<PathBuf> = read
+        .iter()
+        .filter_map(|p| {
+            let above: Vec<&PathBuf> = read
+                .iter()
+                .filter(|d| d.as_path() != p && p.starts_with(d))
+                .collect();
+            if above.is_empty() {
+                return Some(p.clone());
             }
-        };
-        if !out.contains(&bind) {
-            out.push(bind);
+            let p_real = real(p);
+            if above.iter().any(|d| p_real.starts_with(real(d))) {
+                return None;
+            }
+            Some(p_real)
+        })
+        .collect();
+    let mut out: Vec<PathBuf> = Vec::new();
+    for p in &places {
+        let inside = places.iter().any(|o| o != p && p.starts_with(o));
+        if !inside && !out.contains(p) {
+            out.push(p.clone());
         }
     }
     out
@@ -447,6 +452,40 @@ mod tests {
             without_covered(read),
             vec![pol.clone(), elsewhere.join("keys")]
         );
+    }
+
+    #[test]
+    fn a_file_under_a_symlinked_directory_is_covered_in_any_order() {
+        let t = tmp("order");
+        let pol = t.0.join("pol");
+        let elsewhere = t.0.join("elsewhere");
+        fs::create_dir(&pol).unwrap();
+        fs::create_dir_all(elsewhere.join("keys")).unwrap();
+        symlink(elsewhere.join("keys"), pol.join("keys")).unwrap();
+        file(&elsewhere.join("keys/hook.key"), 0o644);
+        let read = [pol.clone(), pol.join("keys"), pol.join("keys/hook.key")];
+        let want = vec![
+            pol.clone(),
+            fs::canonicalize(elsewhere.join("keys")).unwrap(),
+        ];
+        // Every order of the three: never the key bound inside its
+        // directory's bind.
+        for order in [
+            [0, 1, 2],
+            [0, 2, 1],
+            [1, 0, 2],
+            [1, 2, 0],
+            [2, 0, 1],
+            [2, 1, 0],
+        ] {
+            let got = without_covered(order.iter().map(|&i| read[i].clone()).collect());
+            let mut got_sorted = got.clone();
+            got_sorted.sort();
+            let mut want_sorted = want.clone();
+            want_sorted.sort();
+            assert_eq!(got_sorted, want_sorted, "order {order:?}: {got:?}");
+        }
+        assert_eq!(without_covered(read.to_vec()), want);
     }
 
     struct Tmp(PathBuf);

@@ -335,8 +335,17 @@ pub(crate) fn spawn_question(out: Outgoing, events: mpsc::UnboundedSender<Event>
     });
 }
 
+/// How long a standalone gateway waits for the overlay's new file to be
+/// prepared (the policy's directory locked, the overlay read and written
+/// under a temporary name) before it gives up and writes nothing: the
+/// approval task must always finish and audit. The writer itself gives up
+/// on another writer's lock after a few seconds; this bounds the rest
+/// (a stalled file system).
+const OVERLAY_WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Appends the approved name to the policy's overlay (blocking file I/O,
-/// off the runtime's thread).
+/// off the runtime's thread), within [`OVERLAY_WRITE_TIMEOUT`]: past it,
+/// nothing is written, so the audit record and the file agree.
 async fn write_overlay(
     policy: PathBuf,
     q: &sluice_approval::Question,
@@ -353,23 +362,55 @@ async fn write_overlay(
         .ok()
         .and_then(|v| v.as_str().map(str::to_owned))
         .unwrap_or_default();
-    let joined = tokio::task::spawn_blocking(move || {
-        sluice_policy::overlay::append(
-            &policy,
-            &sluice_policy::overlay::Approved {
-                name: &name,
-                tcp_ports: &tcp,
-                udp_ports: &udp,
-                by: &by,
-                sandbox: &sandbox,
-                at: &at,
-            },
-        )
-        .map(|_| ())
-        .map_err(|e| e.to_string())
-    })
-    .await;
-    joined.unwrap_or_else(|e| Err(e.to_string()))
+    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+    let (go_tx, go_rx) = tokio::sync::oneshot::channel();
+    let task = tokio::task::spawn_blocking(move || {
+        let entry = sluice_policy::overlay::Approved {
+            name: &name,
+            tcp_ports: &tcp,
+            udp_ports: &udp,
+            by: &by,
+            sandbox: &sandbox,
+            at: &at,
+        };
+        append_when_awaited(&policy, &entry, ready_tx, go_rx)
+    });
+    match tokio::time::timeout(OVERLAY_WRITE_TIMEOUT, ready_rx).await {
+        // Prepared in time: commit (a rename and a sync) and report it.
+        Ok(Ok(())) => {
+            let _ = go_tx.send(());
+        }
+        // The writer finished without preparing (listed, or an error).
+        Ok(Err(_)) => {}
+        // `go_tx` dropped: the writer removes what it prepares, if ever.
+        Err(_) => {
+            return Err(format!(
+                "the overlay was not prepared within {} s: not written",
+                OVERLAY_WRITE_TIMEOUT.as_secs()
+            ));
+        }
+    }
+    task.await.unwrap_or_else(|e| Err(e.to_string()))
+}
+
+/// Prepares `entry` in the overlay of `policy`, says so on `ready`, and
+/// commits it only when `go` says the waiting side still waits; dropped
+/// uncommitted (nothing written) when `go`'s sender is gone.
+fn append_when_awaited(
+    policy: &std::path::Path,
+    entry: &sluice_policy::overlay::Approved<'_>,
+    ready: tokio::sync::oneshot::Sender<()>,
+    go: tokio::sync::oneshot::Receiver<()>,
+) -> Result<(), String> {
+    let Some(prepared) =
+        sluice_policy::overlay::prepare(policy, entry).map_err(|e| e.to_string())?
+    else {
+        return Ok(());
+    };
+    if ready.send(()).is_err() || go.blocking_recv().is_err() {
+        return Err("the approval gave up waiting: not written".to_owned());
+    }
+    prepared.commit().map_err(|e| e.to_string())
 }
 
 /// Who decided, as the overlay's comment records it.
@@ -408,5 +449,68 @@ async fn hand_overlay(
             HANDOFF_TIMEOUT.as_secs()
         )),
         Err(e) => Err(format!("handing it to the launcher: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(tag: &str) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt as _;
+        let d =
+            std::env::temp_dir().join(format!("sluice-gw-overlay-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let p = d.join("p.yaml");
+        std::fs::write(&p, "version: 1\nid: p\n").unwrap();
+        p
+    }
+
+    fn entry(name: &str) -> sluice_policy::overlay::Approved<'_> {
+        sluice_policy::overlay::Approved {
+            name,
+            tcp_ports: &[443],
+            udp_ports: &[],
+            by: "test",
+            sandbox: "sb",
+            at: "2026-11-28T00:00:00Z",
+        }
+    }
+
+    #[test]
+    fn an_overlay_prepared_after_the_approval_gave_up_is_not_written() {
+        let p = policy("gaveup");
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+        let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
+        // The approval task timed out: both of its ends are gone.
+        drop((ready_rx, go_tx));
+        let r = append_when_awaited(&p, &entry("late.example.org"), ready_tx, go_rx);
+        assert!(r.is_err_and(|e| e.contains("not written")));
+        let d = p.parent().unwrap();
+        let names: Vec<_> = std::fs::read_dir(d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["p.yaml"], "written or left behind");
+    }
+
+    #[test]
+    fn an_overlay_the_approval_still_waits_for_is_written() {
+        let p = policy("waits");
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+        let (go_tx, go_rx) = tokio::sync::oneshot::channel();
+        let writer = {
+            let p = p.clone();
+            std::thread::spawn(move || {
+                append_when_awaited(&p, &entry("kept.example.org"), ready_tx, go_rx)
+            })
+        };
+        ready_rx.blocking_recv().unwrap();
+        go_tx.send(()).unwrap();
+        writer.join().unwrap().unwrap();
+        let text = std::fs::read_to_string(sluice_policy::overlay::overlay_path(&p)).unwrap();
+        assert!(text.contains("kept.example.org"), "{text}");
     }
 }
