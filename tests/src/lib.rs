@@ -489,6 +489,7 @@ pub struct WorldBuilder {
     connect_guest: bool,
     dns_upstream: Ipv4Addr,
     dns_ttl: u32,
+    congestion: Option<String>,
     transport: Option<Transport>,
 }
 
@@ -510,6 +511,7 @@ impl Default for WorldBuilder {
             connect_guest: true,
             dns_upstream: DNS_ADDR,
             dns_ttl: 0,
+            congestion: None,
             transport: None,
         }
     }
@@ -544,6 +546,17 @@ impl WorldBuilder {
     /// query reaches dnsmasq). Benchmarks of cached answers raise it.
     pub fn dns_ttl(mut self, secs: u32) -> Self {
         self.dns_ttl = secs;
+        self
+    }
+
+    /// The TCP congestion control every namespace of the world uses
+    /// (`net.ipv4.tcp_congestion_control`; default: what new namespaces
+    /// inherit from the host). Benchmarks set it: on these hosts BBR's
+    /// pacing costs the senders (the origin, the guest's kernel, the
+    /// sidecar's host sockets) more CPU per byte than the sidecars under
+    /// test differ by.
+    pub fn congestion(mut self, algorithm: &str) -> Self {
+        self.congestion = Some(algorithm.to_string());
         self
     }
 
@@ -726,6 +739,18 @@ impl World {
         let inet = Netns::new(&format!("{base}i"))?;
         let host = Netns::new(&format!("{base}h"))?;
         let guest = Netns::new(&format!("{base}g"))?;
+        if let Some(cc) = &b.congestion {
+            for ns in [&inet, &host, &guest] {
+                let st = ns
+                    .cmd("sysctl")
+                    .args(["-qw", &format!("net.ipv4.tcp_congestion_control={cc}")])
+                    .status()
+                    .context("running sysctl")?;
+                if !st.success() {
+                    bail!("congestion control {cc:?} cannot be set in {}", ns.name());
+                }
+            }
+        }
 
         // veth host <-> inet.
         let vh = format!("{base}a");

@@ -223,6 +223,11 @@ struct XferArgs {
     /// repeats from its cache (passt, which has none, forwards each).
     #[arg(long, default_value_t = 0)]
     dns_ttl: u32,
+    /// TCP congestion control in every namespace of the world (e.g.
+    /// `cubic`, Debian's default); without it the namespaces inherit the
+    /// host's. Printed with every figure either way.
+    #[arg(long)]
+    cc: Option<String>,
     /// Record the sidecar with `perf record -g` during every phase into this file.
     #[arg(long)]
     perf: Option<PathBuf>,
@@ -827,6 +832,15 @@ fn xfer(a: &XferArgs) -> Result<()> {
         .mtu(a.mtu)
         .dns_ttl(a.dns_ttl)
         .iperf();
+    if let Some(cc) = &a.cc {
+        b = b.congestion(cc);
+    }
+    let cc = match &a.cc {
+        Some(cc) => cc.clone(),
+        None => std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control")
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|_| "unknown".into()),
+    };
     for x in &a.sidecar_arg {
         b = b.sidecar_arg(x);
     }
@@ -874,7 +888,7 @@ fn xfer(a: &XferArgs) -> Result<()> {
             println!(
                 "{}",
                 json!({
-                    "phase": "xfer", "sidecar": s.name(), "mtu": a.mtu,
+                    "phase": "xfer", "sidecar": s.name(), "mtu": a.mtu, "cc": cc,
                     "streams": streams, "reverse": a.reverse, "round": round,
                     "gbps": v["gbps"], "bytes": v["bytes"], "wall_s": v["wall_s"],
                     "sidecar_cpu_s_per_gb": per_gb("sidecar_cpu_s"),
