@@ -19,9 +19,12 @@ pub mod policy_parse;
 pub mod substitute;
 pub mod tls_client_hello;
 
+/// A fuzz target's body: one input, any outcome but a panic.
+pub type Body = fn(&[u8]);
+
 /// Every target: its name (the `[[bin]]`, `fuzz_targets/<name>.rs` and
 /// `corpus/<name>/`) and its body.
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+pub const TARGETS: &[(&str, Body)] = &[
     ("agent_frame", agent_frame::run),
     ("authority", authority::run),
     ("dhcp", dhcp::run),

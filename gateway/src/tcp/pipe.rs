@@ -350,7 +350,7 @@ mod tests {
     async fn bytes_cross_both_ways_and_wrap_the_ring() {
         let (dp, mut px) = pair();
         // Fill, drain part, fill again: the ring wraps.
-        let chunk: Vec<u8> = (0..CAPACITY).map(|i| (i % 251) as u8).collect();
+        let chunk: Vec<u8> = (0..=250u8).cycle().take(CAPACITY).collect();
         assert_eq!(dp.try_write(&chunk).unwrap(), CAPACITY);
         assert_eq!(
             dp.try_write(b"x").unwrap_err().kind(),
@@ -378,7 +378,7 @@ mod tests {
     #[tokio::test]
     async fn readiness_wakes_the_datapath_when_the_proxy_writes_or_drains() {
         let (dp, mut px) = pair();
-        let waker = std::task::Waker::noop();
+        let waker = Waker::noop();
         let mut cx = Context::from_waker(waker);
         assert!(dp.poll_read_ready(&mut cx).is_pending());
         px.write_all(b"a").await.unwrap();
