@@ -201,14 +201,14 @@ pub(crate) struct OverlayWriter {
 }
 
 impl OverlayWriter {
-    /// Listens in `run_dir` (0700: only the jail's uid and the launcher
-    /// reach it) and writes the overlay of `policy` for sandbox `sandbox`
+    /// Listens in `run_dir` (only the launcher and the gateway's gid reach
+    /// it: see `run::run_dir`) and writes the overlay of `policy` for sandbox `sandbox`
     /// on a thread of its own, one entry at a time, until the process ends,
     /// at most [`MAX_ENTRIES_PER_RUN`]. Under `--ask`, `prompt` is the
     /// prompt's record and only names it answered `always` are written.
     ///
     /// # Errors
-    /// The socket cannot be made or handed to the jail's uid.
+    /// The socket cannot be made or handed to the gateway.
     pub(crate) fn start(
         run_dir: &Path,
         policy: PathBuf,

@@ -61,12 +61,12 @@ fn stdin_is_the_terminal() -> bool {
 }
 
 impl AskServer {
-    /// Listens in `run_dir` (a socket only the jail's uid and the launcher
-    /// reach: the run dir is 0700) and serves questions on a thread of its
-    /// own until the process ends.
+    /// Listens in `run_dir` (a socket only the launcher and the gateway's
+    /// gid reach: see `run::run_dir`) and serves questions on a thread of
+    /// its own until the process ends.
     ///
     /// # Errors
-    /// The socket cannot be made or handed to the jail's uid.
+    /// The socket cannot be made or handed to the gateway.
     pub(crate) fn start(run_dir: &Path, json: bool) -> anyhow::Result<Self> {
         let socket = run_dir.join(SOCKET);
         let listener = std::os::unix::net::UnixListener::bind(&socket)
