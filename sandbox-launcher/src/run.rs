@@ -17,7 +17,7 @@
 //! with `--network tap` a network namespace nothing names) goes with the
 //! last descriptor of it.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fs;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -36,21 +36,25 @@ use sluice_agent_proto::{
 };
 
 use crate::image::{self, ImageOptions};
-use crate::jail::{self, CgroupLimits, FdMap, JailSpec, Layer};
+use crate::jail::FdMap;
 use crate::network_mode::{self, GuestNetwork, HeldNetwork, NetworkMode};
 use crate::phases::Phases;
 use crate::qemu::{self, AGENT_FD, CONSOLE_FD, NET_FD, VmConfig};
 use crate::spawn::{Isolation, QemuJail, Sidecar, qemu_spec};
-use gateway::{GatewayHandles, parse_metrics_addr, spawn_gateway};
+use gateway::{GatewayHandles, spawn_gateway};
 use run_dir::{RunDir, make_run_dir};
-use sluice_gateway::args::AuditFormat;
-use sluice_gateway::config::PublishSpec;
-use sluice_gateway::metrics::MetricsAddr;
 use terminal::{DebugEcho, GuestOutput};
 
+mod args;
 mod gateway;
+mod isolation;
+mod logs;
 mod run_dir;
 pub(crate) mod terminal;
+
+pub use args::RunArgs;
+use isolation::{check_isolation, isolation_summary};
+use logs::{log_tail, spawn_console_reader, spawn_log_reader};
 
 /// Exit status when `--timeout` expired.
 pub const EXIT_TIMEOUT: i32 = 124;
@@ -58,102 +62,6 @@ pub const EXIT_TIMEOUT: i32 = 124;
 pub const EXIT_LAUNCHER: i32 = 125;
 /// Exit status after Ctrl-C, SIGTERM or SIGHUP.
 pub const EXIT_INTERRUPTED: i32 = 130;
-
-/// How much of the serial console is kept for `--debug` and boot failures.
-const CONSOLE_KEEP: usize = 256 * 1024;
-
-/// Options of `sluice run`.
-#[derive(Debug, clap::Args)]
-pub struct RunArgs {
-    /// Policy file for the gateway (default: the embedded default policy).
-    #[arg(long, value_name = "FILE")]
-    pub policy: Option<PathBuf>,
-    /// Allow this domain (repeatable): a small inline policy, instead of --policy.
-    #[arg(long = "allow-domain", value_name = "NAME", conflicts_with = "policy")]
-    pub allow_domain: Vec<String>,
-    /// Guest memory in MiB.
-    #[arg(long, default_value_t = 256, value_name = "MIB")]
-    pub memory: u32,
-    /// Guest vCPUs.
-    #[arg(long, default_value_t = 1)]
-    pub cpus: u32,
-    /// Kill the VM after this many seconds (from QEMU start) and exit 124.
-    #[arg(long, value_name = "SECS")]
-    pub timeout: Option<f64>,
-    /// Environment variable for the command (repeatable).
-    #[arg(long = "env", short = 'e', value_name = "NAME=VALUE")]
-    pub env: Vec<String>,
-    /// Working directory of the command in the guest.
-    #[arg(long, short = 'w', value_name = "DIR")]
-    pub workdir: Option<String>,
-    /// Copy a host file into the guest before the command (repeatable).
-    #[arg(long = "copy-in", value_name = "HOST:GUEST")]
-    pub copy_in: Vec<String>,
-    /// Copy a guest file out after the command (repeatable).
-    #[arg(long = "copy-out", value_name = "GUEST:HOST")]
-    pub copy_out: Vec<String>,
-    /// Publish a guest port on the host: [HOST_ADDR:]HOST_PORT:GUEST_PORT[/tcp|/udp]
-    /// (passed to the gateway; repeatable).
-    #[arg(long, value_name = "SPEC")]
-    pub publish: Vec<PublishSpec>,
-    /// Trust this PEM CA bundle (besides the system roots) for the upstream
-    /// leg of intercepted TLS (repeatable; e.g. a private registry's CA).
-    /// Copied into the run dir and passed as the gateway's `--upstream-ca`.
-    #[arg(long = "upstream-ca", value_name = "PEM")]
-    pub upstream_ca: Vec<PathBuf>,
-    /// Serve the gateway's Prometheus metrics at `/metrics` on `[HOST:]PORT` (TCP; the
-    /// host defaults to 127.0.0.1; port 0 picks one) or `unix:PATH`. Bound here, outside
-    /// the gateway's jail, and passed in; the address is printed on stderr.
-    #[arg(long, value_name = "ADDR", value_parser = parse_metrics_addr)]
-    pub metrics: Option<MetricsAddr>,
-    /// Write the gateway's audit log to this file (default: summarised only).
-    #[arg(long, value_name = "PATH")]
-    pub audit: Option<PathBuf>,
-    /// The audit's format (`--audit` file and `--debug` lines): schema1 or ocsf (the
-    /// gateway's `--audit-format`).
-    #[arg(long, value_enum, default_value = "schema1")]
-    pub audit_format: AuditFormat,
-    /// Print one JSON result (exit code, timings, output, audit summary) on
-    /// stdout instead of streaming the command's output.
-    #[arg(long)]
-    pub json: bool,
-    /// Stream the guest console and the gateway's log to stderr.
-    #[arg(long)]
-    pub debug: bool,
-    /// Ask on this terminal before allowing a name the policy does not
-    /// list (a policy with `unlisted: ask`, docs/approval.md): the gateway
-    /// holds the DNS query and this prompt decides. With no terminal, or
-    /// with --json, every question is denied and the summary says so.
-    #[arg(long, conflicts_with = "no_network")]
-    pub ask: bool,
-    /// The static guest agent binary.
-    #[arg(long, env = "SLUICE_AGENT", value_name = "PATH")]
-    pub agent: Option<PathBuf>,
-    /// The sluice-gateway binary (default: next to this executable).
-    #[arg(long, env = "SLUICE_GATEWAY", value_name = "PATH")]
-    pub gateway: Option<PathBuf>,
-    /// How the guest's link reaches the gateway: stream, dgram or tap (root only).
-    /// Default: the fastest this host can give (docs/launcher.md "Network modes").
-    #[arg(long, value_enum, value_name = "MODE")]
-    pub network: Option<NetworkMode>,
-    /// Boot without a gateway: the guest's network link has nobody on it.
-    #[arg(long, conflicts_with_all = ["network", "policy", "allow_domain", "publish", "audit", "gateway", "upstream_ca", "metrics"])]
-    pub no_network: bool,
-    /// Run without this isolation layer where this host cannot apply it
-    /// (repeatable; names as `sluice doctor` prints them, e.g. `landlock`,
-    /// `cgroup-memory`). Without it, an unavailable layer is an error.
-    #[arg(long = "allow-missing-isolation", value_name = "LAYER", value_parser = parse_layer)]
-    pub allow_missing_isolation: Vec<Layer>,
-    /// A root filesystem directory to boot instead of the default userland.
-    #[arg(long, value_name = "DIR")]
-    pub rootfs: Option<PathBuf>,
-    /// The kernel image (default: the newest /boot/vmlinuz-*).
-    #[arg(long, value_name = "VMLINUZ")]
-    pub kernel: Option<PathBuf>,
-    /// The command and its arguments.
-    #[arg(last = true, required = true, value_name = "COMMAND")]
-    pub command: Vec<String>,
-}
 
 /// Why the session stopped waiting for the guest.
 #[derive(Debug)]
@@ -963,46 +871,6 @@ fn parse_env(env: &[String]) -> anyhow::Result<Vec<(String, String)>> {
         .collect()
 }
 
-fn spawn_console_reader(
-    console: UnixStream,
-    keep: Arc<Mutex<Vec<u8>>>,
-    debug: Option<DebugEcho>,
-    phases: Phases,
-) {
-    thread::spawn(move || {
-        let mut console = console;
-        let mut buf = [0u8; 4096];
-        // The line being received, for the guest's phase marks (bounded:
-        // only a line's start can be a mark).
-        let mut line = Vec::new();
-        loop {
-            let n = match console.read(&mut buf) {
-                Ok(0) | Err(_) => return,
-                Ok(n) => n,
-            };
-            let at = Instant::now();
-            for &b in &buf[..n] {
-                if b == b'\n' {
-                    phases.console_line(&String::from_utf8_lossy(&line), at);
-                    line.clear();
-                } else if line.len() < 128 {
-                    line.push(b);
-                }
-            }
-            if let Some(echo) = &debug {
-                echo.write(&buf[..n]);
-            }
-            if let Ok(mut k) = keep.lock() {
-                k.extend_from_slice(&buf[..n]);
-                if k.len() > CONSOLE_KEEP {
-                    let cut = k.len() - CONSOLE_KEEP;
-                    k.drain(..cut);
-                }
-            }
-        }
-    });
-}
-
 /// The gateway binary: `--gateway`/`SLUICE_GATEWAY`, else `sluice-gateway`
 /// next to this executable.
 fn find_gateway(explicit: Option<&Path>) -> Option<PathBuf> {
@@ -1014,151 +882,5 @@ fn find_gateway(explicit: Option<&Path>) -> Option<PathBuf> {
     p.is_file().then_some(p)
 }
 
-/// The isolation actually applied, for `--json`: every jail layer of QEMU
-/// and of the gateway (on/off and why), QEMU's own `-sandbox`, and the
-/// gateway's self-restriction. `jail_active` is true when every process the
-/// launcher started runs jailed.
-fn isolation_summary(children: &Children, egress_floor: Option<&str>) -> serde_json::Value {
-    let layers = |s: Option<&Sidecar>| -> serde_json::Value {
-        s.map_or(serde_json::Value::Null, |s| {
-            s.layers()
-                .iter()
-                .map(|l| {
-                    (
-                        l.name.clone(),
-                        serde_json::json!({"on": l.available, "reason": l.reason}),
-                    )
-                })
-                .collect::<serde_json::Map<_, _>>()
-                .into()
-        })
-    };
-    serde_json::json!({
-        "jail_active": children.qemu.is_some(),
-        "qemu_pid": children.qemu.as_ref().map(Sidecar::pid),
-        "gateway_pid": children.gateway.as_ref().map(Sidecar::pid),
-        "qemu": layers(children.qemu.as_ref()),
-        "gateway": layers(children.gateway.as_ref()),
-        "qemu_sandbox": "on: -sandbox on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
-        "gateway_egress_floor": egress_floor.unwrap_or("off: no gateway (--no-network)"),
-        "gateway_self_restrict": if children.gateway.is_some() {
-            "on: seccomp (no exec, no new processes) and Landlock (no writes; reads only the policy's and the secret files' directories), before its threads start"
-        } else {
-            "off: no gateway (--no-network)"
-        },
-    })
-}
-
-fn parse_layer(name: &str) -> Result<Layer, String> {
-    // The jail's layers, and the launcher's own nftables floor.
-    let all = || Layer::ALL.into_iter().chain([Layer::Nftables]);
-    all().find(|l| l.name() == name).ok_or_else(|| {
-        let names: Vec<&str> = all().map(Layer::name).collect();
-        format!("unknown layer {name:?}; one of {}", names.join(", "))
-    })
-}
-
 /// The largest CA PEM handed to the guest.
 const MAX_CA_PEM: usize = 64 * 1024;
-/// How much of QEMU's and the gateway's stderr is kept for error messages.
-const LOG_KEEP: usize = 16 * 1024;
-
-/// The last lines of a kept log, as `":\n  line\n  line"`, or "".
-fn log_tail(log: &Mutex<Vec<u8>>) -> String {
-    let log = log.lock().map(|l| l.clone()).unwrap_or_default();
-    let text = String::from_utf8_lossy(&log);
-    let lines: Vec<&str> = text.lines().rev().take(15).collect();
-    if lines.is_empty() {
-        return String::new();
-    }
-    let mut out = String::from(":");
-    for l in lines.iter().rev() {
-        out.push_str("\n  ");
-        out.push_str(l);
-    }
-    out
-}
-
-/// Reads a child's stderr: keeps the tail and echoes it under `--debug`
-/// (through `debug`, which holds it while an `--ask` question is shown).
-fn spawn_log_reader(
-    stream: io::PipeReader,
-    keep: Arc<Mutex<Vec<u8>>>,
-    debug: Option<DebugEcho>,
-    who: &'static str,
-) {
-    thread::spawn(move || {
-        let mut lines = io::BufReader::new(stream);
-        let mut line = Vec::new();
-        while matches!(io::BufRead::read_until(&mut lines, b'\n', &mut line), Ok(n) if n > 0) {
-            if let Some(echo) = &debug {
-                echo.line(&format!(
-                    "sluice: {who}: {}",
-                    String::from_utf8_lossy(&line)
-                ));
-            }
-            if let Ok(mut k) = keep.lock() {
-                k.extend_from_slice(&line);
-                if k.len() > LOG_KEEP {
-                    let cut = k.len() - LOG_KEEP;
-                    k.drain(..cut);
-                }
-            }
-            line.clear();
-        }
-    });
-}
-
-/// Refuses, in one line, a run whose jails would miss a layer the user did
-/// not allow to be missing: every such layer with its reason, and the
-/// `--allow-missing-isolation` flags that accept running without them.
-fn check_isolation(allow_missing: &BTreeSet<Layer>) -> anyhow::Result<()> {
-    // QEMU's jail asks for every layer (the gateway's for all but net-ns).
-    let mut spec = JailSpec::new("sluice-check", "/bin/true");
-    spec.cgroup = CgroupLimits {
-        memory_bytes: Some(1),
-        pids: Some(1),
-        cpu_millis: Some(1),
-    };
-    spec.allow_missing.clone_from(allow_missing);
-    let missing = jail::missing_layers(&spec);
-    if missing.is_empty() {
-        return Ok(());
-    }
-    // Without a user namespace a rootless jail has no namespace at all:
-    // allowing layers one by one would not help; the sysctl line does.
-    if let Some(userns) = missing.iter().find(|m| m.name == Layer::UserNs.name()) {
-        bail!("cannot build the jails without root: {}", userns.reason);
-    }
-    // Several layers often share a reason (all cgroups, all namespaces).
-    let mut by_reason: Vec<(&str, Vec<&str>)> = Vec::new();
-    for m in &missing {
-        match by_reason.iter_mut().find(|(r, _)| *r == m.reason) {
-            Some((_, names)) => names.push(&m.name),
-            None => by_reason.push((&m.reason, vec![&m.name])),
-        }
-    }
-    let reasons: Vec<String> = by_reason
-        .iter()
-        .map(|(reason, names)| format!("{}: {reason}", names.join(", ")))
-        .collect();
-    let flags: Vec<String> = missing
-        .iter()
-        .map(|m| format!("--allow-missing-isolation {}", m.name))
-        .collect();
-    let who = if jail::is_rootless() {
-        "or run as root"
-    } else {
-        "or fix the host (`sluice doctor`)"
-    };
-    bail!(
-        "cannot isolate the VM here: {} unavailable ({}); to run without, pass {} ({who})",
-        missing
-            .iter()
-            .map(|m| m.name.as_str())
-            .collect::<Vec<_>>()
-            .join(", "),
-        reasons.join("; "),
-        flags.join(" ")
-    )
-}

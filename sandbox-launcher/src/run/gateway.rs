@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow};
 
-use super::{RunArgs, spawn_log_reader};
+use super::RunArgs;
+use super::logs::spawn_log_reader;
 use crate::egress_floor;
 use crate::gateway_inputs::{
     FileView, approval_inputs, secret_inputs, without_covered, write_for_jail,
