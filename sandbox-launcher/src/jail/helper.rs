@@ -13,8 +13,9 @@ use std::path::{Path, PathBuf};
 
 use sluice_confine::{LandlockOutcome, LandlockRules};
 
+use super::launch::{HelperRequest, Report};
 use super::sys::{self, Forked, WaitStatus};
-use super::{HelperRequest, JailExit, JailSpec, Layer, LayerStatus, Report, cgroup, userns};
+use super::{JailExit, JailSpec, Layer, LayerStatus, cgroup, userns};
 
 /// The hidden argument that makes the launcher binary act as the helper.
 pub const HELPER_ARG: &str = "__jail-exec";
