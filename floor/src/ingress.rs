@@ -532,7 +532,7 @@ impl IngressFloor {
     }
 
     /// Has the floor ask `gone` before it acts on its interface's index
-    /// (checks, [`Self::cut`], [`Self::remove`]): `true` means the
+    /// (checks, [`Self::restore`], [`Self::remove`]): `true` means the
     /// interface the floor was installed on is gone, whatever interface
     /// holds its index now, which is then left alone. The gateway's is a
     /// packet socket bound to the interface at attach, which the kernel
@@ -642,26 +642,6 @@ impl IngressFloor {
         })
     }
 
-    /// Sets the interface (found by its index) down, now; one that is gone
-    /// needs nothing. The floor is left as it is.
-    ///
-    /// # Errors
-    /// The kernel refusing ([`FloorError::LinkDown`]).
-    pub fn cut(&self) -> Result<(), FloorError> {
-        self.run_in(|| {
-            let probe = probe_socket()?;
-            match self.current_name(&probe) {
-                Ok(name) => link::set_down(self.index).map_err(|message| FloorError::LinkDown {
-                    iface: name,
-                    message,
-                    floor: "its floor is as it was".to_owned(),
-                }),
-                Err(rustix::io::Errno::NODEV) => Ok(()),
-                Err(e) => Err(self.lookup_failed(&e)),
-            }
-        })
-    }
-
     /// Puts the floor back as installed, now, without ending it: sets the
     /// interface (found by its index) down and applies the floor again on
     /// its current name, then verifies it ([`Self::remove`]'s steps for an
@@ -704,19 +684,7 @@ impl IngressFloor {
         let cut = link::set_down(self.index);
         let floor = nft::apply(WHAT, objects(name, &self.table))
             .and_then(|()| verify(&ruleset(&self.table)?, name, &self.table));
-        match (cut, floor) {
-            (Ok(()), floor) => floor,
-            (Err(message), Ok(())) => Err(FloorError::LinkDown {
-                iface: name.to_owned(),
-                message,
-                floor: "its floor is back on it".to_owned(),
-            }),
-            (Err(message), Err(e)) => Err(FloorError::LinkDown {
-                iface: name.to_owned(),
-                message,
-                floor: format!("putting its floor back failed too: {e}"),
-            }),
-        }
+        both(name, cut, floor)
     }
 
     /// Leaves the floor installed and forgets it: for a namespace nobody
@@ -780,6 +748,27 @@ impl IngressFloor {
             delete_tables(&self.table)
         })
     }
+}
+
+/// The outcome of setting `name` down (`cut`) and of putting its floor
+/// back (`floor`), both done whatever the other gave: the floor's error
+/// when only it failed, else [`FloorError::LinkDown`] saying what became
+/// of the floor.
+fn both(
+    name: &str,
+    cut: Result<(), String>,
+    floor: Result<(), FloorError>,
+) -> Result<(), FloorError> {
+    let floor = match (&cut, floor) {
+        (Ok(()), floor) => return floor,
+        (Err(_), Ok(())) => "its floor is back on it".to_owned(),
+        (Err(_), Err(e)) => format!("putting its floor back failed too: {e}"),
+    };
+    Err(FloorError::LinkDown {
+        iface: name.to_owned(),
+        message: cut.err().unwrap_or_default(),
+        floor,
+    })
 }
 
 /// How many times in a row [`IngressFloor::check`] asks before a
@@ -907,6 +896,31 @@ mod tests {
         ] {
             assert!(!instance_name(other), "{other}");
         }
+    }
+
+    /// Setting the link down and putting the floor back are both done
+    /// and both reported: a failed cut never hides the floor's outcome.
+    #[test]
+    fn the_cut_and_the_floor_are_both_reported() {
+        assert!(both("tap0", Ok(()), Ok(())).is_ok());
+        let floor_only = both("tap0", Ok(()), Err(failed())).unwrap_err();
+        assert!(
+            matches!(floor_only, FloorError::NftFailed { .. }),
+            "{floor_only}"
+        );
+        let cut_only = both("tap0", Err("EBUSY".to_owned()), Ok(())).unwrap_err();
+        assert_eq!(
+            cut_only.to_string(),
+            "cannot set `tap0` down (EBUSY); its floor is back on it"
+        );
+        let neither = both("tap0", Err("EBUSY".to_owned()), Err(failed())).unwrap_err();
+        let line = neither.to_string();
+        assert!(
+            line.starts_with(
+                "cannot set `tap0` down (EBUSY); putting its floor back failed too: nft refused"
+            ) && !line.contains('\n'),
+            "{line}"
+        );
     }
 
     /// A failure that may pass is asked again; a floor that no longer
