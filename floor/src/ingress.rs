@@ -42,6 +42,7 @@ use std::path::{Path, PathBuf};
 use nftables::schema::{Chain, NfCmd, NfListObject, NfObject, Table};
 use nftables::types::{NfChainPolicy, NfChainType, NfFamily, NfHook};
 
+use crate::link;
 use crate::netns;
 use crate::nft::{self, FloorError};
 use crate::ruleset::{self, Devices, Ruleset};
@@ -132,18 +133,27 @@ fn instance_table(iface: &str) -> String {
     format!("{}{:x}_{nanos:x}", table_prefix(iface), std::process::id())
 }
 
+/// Whether `iface` is a name the floor takes: the kernel's own rules
+/// (`dev_valid_name`: 1 to 15 bytes, not `.` or `..`) and only letters,
+/// digits and `_ . @ -`. The kernel also allows `*`, braces, `;`, `,`,
+/// `#`, quotes and backslashes, which nft reads otherwise: a netdev chain
+/// hooked on `tap*` takes every interface whose name starts `tap` (kernel
+/// 6.16 and later), and a floor so hooked would drop them all, and stay.
 fn check_iface(iface: &str) -> Result<(), FloorError> {
-    // IFNAMSIZ is 16 with the NUL; the kernel refuses '/', ':' and spaces.
+    // IFNAMSIZ is 16 with the NUL.
     let ok = !iface.is_empty()
         && iface.len() < 16
+        && iface != "."
+        && iface != ".."
         && iface
             .bytes()
-            .all(|b| b.is_ascii_graphic() && b != b'/' && b != b':' && b != b'"');
+            .all(|b| b.is_ascii_alphanumeric() || b"_.@-".contains(&b));
     if ok {
         Ok(())
     } else {
         Err(FloorError::Invalid(format!(
-            "`{iface}` is not an interface name (1-15 printable characters, no '/', ':' or '\"')"
+            "`{}` is not an interface name the floor takes (1-15 characters of A-Z a-z 0-9 _ . @ -, not `.` or `..`)",
+            iface.escape_debug()
         )))
     }
 }
@@ -522,7 +532,7 @@ impl IngressFloor {
     }
 
     /// Has the floor ask `gone` before it acts on its interface's index
-    /// (checks, [`Self::cut`], [`Self::remove`]): `true` means the
+    /// (checks, [`Self::restore`], [`Self::remove`]): `true` means the
     /// interface the floor was installed on is gone, whatever interface
     /// holds its index now, which is then left alone. The gateway's is a
     /// packet socket bound to the interface at attach, which the kernel
@@ -632,23 +642,49 @@ impl IngressFloor {
         })
     }
 
-    /// Sets the interface (found by its index) down, now; one that is gone
+    /// Puts the floor back as installed, now, without ending it: sets the
+    /// interface (found by its index) down and applies the floor again on
+    /// its current name, then verifies it ([`Self::remove`]'s steps for an
+    /// interface that exists). For a keeper that found the floor no longer
+    /// holding while the gateway serves: the guest's frames meet the drop
+    /// again at once, whatever the gateway's end takes, and even if the
+    /// interface is set up again meanwhile. An interface that is gone
     /// needs nothing.
     ///
     /// # Errors
-    /// `ip` missing or refusing.
-    pub fn cut(&self) -> Result<(), FloorError> {
+    /// As for [`Self::remove`]; the floor is put back even when the
+    /// interface could not be set down, and the error then says both.
+    pub fn restore(&self) -> Result<(), FloorError> {
         self.run_in(|| {
             let probe = probe_socket()?;
             match self.current_name(&probe) {
-                Ok(name) => cut_link(&name),
+                Ok(name) => self.keep_on(&name),
                 Err(rustix::io::Errno::NODEV) => Ok(()),
-                Err(e) => Err(FloorError::LinkDown {
-                    iface: self.iface.clone(),
-                    message: format!("looking up interface index {}: {e}", self.index),
-                }),
+                Err(e) => Err(self.lookup_failed(&e)),
             }
         })
+    }
+
+    /// The interface's index could not be looked up (not because it is
+    /// gone): nothing was done to it or to the floor.
+    fn lookup_failed(&self, e: &rustix::io::Errno) -> FloorError {
+        FloorError::LinkDown {
+            iface: self.iface.clone(),
+            message: format!("looking up interface index {}: {e}", self.index),
+            floor: "its floor is as it was".to_owned(),
+        }
+    }
+
+    /// Sets the interface (in the calling thread's namespace, named
+    /// `name` now) down by its index and applies and verifies the floor
+    /// on `name`, the floor whatever the cut's outcome: a link left up is
+    /// no reason to leave it without its floor. Both results are in the
+    /// error.
+    fn keep_on(&self, name: &str) -> Result<(), FloorError> {
+        let cut = link::set_down(self.index);
+        let floor = nft::apply(WHAT, objects(name, &self.table))
+            .and_then(|()| verify(&ruleset(&self.table)?, name, &self.table));
+        both(name, cut, floor)
     }
 
     /// Leaves the floor installed and forgets it: for a namespace nobody
@@ -676,7 +712,9 @@ impl IngressFloor {
     /// descriptor, whatever its path names now.
     ///
     /// # Errors
-    /// The interface could not be set down or its floor put back (what is
+    /// The interface could not be set down ([`FloorError::LinkDown`],
+    /// which says whether its floor was put back all the same: it is
+    /// tried whatever the cut's outcome) or its floor put back (what is
     /// there stays), or `nft` failed.
     pub fn remove(mut self) -> Result<Ended, FloorError> {
         self.removed = true;
@@ -688,33 +726,49 @@ impl IngressFloor {
                     delete_tables(&self.table)?;
                     Ok(Ended::Removed)
                 }
-                Err(e) => Err(FloorError::LinkDown {
-                    iface: self.iface.clone(),
-                    message: format!("looking up interface index {}: {e}", self.index),
-                }),
+                Err(e) => Err(self.lookup_failed(&e)),
                 // Possibly renamed since: still the floor's interface.
-                Ok(name) => {
-                    cut_link(&name)?;
-                    nft::apply(WHAT, objects(&name, &self.table))?;
-                    verify(&ruleset(&self.table)?, &name, &self.table)?;
-                    Ok(Ended::Kept)
-                }
+                Ok(name) => self.keep_on(&name).map(|()| Ended::Kept),
             }
         })
     }
 
     /// A floor that never served (a failure before the gateway set the
     /// interface up): the interface is set down and the floor removed, so
-    /// a refused attach leaves nothing behind.
+    /// a refused attach leaves nothing behind. An interface that could not
+    /// be set down keeps its floor, put back as installed.
     fn discard(&self) -> Result<(), FloorError> {
         self.run_in(|| {
             let probe = probe_socket()?;
-            if let Ok(name) = self.current_name(&probe) {
-                cut_link(&name)?;
+            if let Ok(name) = self.current_name(&probe)
+                && link::set_down(self.index).is_err()
+            {
+                return self.keep_on(&name);
             }
             delete_tables(&self.table)
         })
     }
+}
+
+/// The outcome of setting `name` down (`cut`) and of putting its floor
+/// back (`floor`), both done whatever the other gave: the floor's error
+/// when only it failed, else [`FloorError::LinkDown`] saying what became
+/// of the floor.
+fn both(
+    name: &str,
+    cut: Result<(), String>,
+    floor: Result<(), FloorError>,
+) -> Result<(), FloorError> {
+    let floor = match (&cut, floor) {
+        (Ok(()), floor) => return floor,
+        (Err(_), Ok(())) => "its floor is back on it".to_owned(),
+        (Err(_), Err(e)) => format!("putting its floor back failed too: {e}"),
+    };
+    Err(FloorError::LinkDown {
+        iface: name.to_owned(),
+        message: cut.err().unwrap_or_default(),
+        floor,
+    })
 }
 
 /// How many times in a row [`IngressFloor::check`] asks before a
@@ -753,7 +807,7 @@ fn delete_tables(table: &str) -> Result<(), FloorError> {
 }
 
 /// A socket for interface ioctls in the calling thread's namespace (never
-/// inherited by the `nft` or `ip` this crate runs).
+/// inherited by the `nft` this crate runs).
 fn probe_socket() -> Result<OwnedFd, FloorError> {
     use rustix::net::{AddressFamily, SocketFlags, SocketType, socket_with};
     socket_with(
@@ -763,40 +817,6 @@ fn probe_socket() -> Result<OwnedFd, FloorError> {
         None,
     )
     .map_err(|e| FloorError::Invalid(format!("cannot open a probe socket: {e}")))
-}
-
-/// Where `ip` is looked for (absolute paths only: a caller's `PATH` is not
-/// trusted to name it, and may be empty).
-const IP_DIRS: [&str; 4] = ["/usr/sbin", "/sbin", "/usr/bin", "/bin"];
-
-/// Sets `iface` (in the calling thread's namespace) down with iproute2's
-/// `ip`. An interface that vanished since its name was looked up is an
-/// error: the caller keeps the floor (fail closed).
-fn cut_link(iface: &str) -> Result<(), FloorError> {
-    let failed = |message: String| FloorError::LinkDown {
-        iface: iface.to_owned(),
-        message,
-    };
-    let ip = IP_DIRS
-        .iter()
-        .map(|d| Path::new(d).join("ip"))
-        .find(|p| p.is_file())
-        .ok_or_else(|| {
-            failed(format!(
-                "`ip` (iproute2) not found in {}",
-                IP_DIRS.join(", ")
-            ))
-        })?;
-    let out = std::process::Command::new(&ip)
-        .args(["link", "set", "dev", iface, "down"])
-        .stdin(std::process::Stdio::null())
-        .env_clear()
-        .output()
-        .map_err(|e| failed(format!("running {}: {e}", ip.display())))?;
-    if out.status.success() {
-        return Ok(());
-    }
-    Err(failed(nft::one_line(&String::from_utf8_lossy(&out.stderr))))
 }
 
 impl Drop for IngressFloor {
@@ -818,6 +838,49 @@ mod tests {
         }
     }
 
+    /// Only names nft reads as the one interface they are: no wildcard
+    /// (`tap*`), nothing nft's grammar or a listing gives a meaning.
+    #[test]
+    fn interface_names_outside_a_safe_set_are_refused_in_one_line() {
+        for ok in [
+            "tap0",
+            "eth0.100",
+            "veth-a_b",
+            "a@b",
+            "x",
+            "abcdefghijklmno",
+        ] {
+            assert!(check_iface(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "",
+            ".",
+            "..",
+            "abcdefghijklmnop",
+            "tap*",
+            "a}",
+            "a{",
+            "a;b",
+            "a,b",
+            "a#b",
+            "a\\b",
+            "a\"b",
+            "a b",
+            "a/b",
+            "a:b",
+            "a\nb",
+            "t\u{e4}p",
+        ] {
+            let e = check_iface(bad).unwrap_err();
+            assert!(matches!(e, FloorError::Invalid(_)), "{bad}: {e}");
+            let line = e.to_string();
+            assert!(
+                !line.contains('\n') && line.contains("not an interface name"),
+                "{line}"
+            );
+        }
+    }
+
     #[test]
     fn only_names_of_an_instances_making_are_instance_names() {
         assert!(instance_name(&instance_table("tap0")));
@@ -833,6 +896,31 @@ mod tests {
         ] {
             assert!(!instance_name(other), "{other}");
         }
+    }
+
+    /// Setting the link down and putting the floor back are both done
+    /// and both reported: a failed cut never hides the floor's outcome.
+    #[test]
+    fn the_cut_and_the_floor_are_both_reported() {
+        assert!(both("tap0", Ok(()), Ok(())).is_ok());
+        let floor_only = both("tap0", Ok(()), Err(failed())).unwrap_err();
+        assert!(
+            matches!(floor_only, FloorError::NftFailed { .. }),
+            "{floor_only}"
+        );
+        let cut_only = both("tap0", Err("EBUSY".to_owned()), Ok(())).unwrap_err();
+        assert_eq!(
+            cut_only.to_string(),
+            "cannot set `tap0` down (EBUSY); its floor is back on it"
+        );
+        let neither = both("tap0", Err("EBUSY".to_owned()), Err(failed())).unwrap_err();
+        let line = neither.to_string();
+        assert!(
+            line.starts_with(
+                "cannot set `tap0` down (EBUSY); putting its floor back failed too: nft refused"
+            ) && !line.contains('\n'),
+            "{line}"
+        );
     }
 
     /// A failure that may pass is asked again; a floor that no longer

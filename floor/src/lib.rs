@@ -25,6 +25,7 @@
 
 pub mod egress;
 pub mod ingress;
+mod link;
 mod netns;
 mod nft;
 mod ruleset;

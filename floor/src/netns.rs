@@ -3,7 +3,7 @@
 //!
 //! `setns` changes only the calling thread, so the closure runs on a thread
 //! of its own that enters the namespace first and ends afterwards; the
-//! `nft` and `ip` processes it spawns inherit that thread's namespace. The
+//! `nft` processes it spawns inherit that thread's namespace. The
 //! caller's threads never move.
 //!
 //! A path names a namespace only for as long as nobody moves it: a

@@ -1,7 +1,7 @@
 //! Applying, listing and deleting our tables through `nft`, and the one
 //! error type of the crate.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use nftables::helper::{self, NftablesError};
 use nftables::schema::{NfCmd, NfListObject, NfObject, Nftables, Table};
@@ -48,14 +48,17 @@ pub enum FloorError {
         /// Which namespace (a path, or "this network namespace").
         netns: String,
     },
-    /// The guest's interface could not be set down before its floor's
-    /// removal: the floor stays.
-    #[error("cannot set `{iface}` down before removing its floor ({message}); the floor stays")]
+    /// The guest's interface could not be set down (the floor is then
+    /// never removed): why, and what became of its floor.
+    #[error("cannot set `{iface}` down ({message}); {floor}")]
     LinkDown {
         /// The interface.
         iface: String,
         /// Why.
         message: String,
+        /// What became of the floor: put back, left as it was, or why
+        /// putting it back failed too.
+        floor: String,
     },
     /// Something of someone else's sees the interface's frames before the
     /// floor's drop (or the gateway's on their way to the guest).
@@ -125,16 +128,18 @@ pub(crate) fn map_err(what: &'static str, e: NftablesError) -> FloorError {
     }
 }
 
-/// The `nft` binary: the first in `PATH`, else the sbin directories where
-/// distributions install it (a supervisor may run with an empty
-/// environment, and a user's `PATH` often lacks `/usr/sbin`).
+/// Where `nft` is looked for, in this order: absolute paths only, the
+/// same for every process that runs it (the gateway installs the floor
+/// with its `PATH`, the keeper checks it with an emptied environment, and
+/// two different `nft` binaries could print the same ruleset differently).
+const NFT_DIRS: [&str; 4] = ["/usr/sbin", "/sbin", "/usr/bin", "/bin"];
+
+/// The `nft` binary: the first of [`NFT_DIRS`] that holds one (a bare
+/// `nft` when none does, whose run then fails with [`FloorError::NftMissing`]).
 pub(crate) fn program() -> PathBuf {
-    let from_path = std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>());
-    from_path
-        .chain(["/usr/sbin", "/sbin", "/usr/bin", "/bin"].map(PathBuf::from))
-        .map(|dir| dir.join("nft"))
+    NFT_DIRS
+        .iter()
+        .map(|dir| Path::new(dir).join("nft"))
         .find(|p| p.is_file())
         .unwrap_or_else(|| PathBuf::from("nft"))
 }

@@ -235,7 +235,10 @@ fn table_flags(
         Err(e) => return Err(e),
     };
     let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
-    if lines.next() != Some(format!("table {family} {name} {{").as_str()) {
+    if !lines
+        .next()
+        .is_some_and(|l| opens(l, &["table", family, name]))
+    {
         return Ok(Some(Some(
             "unreadable: the listing is not of that table".to_owned(),
         )));
@@ -406,11 +409,10 @@ fn devices_in_listing(
         .map(str::trim)
         .filter(|l| !l.is_empty())
         .collect();
-    let header = [
-        format!("table {family} {table} {{"),
-        format!("{kind} {name} {{"),
-    ];
-    if lines.len() < 2 || lines[0] != header[0] || lines[1] != header[1] {
+    if lines.len() < 2
+        || !opens(lines[0], &["table", family, table])
+        || !opens(lines[1], &[kind, name])
+    {
         return Err(format!(
             "the listing is not of {kind} {family} {table} {name}"
         ));
@@ -431,6 +433,27 @@ fn devices_in_listing(
             marker.trim_end()
         )),
     }
+}
+
+/// Whether `line` opens the block of `words` (`table netdev NAME {`): the
+/// words, then `{`. A name may be quoted (`"NAME"`), as a later nft may
+/// print it: the names asked about are [`nameable`], so a quoted one
+/// holds no space or quote, and one pair of quotes around it is taken
+/// off before comparing.
+fn opens(line: &str, words: &[&str]) -> bool {
+    let mut got = line.split_whitespace();
+    words
+        .iter()
+        .all(|w| got.next().is_some_and(|g| unquoted(g) == *w))
+        && got.next() == Some("{")
+        && got.next().is_none()
+}
+
+/// `word` without one pair of double quotes around it.
+fn unquoted(word: &str) -> &str {
+    word.strip_prefix('"')
+        .and_then(|w| w.strip_suffix('"'))
+        .unwrap_or(word)
 }
 
 /// The devices of a chain's `type T hook H [device D | devices = {…}]
@@ -473,10 +496,7 @@ fn device_list(words: &[&str]) -> Result<Vec<String>, String> {
 /// One device word (quoted or not), of the characters an unambiguous
 /// listing can hold.
 fn device(word: &str) -> Result<String, String> {
-    let name = word
-        .strip_prefix('"')
-        .and_then(|w| w.strip_suffix('"'))
-        .unwrap_or(word);
+    let name = unquoted(word);
     let plain = !name.is_empty()
         && name
             .bytes()
@@ -625,6 +645,42 @@ mod tests {
         assert!(chain_devices(forged).is_err());
         let other = "table netdev t {\n\tchain d {\n\t\ttype filter hook ingress device \"g0\" priority -600; policy accept;\n\t}\n}\n";
         assert!(chain_devices(other).is_err(), "another chain's listing");
+    }
+
+    /// A later nft may quote table, chain and flowtable names in its text
+    /// listing: they are the same names.
+    #[test]
+    fn quoted_names_in_a_listing_are_the_names() {
+        let quoted = "table netdev \"sluice_floor_x\" {\n\tchain \"e\" {\n\t\ttype filter hook egress device \"a0\" priority 0; policy accept;\n\t}\n}\n";
+        assert_eq!(
+            devices_in_listing(
+                quoted,
+                "chain",
+                "netdev",
+                "sluice_floor_x",
+                "e",
+                Some("egress")
+            ),
+            Ok(vec!["a0".to_owned()])
+        );
+        let nft = |args: &[&str]| -> Result<String, FloorError> {
+            assert_eq!(args, ["list", "table", "netdev", "sluice_floor_x"]);
+            Ok("table netdev \"sluice_floor_x\" {\n\tflags dormant\n}\n".to_owned())
+        };
+        assert_eq!(
+            table_flags(&nft, "netdev", "sluice_floor_x").unwrap(),
+            Some(Some("dormant".to_owned()))
+        );
+        for other in [
+            "table netdev \"sluice_floor_y\" {",
+            "table netdev sluice_floor_x",
+            "table netdev \"sluice_floor_x {",
+        ] {
+            assert!(
+                !opens(other, &["table", "netdev", "sluice_floor_x"]),
+                "{other}"
+            );
+        }
     }
 
     #[test]

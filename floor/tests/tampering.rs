@@ -147,3 +147,72 @@ fn a_dormant_floor_table_fails_the_check_and_the_end_wakes_the_floor() {
     assert!(e.to_string().contains(&format!("table inet {t}")), "{e}");
     std::mem::forget(floor);
 }
+
+/// The end sets the interface down by its index over rtnetlink, with no
+/// tool, and puts the floor back whatever happened to it: with iproute2's
+/// `ip` hidden from the thread that ends the floor (a mount namespace of
+/// its own, `/dev/null` bound over every `ip` the floor could look for),
+/// a floor deleted by hand is back and the interface down.
+#[test]
+fn the_end_needs_no_ip_and_puts_a_deleted_floor_back_with_the_link_down() {
+    if !is_root() && sluice_test_skip::may_skip("root", "nft and namespaces need root") {
+        return;
+    }
+    let (g, p) = pair("ni");
+    let floor = install(&g.path(), "g0");
+    let t = floor.table().to_owned();
+    delete_by_hand(&g, &t);
+    assert!(
+        kernel_answers(&p, "10.99.0.1"),
+        "without its floor the kernel should answer (the control)"
+    );
+    let ended = std::thread::spawn(move || {
+        use rustix::mount::{MountPropagationFlags, mount_bind, mount_change};
+        // This thread's own mount namespace: the test's other threads,
+        // and every other process, still see `ip`.
+        #[allow(unsafe_code, reason = "unshare(2) of the mount namespace only")]
+        // SAFETY: NEWNS alone leaves the descriptor table shared (the
+        // unsafety of `unshare_unsafe` is CLONE_FILES's), so every
+        // descriptor this process owns stays valid.
+        unsafe {
+            rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWNS).unwrap();
+        }
+        mount_change(
+            "/",
+            MountPropagationFlags::REC | MountPropagationFlags::PRIVATE,
+        )
+        .unwrap();
+        let dirs = ["/usr/sbin", "/sbin", "/usr/bin", "/bin"];
+        for dir in dirs {
+            let ip = std::path::Path::new(dir).join("ip");
+            if ip.is_file() {
+                mount_bind("/dev/null", &ip).unwrap();
+            }
+        }
+        for dir in dirs {
+            let ip = std::path::Path::new(dir).join("ip");
+            assert!(!ip.is_file(), "{} still there", ip.display());
+        }
+        floor.remove()
+    })
+    .join()
+    .unwrap();
+    assert_eq!(ended.unwrap(), Ended::Kept);
+    let link = String::from_utf8(
+        g.exec(&["ip", "-o", "link", "show", "dev", "g0"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    assert!(link.contains("state DOWN"), "{link}");
+    let tables = g.tables();
+    for family in ["netdev", "inet"] {
+        assert!(tables.contains(&format!("table {family} {t}")), "{tables}");
+    }
+    ok(&["ip", "-n", &g.0, "link", "set", "g0", "up"]);
+    assert!(
+        !kernel_answers(&p, "10.99.0.1"),
+        "the floor should hold again"
+    );
+}

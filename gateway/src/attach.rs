@@ -33,7 +33,9 @@
 //!    (`--allow-missing-isolation nftables`) or a dead keeper too.
 //!    If the gateway dies without asking (SIGKILL, a crash) the keeper
 //!    leaves the floor in place: the guest then has no network at all,
-//!    which is the safe state. `main` calls [`attach`] before it reads the
+//!    which is the safe state. If the keeper dies while the gateway
+//!    serves, nothing checks the floor any more: the gateway sees its
+//!    channel close ([`KeeperWatch`]) and ends, fail closed. `main` calls [`attach`] before it reads the
 //!    policy or any secret, and the keeper empties its copy of the
 //!    environment first thing: the unjailed keeper holds no secret.
 //!
@@ -46,11 +48,15 @@ use std::io::{Read as _, Write as _};
 use std::os::fd::{AsFd as _, AsRawFd as _, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{Context as _, anyhow, bail};
 use rustix::thread::{LinkNameSpaceType, move_into_link_name_space};
 use sluice_floor::FloorError;
 use sluice_floor::ingress::{Ended, Foreign, IngressFloor};
+use tokio::io::Interest;
+use tokio::io::unix::AsyncFd;
 
 /// `<linux/if_packet.h>`: deliver a virtio-net header before each frame.
 const PACKET_VNET_HDR: libc::c_int = 15;
@@ -94,6 +100,22 @@ pub(crate) struct LinkCutter {
 }
 
 impl LinkCutter {
+    /// Another cutter of the same interface (its sockets duplicated), for
+    /// the keeper's watch ([`KeeperWatch`]).
+    fn try_clone(&self) -> anyhow::Result<Self> {
+        Ok(Self {
+            probe: self
+                .probe
+                .try_clone()
+                .context("duplicating the probe socket")?,
+            index: self.index,
+            token: self
+                .token
+                .try_clone()
+                .context("duplicating the interface's socket")?,
+        })
+    }
+
     /// Clears IFF_UP on the interface; one that is gone needs nothing (an
     /// interface that took its index since is not it, and is left alone).
     pub(crate) fn cut(&self) -> anyhow::Result<()> {
@@ -559,6 +581,57 @@ fn set_up(probe: &OwnedFd, iface: &str, up: bool) -> std::io::Result<()> {
 pub(crate) struct FloorKeeper {
     channel: UnixStream,
     iface: String,
+    /// Set by the keeper's watch when it saw the keeper gone while the
+    /// gateway served ([`KeeperWatch`]).
+    died: Arc<AtomicBool>,
+}
+
+/// Watches the floor keeper while the gateway serves: the keeper writes
+/// on its channel only to answer the gateway's request, and none is
+/// outstanding while the gateway serves, so the channel becoming readable
+/// (end of file, a hang-up) means the keeper is gone (SIGKILL, the OOM
+/// killer): nothing checks the floor any more. The watch then ends the
+/// session fail closed: it sets the interface down itself ([`LinkCutter`])
+/// and ends the gateway as the keeper's SIGTERM does (flows closed, the
+/// audit's stop record written), and the gateway exits with status 1 and
+/// one line that says so ([`FloorKeeper::remove`]).
+#[derive(Debug)]
+pub(crate) struct KeeperWatch {
+    channel: OwnedFd,
+    link: LinkCutter,
+    died: Arc<AtomicBool>,
+}
+
+impl KeeperWatch {
+    /// Registers the watch with the runtime and spawns it. Must be called
+    /// inside the tokio runtime.
+    pub(crate) fn start(self) -> anyhow::Result<()> {
+        // `with_interest` is deprecated for owners that may close or swap
+        // the descriptor under the registration; an `OwnedFd` can do
+        // neither while the AsyncFd owns it.
+        #[allow(deprecated)]
+        let channel = AsyncFd::with_interest(self.channel, Interest::READABLE)
+            .context("registering the floor keeper's channel")?;
+        let (link, died) = (self.link, self.died);
+        tokio::spawn(async move {
+            // Readable or hung up: gone (an error of the registration
+            // itself counts the same: fail closed).
+            let _ = channel.readable().await;
+            died.store(true, Ordering::SeqCst);
+            if let Err(e) = link.cut() {
+                tracing::warn!(error = %e, "could not set the guest's interface down");
+            }
+            // The end a SIGTERM starts (the jail allows signalling this
+            // process).
+            if let Err(e) = rustix::process::kill_process(
+                rustix::process::getpid(),
+                rustix::process::Signal::TERM,
+            ) {
+                tracing::warn!(error = %e, "could not end the gateway after its floor keeper died");
+            }
+        });
+        Ok(())
+    }
 }
 
 /// What the gateway writes to ask for the floor's removal.
@@ -606,14 +679,37 @@ impl FloorKeeper {
                 Ok(Self {
                     channel: ours,
                     iface,
+                    died: Arc::new(AtomicBool::new(false)),
                 })
             }
         }
     }
 
+    /// The watch on this keeper for the runtime ([`KeeperWatch`]), which
+    /// sets `link`'s interface down (through a duplicate) if it sees the
+    /// keeper gone.
+    pub(crate) fn watch(&self, link: &LinkCutter) -> anyhow::Result<KeeperWatch> {
+        Ok(KeeperWatch {
+            channel: OwnedFd::from(
+                self.channel
+                    .try_clone()
+                    .context("duplicating the floor keeper's channel")?,
+            ),
+            link: link.try_clone()?,
+            died: Arc::clone(&self.died),
+        })
+    }
+
     /// Asks the keeper to end the floor (set IFACE down, keep the floor
-    /// while IFACE exists) and waits for its answer.
+    /// while IFACE exists) and waits for its answer; one that died while
+    /// the gateway served ([`KeeperWatch`]) is not asked.
     pub(crate) fn remove(mut self) -> anyhow::Result<Ended> {
+        if self.died.load(Ordering::SeqCst) {
+            bail!(
+                "`{}`: the floor keeper died while the gateway served, so nothing checked the floor any more; the interface was set down and the gateway ended (fail closed), and the floor stays as it was",
+                self.iface
+            );
+        }
         self.channel
             .write_all(REMOVE)
             .context("asking the floor keeper to remove the floor")?;
@@ -647,9 +743,11 @@ const CHECK_EVERY_MS: u16 = 3000;
 /// dormant, a rule slipped into its chain, the interface renamed away from
 /// it, a foreign chain or flowtable ahead of it, or what [`bypasses`]
 /// refuses at attach added since: a `clsact` qdisc, XDP, tcx, a master)
-/// is the end of the service, fail closed: the
-/// keeper sets the interface down and asks the gateway to end (SIGTERM);
-/// the gateway's request then puts the floor back and its answer gives
+/// is the end of the service, fail closed: the keeper
+/// sets the interface down and puts the floor back on it at once
+/// ([`IngressFloor::restore`]), asks the gateway to end (SIGTERM), and
+/// goes on checking (and putting the floor back) until the gateway's
+/// request, which puts the floor back once more and whose answer gives
 /// the gateway the reason, which it exits with. A check that fails for a
 /// reason that may pass (a failed `nft`, `ip` or `tc` run) is asked again
 /// a few times before it counts ([`IngressFloor::check_with`]).
@@ -690,7 +788,7 @@ fn keeper_main(
         if ready < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
             break;
         }
-        if ready < 0 || tampered.is_some() {
+        if ready < 0 {
             continue;
         }
         // What attach refuses outside nftables (tc, XDP, tcx, a master)
@@ -700,13 +798,21 @@ fn keeper_main(
             // Gone: the gateway's socket reports it and the gateway ends.
             Ok(()) | Err(FloorError::NoInterface { .. }) => {}
             Err(e) => {
-                let _ = floor.cut();
-                tampered = Some(e.to_string());
-                // SAFETY: kill has no memory effects; the parent is still
-                // the gateway (a dead gateway's keeper is reparented).
-                unsafe {
-                    if libc::getppid() == gateway {
-                        libc::kill(gateway, libc::SIGTERM);
+                // At once, not when the gateway's end asks (its shutdown
+                // may take a while, and anything may set the interface up
+                // meanwhile): the interface down and the floor back on
+                // its current name. Checked again at every period until
+                // the end, and put back again whenever it stops holding.
+                let _ = floor.restore();
+                if tampered.is_none() {
+                    tampered = Some(e.to_string());
+                    // SAFETY: kill has no memory effects; the parent is
+                    // still the gateway (a dead gateway's keeper is
+                    // reparented).
+                    unsafe {
+                        if libc::getppid() == gateway {
+                            libc::kill(gateway, libc::SIGTERM);
+                        }
                     }
                 }
             }

@@ -84,14 +84,19 @@ fn main() -> anyhow::Result<()> {
         (Some(iface), Some(netns)) => {
             let allow = args.allow_missing_isolation.contains(&Isolation::Nftables);
             let a = attach::attach(iface, netns, cfg.mtu, allow)?;
+            let watch = a.keeper.as_ref().map(|k| k.watch(&a.link)).transpose()?;
             (
                 Some(GuestFd::Packet(a.socket)),
-                Some((iface, a.link, a.keeper)),
+                Some((iface, a.link, a.keeper, watch)),
             )
         }
         _ => (inherited.guest.take(), None),
     };
-    let served = prepare_and_serve(&args, cfg, guest, inherited.metrics.take(), ready);
+    let (ended, watch) = match ended {
+        Some((iface, link, keeper, watch)) => (Some((iface, link, keeper)), watch),
+        None => (None, None),
+    };
+    let served = prepare_and_serve(&args, cfg, guest, inherited.metrics.take(), ready, watch);
     let Some((iface, link, keeper)) = ended else {
         return served;
     };
@@ -134,6 +139,7 @@ fn prepare_and_serve(
     guest: Option<GuestFd>,
     metrics_fd: Option<std::os::fd::OwnedFd>,
     ready: ReadySignal,
+    watch: Option<attach::KeeperWatch>,
 ) -> anyhow::Result<()> {
     cfg.publish = args.publish.clone();
     cfg.max_flows = args.max_flows.max(1);
@@ -304,6 +310,7 @@ fn prepare_and_serve(
         reload,
         ready,
         metrics,
+        watch,
     )
 }
 
@@ -321,12 +328,17 @@ fn serve_jailed(
     reload: Option<ReloadSource>,
     ready: ReadySignal,
     metrics: Option<(MetricsListener, Arc<Metrics>)>,
+    watch: Option<attach::KeeperWatch>,
 ) -> anyhow::Result<()> {
     self_restrict(args, secret_dirs, overlay_dir)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     runtime.block_on(async move {
+        // The floor keeper's death ends the session (fail closed).
+        if let Some(watch) = watch {
+            watch.start()?;
+        }
         hosts.spawn_refresher();
         if let Some((listener, metrics)) = metrics {
             let addr = listener.local_addr()?;

@@ -3,7 +3,9 @@
 //! ingress runs before the floor's netdev hook) added to the interface
 //! afterwards ends the gateway fail closed, as a deleted floor does
 //! (`tests/tests/attach.rs`); and the end's acts on the interface, which
-//! never touch another interface that took its index once it was gone.
+//! never touch another interface that took its index once it was gone;
+//! a floor that stops holding is put back by the keeper at once, not at
+//! the gateway's end; a keeper that dies ends the gateway fail closed.
 //! Needs root: run via `scripts/test` (or
 //! `cargo test --release -p sluice-e2e --test attach_keeper --
 //! --include-ignored`).
@@ -52,7 +54,126 @@ fn a_clsact_qdisc_added_while_serving_ends_the_gateway_fail_closed() -> Result<(
     Ok(())
 }
 
-/// Sends `sig` (`STOP`, `CONT`) to `pids`.
+/// The floor keeper: the gateway's child.
+fn keeper_of(gateway: u32) -> Result<u32> {
+    let children = std::process::Command::new("pgrep")
+        .args(["-P", &gateway.to_string()])
+        .output()
+        .context("running pgrep")?;
+    String::from_utf8_lossy(&children.stdout)
+        .lines()
+        .next()
+        .and_then(|l| l.trim().parse().ok())
+        .context("no floor keeper (a child of the gateway)")
+}
+
+/// The name of the floor's table on `iface` in `ns` (one gateway's).
+fn floor_name(ns: &sluice_e2e::Netns, iface: &str) -> Result<String> {
+    let listed = tables(ns)?;
+    listed
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(2))
+        .find(|name| name.starts_with(&floor_table(iface)))
+        .map(str::to_owned)
+        .with_context(|| format!("no floor on {iface}: {listed}"))
+}
+
+/// Whether both tables of the floor `name` are in `ns`.
+fn floor_there(ns: &sluice_e2e::Netns, name: &str) -> bool {
+    tables(ns).is_ok_and(|t| {
+        t.contains(&format!("table netdev {name}")) && t.contains(&format!("table inet {name}"))
+    })
+}
+
+/// The floor deleted by hand while the gateway serves: the keeper puts it
+/// back at once, and again when it is deleted again, without waiting for
+/// the gateway's end (stopped here, so that it cannot come), then the
+/// gateway, let go, exits 1 with the reason in one line.
+#[test]
+#[ignore = "needs root: run via scripts/test"]
+fn a_deleted_floor_is_put_back_by_the_keeper_before_the_gateways_end() -> Result<()> {
+    let mut w = World::builder().transport(Transport::Attach).start()?;
+    w.guest_ok(&format!("curl -sS --max-time 60 http://{ORIGIN_NAME}/"), 90)?;
+    let gateway = w.sidecar_pid().context("no gateway")?;
+    let ns = vm(&w)?;
+    let name = floor_name(ns, VM_IFACE)?;
+    signal(&[gateway], "STOP")?;
+    let tampered = (|| -> Result<()> {
+        for round in 0..2 {
+            ns.sh_ok(
+                &format!("nft delete table netdev {name}; nft delete table inet {name}"),
+                30,
+            )?;
+            ensure!(!floor_there(ns, &name), "round {round}: not deleted");
+            wait_until(
+                "the keeper to put the floor back",
+                Duration::from_secs(30),
+                || floor_there(ns, &name),
+            )?;
+            let link = ns.sh_ok(&format!("ip -o link show dev {VM_IFACE}"), 30)?;
+            ensure!(link.contains("state DOWN"), "round {round}: {link}");
+        }
+        Ok(())
+    })();
+    signal(&[gateway], "CONT")?;
+    tampered?;
+    let sidecar = w.sidecar().context("no sidecar")?;
+    wait_until("the gateway to end", Duration::from_secs(60), || {
+        sidecar.check_alive().is_err()
+    })?;
+    let st = sidecar.signal_and_wait(0, Duration::from_secs(10))?;
+    let log = w.sidecar_log();
+    ensure!(st.code() == Some(1), "exit {st}\n{log}");
+    let errors: Vec<&str> = log.lines().filter(|l| l.starts_with("Error")).collect();
+    ensure!(
+        errors.len() == 1
+            && errors[0].contains("the floor stopped holding while the gateway served")
+            && errors[0].contains("its floor is back on it"),
+        "want one error line with the reason: {log}"
+    );
+    ensure!(floor_there(vm(&w)?, &name), "no floor after the end");
+    Ok(())
+}
+
+/// The keeper killed (SIGKILL, as the OOM killer would) while the gateway
+/// serves: nothing would check the floor any more, so the gateway ends
+/// the session fail closed, the interface down, the floor as it was, and
+/// exits 1 with one line that says why.
+#[test]
+#[ignore = "needs root: run via scripts/test"]
+fn a_killed_keeper_ends_the_gateway_fail_closed() -> Result<()> {
+    let mut w = World::builder().transport(Transport::Attach).start()?;
+    w.guest_ok(&format!("curl -sS --max-time 60 http://{ORIGIN_NAME}/"), 90)?;
+    let gateway = w.sidecar_pid().context("no gateway")?;
+    let keeper = keeper_of(gateway)?;
+    let name = floor_name(vm(&w)?, VM_IFACE)?;
+    signal(&[keeper], "KILL")?;
+    let sidecar = w.sidecar().context("no sidecar")?;
+    wait_until("the gateway to end", Duration::from_secs(60), || {
+        sidecar.check_alive().is_err()
+    })?;
+    let st = sidecar.signal_and_wait(0, Duration::from_secs(10))?;
+    let log = w.sidecar_log();
+    ensure!(st.code() == Some(1), "exit {st}\n{log}");
+    let errors: Vec<&str> = log.lines().filter(|l| l.starts_with("Error")).collect();
+    ensure!(
+        errors.len() == 1
+            && errors[0].contains("the floor keeper died while the gateway served")
+            && errors[0].contains("the interface was set down"),
+        "want one error line with the reason: {log}"
+    );
+    let ns = vm(&w)?;
+    ensure!(
+        floor_there(ns, &name),
+        "no floor after the end: {}",
+        tables(ns)?
+    );
+    let link = ns.sh_ok(&format!("ip -o link show dev {VM_IFACE}"), 30)?;
+    ensure!(link.contains("state DOWN"), "{VM_IFACE}: {link}");
+    Ok(())
+}
+
+/// Sends `sig` (`STOP`, `CONT`, `KILL`) to `pids`.
 fn signal(pids: &[u32], sig: &str) -> Result<()> {
     let st = std::process::Command::new("kill")
         .arg(format!("-{sig}"))
@@ -72,15 +193,7 @@ fn an_interface_given_the_index_of_the_gone_one_is_left_alone() -> Result<()> {
     let mut w = World::builder().transport(Transport::Attach).start()?;
     w.guest_ok(&format!("curl -sS --max-time 60 http://{ORIGIN_NAME}/"), 90)?;
     let gateway = w.sidecar_pid().context("no gateway")?;
-    let children = std::process::Command::new("pgrep")
-        .args(["-P", &gateway.to_string()])
-        .output()
-        .context("running pgrep")?;
-    let keeper: u32 = String::from_utf8_lossy(&children.stdout)
-        .lines()
-        .next()
-        .and_then(|l| l.trim().parse().ok())
-        .context("no floor keeper (a child of the gateway)")?;
+    let keeper = keeper_of(gateway)?;
     let ns = vm(&w)?;
     let index = ns
         .sh_ok(&format!("cat /sys/class/net/{VM_IFACE}/ifindex"), 30)?

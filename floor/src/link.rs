@@ -1,0 +1,149 @@
+//! Setting an interface down by its index, over rtnetlink: an
+//! `RTM_NEWLINK` request that clears `IFF_UP` on `ifi_index`, in the
+//! calling thread's namespace.
+//!
+//! By index, not by name: a name looked up from the index and handed to
+//! a tool (`ip link set NAME down`) is resolved again by that tool, in a
+//! process started later, and a rename in between sends the act
+//! elsewhere or makes it fail. No tool is run either, so the end of a
+//! floor does not depend on iproute2 being installed where the keeper
+//! runs.
+
+use std::time::Duration;
+
+use rustix::net::{
+    AddressFamily, RecvFlags, SendFlags, SocketFlags, SocketType, recv, send, socket_with,
+    sockopt::{Timeout, set_socket_timeout},
+};
+
+/// `<linux/rtnetlink.h>`, `<linux/netlink.h>`, `<linux/if.h>`.
+const RTM_NEWLINK: u16 = 16;
+const NLM_F_REQUEST: u16 = 0x1;
+const NLM_F_ACK: u16 = 0x4;
+const NLMSG_ERROR: u16 = 2;
+const IFF_UP: u32 = 0x1;
+/// `nlmsghdr` (16 bytes) then `ifinfomsg` (16 bytes).
+const REQUEST_LEN: u32 = 32;
+/// The request's sequence number, matched in the answer.
+const SEQ: u32 = 1;
+
+/// How long the kernel's answer is waited for (it answers at once; this
+/// only bounds a wait that should never happen).
+const ANSWER_WITHIN: Duration = Duration::from_secs(5);
+
+/// Clears `IFF_UP` on the interface of index `index` (in the calling
+/// thread's namespace), and waits for the kernel's acknowledgement.
+///
+/// # Errors
+/// The kernel's refusal (`ENODEV`: no interface has that index; `EPERM`:
+/// no `CAP_NET_ADMIN` there), or why the request could not be made, as
+/// one line.
+pub(crate) fn set_down(index: u32) -> Result<(), String> {
+    let ifindex =
+        i32::try_from(index).map_err(|_| format!("interface index {index} out of range"))?;
+    let sock = socket_with(
+        AddressFamily::NETLINK,
+        SocketType::RAW,
+        SocketFlags::CLOEXEC,
+        None,
+    )
+    .map_err(|e| format!("opening an rtnetlink socket: {e}"))?;
+    set_socket_timeout(&sock, Timeout::Recv, Some(ANSWER_WITHIN))
+        .map_err(|e| format!("setting the rtnetlink socket's timeout: {e}"))?;
+    send(&sock, &request(ifindex), SendFlags::empty())
+        .map_err(|e| format!("sending RTM_NEWLINK: {e}"))?;
+    let mut buf = [0u8; 4096];
+    loop {
+        let (n, _) = recv(&sock, &mut buf, RecvFlags::empty())
+            .map_err(|e| format!("reading the kernel's answer to RTM_NEWLINK: {e}"))?;
+        if let Some(answer) = answer(&buf[..n.min(buf.len())]) {
+            return answer;
+        }
+    }
+}
+
+/// The request: `RTM_NEWLINK` on `ifindex`, `ifi_change` `IFF_UP` and
+/// `ifi_flags` 0 (so `IFF_UP` cleared, every other flag as it is), with
+/// an acknowledgement asked for.
+fn request(ifindex: i32) -> Vec<u8> {
+    let mut msg = Vec::with_capacity(32);
+    msg.extend_from_slice(&REQUEST_LEN.to_ne_bytes());
+    msg.extend_from_slice(&RTM_NEWLINK.to_ne_bytes());
+    msg.extend_from_slice(&(NLM_F_REQUEST | NLM_F_ACK).to_ne_bytes());
+    msg.extend_from_slice(&SEQ.to_ne_bytes());
+    msg.extend_from_slice(&0u32.to_ne_bytes()); // port id: the kernel fills it
+    msg.extend_from_slice(&[0, 0]); // ifi_family AF_UNSPEC, padding
+    msg.extend_from_slice(&0u16.to_ne_bytes()); // ifi_type
+    msg.extend_from_slice(&ifindex.to_ne_bytes());
+    msg.extend_from_slice(&0u32.to_ne_bytes()); // ifi_flags
+    msg.extend_from_slice(&IFF_UP.to_ne_bytes()); // ifi_change
+    msg
+}
+
+/// The kernel's answer in one datagram, if it holds the acknowledgement
+/// of our request (`NLMSG_ERROR` with error 0, or the refusal's errno);
+/// `None` for anything else.
+fn answer(datagram: &[u8]) -> Option<Result<(), String>> {
+    let u16_at = |at: usize| {
+        datagram
+            .get(at..at + 2)
+            .and_then(|b| b.try_into().ok())
+            .map(u16::from_ne_bytes)
+    };
+    let u32_at = |at: usize| {
+        datagram
+            .get(at..at + 4)
+            .and_then(|b| b.try_into().ok())
+            .map(u32::from_ne_bytes)
+    };
+    let mut at = 0;
+    while let Some(len) = u32_at(at).and_then(|l| usize::try_from(l).ok()) {
+        if len < 16 {
+            return None;
+        }
+        if u16_at(at + 4) == Some(NLMSG_ERROR) && u32_at(at + 8) == Some(SEQ) {
+            let code = datagram
+                .get(at + 16..at + 20)
+                .and_then(|b| b.try_into().ok())
+                .map(i32::from_ne_bytes)?;
+            return Some(match code {
+                0 => Ok(()),
+                neg => Err(format!(
+                    "the kernel refused to set it down: {}",
+                    rustix::io::Errno::from_raw_os_error(neg.saturating_neg())
+                )),
+            });
+        }
+        // Messages are 4-byte aligned.
+        at = at.checked_add(len.checked_add(3)? & !3)?;
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ack(code: i32, seq: u32) -> Vec<u8> {
+        let mut m = Vec::new();
+        m.extend_from_slice(&36u32.to_ne_bytes());
+        m.extend_from_slice(&NLMSG_ERROR.to_ne_bytes());
+        m.extend_from_slice(&0u16.to_ne_bytes());
+        m.extend_from_slice(&seq.to_ne_bytes());
+        m.extend_from_slice(&0u32.to_ne_bytes());
+        m.extend_from_slice(&code.to_ne_bytes());
+        m.extend_from_slice(&request(7)[..16]);
+        m
+    }
+
+    #[test]
+    fn the_acknowledgement_and_a_refusal_are_read_and_anything_else_is_not() {
+        assert_eq!(answer(&ack(0, SEQ)), Some(Ok(())));
+        let refused = answer(&ack(-19, SEQ)).unwrap().unwrap_err();
+        assert!(refused.contains("No such device"), "{refused}");
+        assert_eq!(answer(&ack(0, SEQ + 1)), None);
+        assert_eq!(answer(&[]), None);
+        assert_eq!(answer(&ack(0, SEQ)[..10]), None);
+        assert_eq!(request(7).len(), 32);
+    }
+}
