@@ -7,7 +7,7 @@ use std::net::Ipv4Addr;
 use std::time::Instant;
 
 use smoltcp::iface::{Config as IfaceConfig, Interface};
-use smoltcp::phy::{Checksum, Device, DeviceCapabilities, Medium, RxToken, TxToken};
+use smoltcp::phy::{Device, DeviceCapabilities, Medium, RxToken, TxToken};
 use smoltcp::time::Instant as SmolInstant;
 use smoltcp::wire::{EthernetAddress, HardwareAddress, IpAddress, IpCidr};
 
@@ -64,13 +64,6 @@ impl Device for GuestDevice<'_> {
         caps.medium = Medium::Ethernet;
         caps.max_transmission_unit = self.mtu + 14;
         caps.max_burst_size = None;
-        // The TCP checksum of a guest segment is not verified (a pass over
-        // every byte sent upward). It guards against
-        // corruption on a wire, and there is none: the frame came over a
-        // local socket, or from a TAP whose partial checksums the link
-        // completes. A guest that sends a wrong one only alters its own
-        // bytes, and what the gateway inspects is exactly what it forwards.
-        caps.checksum.tcp = Checksum::Tx;
         caps
     }
 }
