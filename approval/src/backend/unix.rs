@@ -84,6 +84,10 @@ pub async fn read_line<R: AsyncBufRead + Unpin>(r: &mut R) -> Result<Vec<u8>, Ba
     }
 }
 
+/// How long past a question's `timeout_ms` [`Asked`] waits for the
+/// gateway's hang-up before it takes the question down by itself.
+pub const WITHDRAW_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Why a question read by [`Asked`] no longer wants an answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Withdrawn {
@@ -109,8 +113,12 @@ pub struct Asked {
 
 impl Asked {
     /// Reads one question from `stream`. Its deadline is its
-    /// `timeout_ms` from now (the gateway started counting when it sent
-    /// it, a little earlier: its hang-up then comes first).
+    /// `timeout_ms` from now plus [`WITHDRAW_GRACE`]: the gateway started
+    /// counting when it sent it, and its own timeout is the one that
+    /// decides (it records `timeout` and hangs up). This deadline is a
+    /// backstop for a gateway that never hangs up; were it to come first on
+    /// a loaded machine, the closed connection would be recorded as a
+    /// backend failure instead of a timeout.
     ///
     /// # Errors
     /// The question could not be read or is not valid.
@@ -120,7 +128,9 @@ impl Asked {
         let line = read_line(&mut r).await?;
         let question = Question::parse(&line)?;
         let deadline = (question.timeout_ms > 0).then(|| {
-            tokio::time::Instant::now() + std::time::Duration::from_millis(question.timeout_ms)
+            tokio::time::Instant::now()
+                + std::time::Duration::from_millis(question.timeout_ms)
+                + WITHDRAW_GRACE
         });
         Ok(Self {
             question,
