@@ -50,12 +50,12 @@ use std::path::PathBuf;
 
 use anyhow::{Result, bail};
 use clap::{Parser, Subcommand};
-use sluice_e2e::Sidecar;
+use sluice_e2e::{Sidecar, WorldBuilder};
 
 use clients::{connrate, dnsnames, dnsqps, hold};
 use dns::{DnsArgs, dns_cells};
 use rss::rss_curve;
-use run::{run, table};
+use run::{RunArgs, run, table};
 use xfer::{XferArgs, xfer};
 
 /// Command line.
@@ -69,29 +69,7 @@ struct Args {
 #[derive(Subcommand, Debug)]
 enum Cmd {
     /// Measure one sidecar at one MTU; prints one JSON line.
-    Run {
-        /// `gateway` or `passt`.
-        #[arg(long)]
-        sidecar: String,
-        /// MTU the sidecar advertises.
-        #[arg(long)]
-        mtu: u32,
-        /// Seconds per iperf3 run.
-        #[arg(long, default_value_t = 10)]
-        secs: u32,
-        /// Connections for the connection-rate test.
-        #[arg(long, default_value_t = 2000)]
-        conns: u32,
-        /// Queries for the DNS test.
-        #[arg(long, default_value_t = 5000)]
-        queries: u32,
-        /// Flows held open for the RSS-under-load figure.
-        #[arg(long, default_value_t = 1000)]
-        flows: u32,
-        /// Extra argument for the sidecar (repeatable), e.g. `--flow-buffer-kib=256`.
-        #[arg(long, allow_hyphen_values = true)]
-        sidecar_arg: Vec<String>,
-    },
+    Run(RunArgs),
     /// RSS idle and with each count of held flows; one JSON line per count.
     Rss {
         /// `gateway` or `passt`.
@@ -175,17 +153,8 @@ enum Cmd {
 
 fn main() -> Result<()> {
     match Args::parse().cmd {
-        Cmd::Run {
-            sidecar,
-            mtu,
-            secs,
-            conns,
-            queries,
-            flows,
-            sidecar_arg,
-        } => {
-            let s = parse_sidecar(&sidecar)?;
-            let v = run(s, mtu, secs, conns, queries, flows, &sidecar_arg)?;
+        Cmd::Run(a) => {
+            let v = run(&a)?;
             println!("{v}");
             Ok(())
         }
@@ -223,4 +192,19 @@ fn parse_sidecar(name: &str) -> Result<Sidecar> {
         "passt" => Sidecar::Passt,
         other => bail!("unknown sidecar {other}"),
     })
+}
+
+/// `b` with the congestion control `cc` set in every namespace of its
+/// world, and the name of the algorithm in effect there (the host's, which
+/// the namespaces inherit, when `cc` is `None`) for the figures' lines.
+fn congestion(b: WorldBuilder, cc: Option<&str>) -> (WorldBuilder, String) {
+    match cc {
+        Some(cc) => (b.congestion(cc), cc.to_owned()),
+        None => {
+            let host = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control")
+                .map(|s| s.trim().to_owned())
+                .unwrap_or_else(|_| "unknown".into());
+            (b, host)
+        }
+    }
 }

@@ -13,33 +13,70 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use serde_json::{Value, json};
 use sluice_e2e::bench::{guest_bench, iperf, load_average_1min, table_cell};
-use sluice_e2e::{BANNER_PORT, ECHO_PORT, ORIGIN_ADDR, ORIGIN_NAME, Sidecar, World, bin_path};
+use sluice_e2e::{BANNER_PORT, ECHO_PORT, ORIGIN_ADDR, ORIGIN_NAME, World, bin_path};
+
+use crate::{congestion, parse_sidecar};
 
 /// The fake DNS's record TTL in `run` (seconds): long enough that every
 /// repeat of the measured name is a cache hit where there is a cache.
 const RUN_DNS_TTL: u32 = 300;
 
-/// `run`: see the module docs.
-pub(super) fn run(
-    s: Sidecar,
+/// Arguments of `run`.
+#[derive(clap::Args, Debug)]
+pub(super) struct RunArgs {
+    /// `gateway` or `passt`.
+    #[arg(long)]
+    sidecar: String,
+    /// MTU the sidecar advertises.
+    #[arg(long)]
     mtu: u32,
+    /// Seconds per iperf3 run.
+    #[arg(long, default_value_t = 10)]
     secs: u32,
+    /// Connections for the connection-rate test.
+    #[arg(long, default_value_t = 2000)]
     conns: u32,
+    /// Queries for the DNS test.
+    #[arg(long, default_value_t = 5000)]
     queries: u32,
+    /// Flows held open for the RSS-under-load figure.
+    #[arg(long, default_value_t = 1000)]
     flows: u32,
-    sidecar_args: &[String],
-) -> Result<Value> {
+    /// TCP congestion control in every namespace of the world (e.g.
+    /// `cubic`, Debian's default); without it the namespaces inherit the
+    /// host's. Printed in the line either way.
+    #[arg(long)]
+    cc: Option<String>,
+    /// Extra argument for the sidecar (repeatable), e.g. `--flow-buffer-kib=256`.
+    #[arg(long, allow_hyphen_values = true)]
+    sidecar_arg: Vec<String>,
+}
+
+/// `run`: see the module docs.
+pub(super) fn run(a: &RunArgs) -> Result<Value> {
+    let s = parse_sidecar(&a.sidecar)?;
+    let RunArgs {
+        mtu,
+        secs,
+        conns,
+        queries,
+        flows,
+        ..
+    } = *a;
     let load_start = load_average_1min();
     // The DNS figure is of cached answers (issue 16): with a positive TTL
     // the gateway answers repeats from its cache; passt has none and
     // forwards each to dnsmasq.
-    let mut b = World::builder()
-        .sidecar(s)
-        .mtu(mtu)
-        .dns_ttl(RUN_DNS_TTL)
-        .iperf();
-    for a in sidecar_args {
-        b = b.sidecar_arg(a);
+    let (mut b, cc) = congestion(
+        World::builder()
+            .sidecar(s)
+            .mtu(mtu)
+            .dns_ttl(RUN_DNS_TTL)
+            .iperf(),
+        a.cc.as_deref(),
+    );
+    for x in &a.sidecar_arg {
+        b = b.sidecar_arg(x);
     }
     let mut w = b.start()?;
     let startup_ms = w.sidecar_startup().as_secs_f64() * 1e3;
@@ -100,7 +137,7 @@ pub(super) fn run(
     let _ = holder.wait();
 
     Ok(json!({
-        "sidecar": s.name(), "mtu": mtu,
+        "sidecar": s.name(), "mtu": mtu, "cc": cc,
         "up1_gbps": up1, "up4_gbps": up4, "down1_gbps": down1, "down4_gbps": down4,
         "conn_rate": cr["rate"], "conn_p50_us": cr["p50_us"], "conn_p99_us": cr["p99_us"],
         "conn_failed": cr["failed"],

@@ -13,7 +13,7 @@ use sluice_e2e::bench::guest_bench;
 use sluice_e2e::{BANNER_PORT, ORIGIN_ADDR, ORIGIN_NAME, World};
 
 use crate::cpu::{bridge_pid, measured};
-use crate::parse_sidecar;
+use crate::{congestion, parse_sidecar};
 
 /// Arguments of `xfer`.
 #[derive(clap::Args, Debug)]
@@ -67,20 +67,14 @@ pub(super) struct XferArgs {
 /// `xfer`: see the module docs.
 pub(super) fn xfer(a: &XferArgs) -> Result<()> {
     let s = parse_sidecar(&a.sidecar)?;
-    let mut b = World::builder()
-        .sidecar(s)
-        .mtu(a.mtu)
-        .dns_ttl(a.dns_ttl)
-        .iperf();
-    if let Some(cc) = &a.cc {
-        b = b.congestion(cc);
-    }
-    let cc = match &a.cc {
-        Some(cc) => cc.clone(),
-        None => std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control")
-            .map(|s| s.trim().to_string())
-            .unwrap_or_else(|_| "unknown".into()),
-    };
+    let (mut b, cc) = congestion(
+        World::builder()
+            .sidecar(s)
+            .mtu(a.mtu)
+            .dns_ttl(a.dns_ttl)
+            .iperf(),
+        a.cc.as_deref(),
+    );
     for x in &a.sidecar_arg {
         b = b.sidecar_arg(x);
     }
