@@ -217,6 +217,17 @@ pub(crate) fn nft_tables(netns: Option<&str>) -> String {
     text(&out.stdout)
 }
 
+/// The value of `field` in `/proc/PID/status`.
+pub(crate) fn status_field(pid: u32, field: &str) -> String {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
+        .trim()
+        .to_owned()
+}
+
 /// The rules of the nftables table `table` (an egress floor,
 /// [`floor_table`]) in the network namespace `netns`, as `nft list` prints
 /// them; empty when there is no such table.

@@ -6,7 +6,7 @@ use std::fs;
 use std::path::Path;
 
 use crate::Mode;
-use crate::common::fd_targets;
+use crate::common::{fd_targets, status_field};
 
 /// A process's real gid.
 pub(crate) fn gateway_gid(pid: u32) -> u32 {
@@ -15,17 +15,6 @@ pub(crate) fn gateway_gid(pid: u32) -> u32 {
         .next()
         .and_then(|g| g.parse().ok())
         .unwrap()
-}
-
-/// The value of `field` in `/proc/PID/status`.
-pub(crate) fn status_field(pid: u32, field: &str) -> String {
-    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(&format!("{field}:")))
-        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
-        .trim()
-        .to_owned()
 }
 
 /// (mount point, per-mount options) of every mount `pid` sees.
