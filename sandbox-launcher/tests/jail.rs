@@ -22,6 +22,7 @@ use sluice_launcher::jail::{
 
 mod common;
 use common::rootless_user::{self, TEST_USER};
+use common::status_field;
 
 const BUSYBOX: &str = "/bin/busybox";
 const SIGSYS: i32 = 31;
@@ -91,16 +92,6 @@ fn make_spec(test: &str, program: &str, args: &[&str]) -> JailSpec {
         spec.allow_missing.extend(CGROUP_LAYERS);
     }
     spec
-}
-
-fn status_field(pid: u32, field: &str) -> String {
-    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(&format!("{field}:")))
-        .unwrap_or_else(|| panic!("no {field} in status"))
-        .trim()
-        .to_owned()
 }
 
 fn fds_of(pid: u32) -> BTreeSet<i32> {

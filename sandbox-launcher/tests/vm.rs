@@ -28,6 +28,9 @@ use std::time::{Duration, Instant};
 mod common;
 use common::rootless_user::TEST_USER;
 use common::*;
+#[path = "vm/jail_view.rs"]
+mod jail_view;
+use jail_view::*;
 
 fn sluice(agent: &Path, mark: &str, args: &[&str]) -> Command {
     let mut c = Command::new(SLUICE);
@@ -140,15 +143,6 @@ fn without_user_namespaces_a_rootless_run_names_the_sysctl() {
     );
     let _ = holder.kill();
     let _ = holder.wait();
-}
-
-/// A process's real gid.
-fn gateway_gid(pid: u32) -> u32 {
-    status_field(pid, "Gid")
-        .split_whitespace()
-        .next()
-        .and_then(|g| g.parse().ok())
-        .unwrap()
 }
 
 fn run(agent: &Path, args: &[&str]) -> Output {
@@ -338,76 +332,6 @@ fn the_guest_network_is_a_sluice_gateway() {
     assert!(dns > 0, "no DNS audit line: {}", v["audit"]);
 }
 
-fn status_field(pid: u32, field: &str) -> String {
-    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(&format!("{field}:")))
-        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
-        .trim()
-        .to_owned()
-}
-
-/// (mount point, per-mount options) of every mount `pid` sees.
-fn mounts(pid: u32) -> Vec<(String, String)> {
-    fs::read_to_string(format!("/proc/{pid}/mountinfo"))
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            (f[4].to_owned(), f[5].to_owned())
-        })
-        .collect()
-}
-
-/// Every layer of a jail, from /proc: seccomp, no_new_privs, no
-/// capabilities, running as `uid` (65534 as root, the user's rootless),
-/// the namespaces (rootless also its own user namespace mapping only
-/// `uid`), read-only mounts.
-fn assert_confined(pid: u32, what: &str, mode: Mode, expected_uid: u32) {
-    assert_eq!(status_field(pid, "Seccomp"), "2", "{what}: seccomp filter");
-    assert_eq!(status_field(pid, "NoNewPrivs"), "1", "{what}");
-    assert_eq!(status_field(pid, "CapEff"), "0000000000000000", "{what}");
-    assert_eq!(status_field(pid, "CapPrm"), "0000000000000000", "{what}");
-    assert_eq!(status_field(pid, "CapBnd"), "0000000000000000", "{what}");
-    let uid = status_field(pid, "Uid");
-    assert!(
-        uid.split_whitespace()
-            .all(|u| u == expected_uid.to_string()),
-        "{what}: uid {uid}"
-    );
-    let ns = |p: &str| fs::read_link(p).unwrap();
-    let user_ns_shared = ns(&format!("/proc/{pid}/ns/user")) == ns("/proc/self/ns/user");
-    assert_eq!(user_ns_shared, mode == Mode::Root, "{what}: user namespace");
-    if mode == Mode::Rootless {
-        let map = fs::read_to_string(format!("/proc/{pid}/uid_map")).unwrap();
-        let map: Vec<&str> = map.split_whitespace().collect();
-        let u = expected_uid.to_string();
-        assert_eq!(map, [u.as_str(), u.as_str(), "1"], "{what}: uid_map");
-    }
-    for n in ["mnt", "pid", "ipc", "uts"] {
-        assert_ne!(
-            ns(&format!("/proc/{pid}/ns/{n}")),
-            ns(&format!("/proc/self/ns/{n}")),
-            "{what}: {n} namespace is the host's"
-        );
-    }
-    // Read-only everything but the paths the jail lists as writable.
-    let m = mounts(pid);
-    assert!(m.len() < 64, "{what}: {} mounts: {m:?}", m.len());
-    for (point, opts) in &m {
-        assert!(
-            !["/home", "/root", "/work", "/etc/shadow", "/var"].contains(&point.as_str()),
-            "{what}: host path {point} is mounted"
-        );
-        let writable_ok = point.ends_with(".run");
-        assert!(
-            writable_ok || opts.split(',').any(|o| o == "ro"),
-            "{what}: {point} is mounted {opts}"
-        );
-    }
-}
-
 /// QEMU and the gateway, seen from /proc while a command runs in the guest:
 /// every layer of their jails is in force. Then SIGKILL of the launcher
 /// leaves nothing behind (processes, cgroups, jail dirs, the run dir).
@@ -528,81 +452,6 @@ fn qemu_and_the_gateway_run_jailed_as(mode: Mode) {
     );
 }
 
-/// QEMU's cgroups (named after `launcher`) hold it, with limits: v1's
-/// per-controller hierarchies where the host mounts them, else v2's one dir.
-fn assert_qemu_cgroups(qemu: u32, launcher: u32) {
-    let cgroups = fs::read_to_string(format!("/proc/{qemu}/cgroup")).unwrap();
-    let name = format!("sluice-{launcher}-qemu");
-    let v1 = Path::new("/sys/fs/cgroup/memory/cgroup.clone_children").exists();
-    let (memory, pids) = if v1 {
-        for c in ["memory", "pids", "cpu"] {
-            assert!(
-                cgroups
-                    .lines()
-                    .any(|l| l.contains(c) && l.ends_with(&format!("/{name}"))),
-                "QEMU not in a {c} cgroup {name}: {cgroups}"
-            );
-        }
-        let root = Path::new("/sys/fs/cgroup");
-        (
-            root.join("memory")
-                .join(&name)
-                .join("memory.limit_in_bytes"),
-            root.join("pids").join(&name).join("pids.max"),
-        )
-    } else {
-        let path = cgroups
-            .lines()
-            .find_map(|l| l.strip_prefix("0::"))
-            .unwrap_or_else(|| panic!("QEMU in no v2 cgroup: {cgroups}"));
-        assert!(
-            path.ends_with(&format!("/{name}")),
-            "QEMU in {path}, not {name}"
-        );
-        let dir = Path::new("/sys/fs/cgroup").join(path.trim_start_matches('/'));
-        (dir.join("memory.max"), dir.join("pids.max"))
-    };
-    let limit: u64 = fs::read_to_string(memory).unwrap().trim().parse().unwrap();
-    assert!(limit > 256 << 20 && limit < 2 << 30, "memory limit {limit}");
-    let pids_max = fs::read_to_string(pids).unwrap();
-    assert_ne!(pids_max.trim(), "max");
-}
-
-/// QEMU sees only its data dirs and the image and holds only its
-/// socketpairs; the gateway holds its pipes and socketpair.
-fn assert_qemu_view(qemu: u32, gw: u32) {
-    // QEMU's mounts: its data dirs and the image, nothing of the host's /etc.
-    let points: Vec<String> = mounts(qemu).into_iter().map(|(p, _)| p).collect();
-    assert!(points.iter().any(|p| p == "/usr/share/qemu"), "{points:?}");
-    assert!(
-        points.iter().any(|p| p.ends_with("/initramfs.cpio")),
-        "{points:?}"
-    );
-    assert!(!points.iter().any(|p| p.starts_with("/etc")), "{points:?}");
-
-    // fds: 0/1 /dev/null, 2 a pipe to the launcher, 3-5 the socketpairs;
-    // no other socket, no file outside the jail's read-only set.
-    let fds = fd_targets(qemu);
-    assert_eq!(fds[&0], "/dev/null", "{fds:?}");
-    assert_eq!(fds[&1], "/dev/null", "{fds:?}");
-    assert!(fds[&2].starts_with("pipe:"), "{fds:?}");
-    for n in 3..=5 {
-        assert!(fds[&n].starts_with("socket:"), "{fds:?}");
-    }
-    let sockets = fds.values().filter(|t| t.starts_with("socket:")).count();
-    assert_eq!(sockets, 3, "QEMU holds only its three socketpairs: {fds:?}");
-    for t in fds.values().filter(|t| t.starts_with('/')) {
-        assert!(
-            t.starts_with("/dev/") || t.contains("/images/") || t.starts_with("/usr/"),
-            "unexpected file {t} open in QEMU: {fds:?}"
-        );
-    }
-    // The gateway: stdout (audit) and stderr are pipes, 3 its socketpair.
-    let gfds = fd_targets(gw);
-    assert!(gfds[&1].starts_with("pipe:"), "{gfds:?}");
-    assert!(gfds[&3].starts_with("socket:"), "{gfds:?}");
-}
-
 /// `--rootfs DIR`: the guest boots the user's tree (here a small one made
 /// of busybox links and a marker file) instead of the default userland.
 #[test]
@@ -646,10 +495,9 @@ fn a_user_rootfs_replaces_the_default_userland() {
 #[test]
 #[ignore = "needs root: run via scripts/test"]
 fn https_from_the_guest_allowed_and_denied_through_the_gateway() {
-    use sluice_e2e::{DNS_ADDR, ORIGIN_NAME, ORIGIN2_ADDR, ORIGIN2_NAME, World};
-    let Some(agent) = agent() else { return };
-    let Some(gateway) = gateway_bin() else { return };
-    let world = World::builder().connect_guest(false).start().unwrap();
+    use sluice_e2e::{DNS_ADDR, ORIGIN_NAME, ORIGIN2_ADDR, ORIGIN2_NAME};
+    let Some(rw) = RunWorld::start() else { return };
+    let (agent, gateway, world) = (rw.agent, rw.gateway, rw.world);
     let dir = world.dir().to_path_buf();
     let policy = dir.join("la-policy.yaml");
     fs::write(
@@ -675,30 +523,21 @@ fn https_from_the_guest_allowed_and_denied_through_the_gateway() {
          curl -sS --max-time 60 --cacert /tmp/ca.pem https://{ORIGIN2_NAME}/; echo name=$?; \
          curl -sS --max-time 60 -k https://{ORIGIN2_ADDR}/; echo ip=$?"
     );
-    let m = mark();
-    let mut cmd = Command::new("nsenter");
-    cmd.arg(format!("--net=/run/netns/{}", world.host.name()))
-        .arg(SLUICE)
-        .arg("run")
-        .arg(format!("--gateway={}", gateway.display()))
-        .arg("--policy")
-        .arg(&policy)
-        .arg("--audit")
-        .arg(&audit)
-        .arg("--copy-in")
-        .arg(format!("{}:/tmp/ca.pem", ca.display()))
-        .arg("--copy-out")
-        .arg(format!(
+    let (audit_flag, copy_out) = (
+        audit.display().to_string(),
+        format!(
             "/etc/ssl/certs/ca-certificates.crt:{}",
             bundle_out.display()
-        ))
-        .args(["--", "sh", "-c", &script])
-        .env("SLUICE_AGENT", &agent)
-        .env("SLV_TEST_MARK", &m)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let child = cmd.spawn().unwrap();
+        ),
+    );
+    let args = run_args(
+        &["--audit", &audit_flag, "--copy-out", &copy_out],
+        &policy,
+        &ca,
+        script,
+    );
+    let m = mark();
+    let child = sluice_in_world(&world, &agent, &gateway, &m, &args, &[]);
     let nsenter = child.id();
     let out = child.wait_with_output().unwrap();
     let stdout = text(&out.stdout);
@@ -777,10 +616,9 @@ fn https_from_the_guest_allowed_and_denied_through_the_gateway() {
 #[test]
 #[ignore = "needs root: run via scripts/test"]
 fn the_gateways_egress_floor_stops_a_rogue_process_under_its_identity() {
-    use sluice_e2e::{HOST_VETH_ADDR, ORIGIN_ADDR, ORIGIN_NAME, World};
-    let Some(agent) = agent() else { return };
-    let Some(gateway) = gateway_bin() else { return };
-    let world = World::builder().connect_guest(false).start().unwrap();
+    use sluice_e2e::{HOST_VETH_ADDR, ORIGIN_ADDR, ORIGIN_NAME};
+    let Some(rw) = RunWorld::start() else { return };
+    let (agent, gateway, world) = (rw.agent, rw.gateway, rw.world);
     let dir = world.dir().to_path_buf();
     let policy = dir.join("la-floor-policy.yaml");
     fs::write(
@@ -905,20 +743,7 @@ fn the_gateways_egress_floor_stops_a_rogue_process_under_its_identity() {
     };
     // The floor's drops: the counters of its rules, summed.
     let dropped = || -> u64 {
-        let out = Command::new("ip")
-            .args([
-                "netns",
-                "exec",
-                world.host.name(),
-                "nft",
-                "list",
-                "table",
-                "inet",
-            ])
-            .arg(&table)
-            .output()
-            .unwrap();
-        text(&out.stdout)
+        floor_rules(world.host.name(), &table)
             .lines()
             .filter(|l| l.contains(" drop"))
             .filter_map(|l| {
@@ -1023,10 +848,9 @@ const VC_KEY_VALUE: &str = "REAL-vc-file-key-81d3e7";
 #[test]
 #[ignore = "needs root: run via scripts/test"]
 fn the_sandbox_ca_in_the_guest_trust_store_and_secrets_substituted() {
-    use sluice_e2e::{ORIGIN_NAME, World};
-    let Some(agent) = agent() else { return };
-    let Some(gateway) = gateway_bin() else { return };
-    let world = World::builder().connect_guest(false).start().unwrap();
+    use sluice_e2e::ORIGIN_NAME;
+    let Some(rw) = RunWorld::start() else { return };
+    let (agent, gateway, world) = (rw.agent, rw.gateway, rw.world);
     let secret_dir = jail_dir(&world, "vc-secrets");
     let key_file = secret_dir.join("key");
     fs::write(&key_file, format!("{VC_KEY_VALUE}\n")).unwrap();
@@ -1219,10 +1043,9 @@ fn rename_replace(path: &Path, content: &str) {
 #[test]
 #[ignore = "needs root: run via scripts/test"]
 fn a_policy_replaced_by_rename_is_reloaded_under_sluice_run() {
-    use sluice_e2e::{ORIGIN_NAME, ORIGIN2_NAME, World};
-    let Some(agent) = agent() else { return };
-    let Some(gateway) = gateway_bin() else { return };
-    let world = World::builder().connect_guest(false).start().unwrap();
+    use sluice_e2e::{ORIGIN_NAME, ORIGIN2_NAME};
+    let Some(rw) = RunWorld::start() else { return };
+    let (agent, gateway, world) = (rw.agent, rw.gateway, rw.world);
     let policy = jail_dir(&world, "vc-reload").join("policy.yaml");
     let allow = |names: &str, id: &str| {
         format!(
@@ -1261,22 +1084,7 @@ fn a_policy_replaced_by_rename_is_reloaded_under_sluice_run() {
     let first = wait_line(&lines, &stderr, 300, "the first fetch", is_fetch);
     assert!(kept(&first), "{first}");
     // The egress floor (docs/isolation.md) follows the policy's networks.
-    let floor = || {
-        let out = Command::new("ip")
-            .args([
-                "netns",
-                "exec",
-                world.host.name(),
-                "nft",
-                "list",
-                "table",
-                "inet",
-            ])
-            .arg(floor_table(launcher))
-            .output()
-            .unwrap();
-        text(&out.stdout)
-    };
+    let floor = || floor_rules(world.host.name(), &floor_table(launcher));
     assert!(floor().contains("198.51.100.0/24"), "{}", floor());
     assert!(!floor().contains("10.99.0.0/16"), "{}", floor());
 

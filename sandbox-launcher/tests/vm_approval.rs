@@ -7,134 +7,15 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 mod common;
 use common::*;
-/// Whether tmux (the ask tests' real pty) is installed; when not, the skip
-/// is `may_skip`'s to allow (and count) or to fail.
-fn tmux_present() -> bool {
-    if Command::new("tmux").arg("-V").output().is_ok() {
-        return true;
-    }
-    sluice_test_skip::may_skip("tmux", "tmux is not installed (scripts/install-deps)");
-    false
-}
-
-/// Writes at `path` an `unlisted: ask` policy with the terminal backend and
-/// a 300 s timeout (`approval_extra`, e.g. `always: true\n  `, goes before
-/// the timeout) that lists the origin and the world's own entries.
-fn write_ask_policy(path: &Path, id: &str, approval_extra: &str) {
-    fs::write(
-        path,
-        format!(
-            "version: 1\nid: {id}\nunlisted: ask\napproval:\n  backend: terminal\n  \
-             {approval_extra}timeout: 300\nallow:\n  - domain: {}\n{}",
-            sluice_e2e::ORIGIN_NAME,
-            world_policy_tail()
-        ),
-    )
-    .unwrap();
-}
-
-/// Whether the last question shown as `line` on `screen` settled: its
-/// `choice> ` is shown, and keys typed now answer it.
-fn question_settled(screen: &str, line: &str) -> bool {
-    screen
-        .rfind(line)
-        .is_some_and(|at| screen[at..].contains("choice> "))
-}
-
-/// Runs the command line `words` in a detached tmux session on a private
-/// server, waits for `prompt` on its screen, types `key` and Enter, and
-/// waits for the command's end: its output (stdout and stderr, to a file)
-/// and exit code. Its stdin is /dev/null, or with `guest` = (`after`,
-/// `line`) the terminal itself (the one the prompt reads, `/dev/tty`):
-/// once the output shows `after`, `line` and Enter are typed for the guest.
-fn answer_in_tmux(
-    dir: &Path,
-    tag: &str,
-    words: &[String],
-    (prompt, key): (&str, &str),
-    guest: Option<(&str, &str)>,
-) -> (String, String) {
-    use sluice_e2e::wait_until;
-    let (out, exit) = (
-        dir.join(format!("{tag}-out.txt")),
-        dir.join(format!("{tag}-exit.txt")),
-    );
-    let quoted = |w: &str| format!("'{}'", w.replace('\'', r"'\''"));
-    let line: Vec<String> = words.iter().map(|w| quoted(w)).collect();
-    let sh = dir.join(format!("{tag}.sh"));
-    fs::write(
-        &sh,
-        format!(
-            "{}{} >{} 2>&1\necho $? >{}\n",
-            line.join(" "),
-            if guest.is_some() { "" } else { " </dev/null" },
-            out.display(),
-            exit.display()
-        ),
-    )
-    .unwrap();
-    let server = format!("{}-tmux", mark());
-    let tmux = |args: &[&str]| -> String {
-        let o = Command::new("tmux")
-            .args(["-L", &server])
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "tmux {args:?}: {}", text(&o.stderr));
-        text(&o.stdout)
-    };
-    tmux(&[
-        "new-session",
-        "-d",
-        "-x",
-        "200",
-        "-y",
-        "50",
-        "sh",
-        &sh.display().to_string(),
-    ]);
-    let screen = || {
-        Command::new("tmux")
-            .args(["-L", &server, "capture-pane", "-p", "-J", "-S", "-200"])
-            .output()
-            .map(|o| text(&o.stdout))
-            .unwrap_or_default()
-    };
-    // Keys count from `choice> `: what comes before it is discarded.
-    let shown = wait_until("the prompt", Duration::from_secs(240), || {
-        question_settled(&screen(), prompt) || exit.exists()
-    });
-    let pane = screen();
-    assert!(
-        shown.is_ok() && question_settled(&pane, prompt),
-        "no prompt on the terminal:\n{pane}\nlauncher: {}",
-        fs::read_to_string(&out).unwrap_or_default()
-    );
-    tmux(&["send-keys", key, "Enter"]);
-    if let Some((after, line)) = guest {
-        let output = || fs::read_to_string(&out).unwrap_or_default();
-        wait_until("the guest's output", Duration::from_secs(300), || {
-            output().contains(after) || exit.exists()
-        })
-        .unwrap();
-        assert!(output().contains(after), "launcher: {}", output());
-        tmux(&["send-keys", line, "Enter"]);
-    }
-    wait_until("the run's end", Duration::from_secs(300), || exit.exists()).unwrap();
-    let _ = Command::new("tmux")
-        .args(["-L", &server, "kill-server"])
-        .output();
-    (
-        fs::read_to_string(&out).unwrap(),
-        fs::read_to_string(&exit).unwrap().trim().to_owned(),
-    )
-}
+#[path = "vm_approval/support.rs"]
+mod support;
+use support::*;
 
 /// `sluice run --ask` (issue 17): the launcher's prompt on its controlling
 /// terminal, a real pty (a tmux server of the test's own), decides a name
@@ -148,48 +29,29 @@ fn answer_in_tmux(
 #[test]
 #[ignore = "needs root: run via scripts/test"]
 fn ask_prompts_on_the_terminal_and_json_auto_denies() {
-    use sluice_e2e::{ORIGIN2_NAME, World};
-    let Some(agent) = agent() else { return };
-    let Some(gateway) = gateway_bin() else { return };
-    if !tmux_present() {
+    use sluice_e2e::ORIGIN2_NAME;
+    let Some(rw) = ask_world() else {
         return;
-    }
-    let world = World::builder().connect_guest(false).start().unwrap();
-    let dir = world.dir().to_path_buf();
+    };
+    let dir = &rw.dir;
     let policy = dir.join("ask-policy.yaml");
-    write_ask_policy(&policy, "la-vm-ask", "");
+    write_ask_policy(&policy, "la-vm-ask", "", 300);
     let fetch =
         format!("curl -sS --max-time 280 --cacert /tmp/ca.pem https://{ORIGIN2_NAME}/ </dev/null");
     let script = format!("{fetch}; echo asked=$?; read -r line; echo \"guest-read=[$line]\"");
-    let run_args = |audit: &Path| -> Vec<String> {
-        vec![
-            format!("--net=/run/netns/{}", world.host.name()),
-            SLUICE.to_owned(),
-            "run".to_owned(),
-            format!("--gateway={}", gateway.display()),
-            "--policy".to_owned(),
-            policy.display().to_string(),
-            "--audit".to_owned(),
-            audit.display().to_string(),
-            "--ask".to_owned(),
-            "--copy-in".to_owned(),
-            format!("{}:/tmp/ca.pem", world.ca_pem().display()),
-        ]
-    };
 
     // On a terminal: the prompt, then the key.
     let audit = dir.join("ask-audit.jsonl");
-    let mut words = vec![
-        "env".to_owned(),
-        format!("SLUICE_AGENT={}", agent.display()),
-        format!("SLV_TEST_MARK={}", mark()),
-        "nsenter".to_owned(),
-    ];
-    words.extend(run_args(&audit));
-    words.extend(["--", "sh", "-c", &script].map(str::to_owned));
+    let audit_flag = audit.display().to_string();
+    let words = rw.env_run_words(
+        &mark(),
+        &["--audit", &audit_flag, "--ask"],
+        &policy,
+        script.clone(),
+    );
     let prompt = format!("wants to reach {ORIGIN2_NAME} (TCP 443)");
     let (output, code) = answer_in_tmux(
-        &dir,
+        dir,
         "ask",
         &words,
         (&prompt, "o"),
@@ -228,17 +90,14 @@ fn ask_prompts_on_the_terminal_and_json_auto_denies() {
 
     // Under --json: denied without a prompt, and the result says why.
     let audit = dir.join("ask-json-audit.jsonl");
+    let audit_flag = audit.display().to_string();
     let m = mark();
-    let child = Command::new("nsenter")
-        .args(run_args(&audit))
-        .args(["--json", "--", "sh", "-c", &script])
-        .env("SLUICE_AGENT", &agent)
-        .env("SLV_TEST_MARK", &m)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = rw.spawn_run(
+        &m,
+        &["--audit", &audit_flag, "--ask", "--json"],
+        &policy,
+        script,
+    );
     let nsenter = child.id();
     let out = child.wait_with_output().unwrap();
     let stderr = text(&out.stderr);
@@ -265,7 +124,7 @@ fn ask_prompts_on_the_terminal_and_json_auto_denies() {
         "no denied approval record"
     );
     assert_no_leftovers(&m, nsenter);
-    drop(world);
+    drop(rw);
 }
 
 /// Review s9 finding 3: while an `--ask` question is on the terminal, the
@@ -278,16 +137,13 @@ fn ask_prompts_on_the_terminal_and_json_auto_denies() {
 #[test]
 #[ignore = "needs root: run via scripts/test"]
 fn a_question_holds_the_guests_output_until_it_is_answered() {
-    use sluice_e2e::{ORIGIN2_NAME, World, wait_until};
-    let Some(agent) = agent() else { return };
-    let Some(gateway) = gateway_bin() else { return };
-    if !tmux_present() {
+    use sluice_e2e::{ORIGIN2_NAME, wait_until};
+    let Some(rw) = ask_world() else {
         return;
-    }
-    let world = World::builder().connect_guest(false).start().unwrap();
-    let dir = world.dir().to_path_buf();
+    };
+    let dir = &rw.dir;
     let policy = dir.join("hold-policy.yaml");
-    write_ask_policy(&policy, "la-vm-hold", "");
+    write_ask_policy(&policy, "la-vm-hold", "", 300);
     // The printer starts before the fetch asks and stops after its answer.
     let script = format!(
         "(i=0; while [ ! -e /tmp/answered ]; do echo \"out-$i\"; i=$((i+1)); done; \
@@ -295,22 +151,8 @@ fn a_question_holds_the_guests_output_until_it_is_answered() {
          curl -sS --max-time 280 --cacert /tmp/ca.pem https://{ORIGIN2_NAME}/ \
          </dev/null >/dev/null; echo asked=$?; touch /tmp/answered; wait"
     );
-    let mut words = vec![
-        "env".to_owned(),
-        format!("SLUICE_AGENT={}", agent.display()),
-        format!("SLV_TEST_MARK={}", mark()),
-        "nsenter".to_owned(),
-        format!("--net=/run/netns/{}", world.host.name()),
-        SLUICE.to_owned(),
-        "run".to_owned(),
-        format!("--gateway={}", gateway.display()),
-        "--ask".to_owned(),
-    ];
-    words.extend(run_args(&[], &policy, &world.ca_pem(), script));
-    let quoted: Vec<String> = words
-        .iter()
-        .map(|w| format!("'{}'", w.replace('\'', r"'\''")))
-        .collect();
+    let m = mark();
+    let words = rw.env_run_words(&m, &["--ask"], &policy, script);
     let (go, record, exit) = (
         dir.join("hold-go"),
         dir.join("hold-pane.bin"),
@@ -324,48 +166,23 @@ fn a_question_holds_the_guests_output_until_it_is_answered() {
         format!(
             "while [ ! -e {} ]; do sleep 0.1; done\n{}\necho $? >{}\n",
             go.display(),
-            quoted.join(" "),
+            shell_line(&words),
             exit.display()
         ),
     )
     .unwrap();
-    let server = format!("{}-tmux", mark());
-    let tmux = |args: &[&str]| {
-        let o = Command::new("tmux")
-            .args(["-L", &server])
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "tmux {args:?}: {}", text(&o.stderr));
-    };
-    tmux(&[
-        "new-session",
-        "-d",
-        "-x",
-        "200",
-        "-y",
-        "50",
-        "sh",
-        &sh.display().to_string(),
-    ]);
-    tmux(&["pipe-pane", "-O", &format!("cat >>{}", record.display())]);
+    let pane = Pane::start(&m, &sh);
+    pane.tmux(&["pipe-pane", "-O", &format!("cat >>{}", record.display())]);
     fs::write(&go, "").unwrap();
     let recorded = || fs::read(&record).map(|b| text(&b)).unwrap_or_default();
     let question = format!("wants to reach {ORIGIN2_NAME} (TCP 443)");
-    let shown = wait_until("the prompt", Duration::from_secs(240), || {
-        question_settled(&recorded(), &question) || exit.exists()
+    wait_settled(recorded, &question, &exit, |now| {
+        format!("; the pane's tail:\n{}", tail(now))
     });
-    assert!(
-        shown.is_ok() && question_settled(&recorded(), &question),
-        "no prompt on the terminal; the pane's tail:\n{}",
-        tail(&recorded())
-    );
-    tmux(&["send-keys", "o", "Enter"]);
+    pane.type_line("o");
     wait_until("the run's end", Duration::from_secs(300), || exit.exists()).unwrap();
     let code = fs::read_to_string(&exit).unwrap();
-    let _ = Command::new("tmux")
-        .args(["-L", &server, "kill-server"])
-        .output();
+    drop(pane);
     let pane = recorded().replace("\r\n", "\n");
     assert_eq!(code.trim(), "0", "{}", tail(&pane));
 
@@ -410,130 +227,7 @@ fn a_question_holds_the_guests_output_until_it_is_answered() {
         "the guest did not print across the question"
     );
     assert!(guest.contains("asked=0"), "the approved fetch failed");
-    drop(world);
-}
-
-/// The approval webhook for [`a_webhook_over_mutual_tls_on_loopback_decides_under_sluice_run`]:
-/// Python's `ssl` server requiring a client certificate from CA; it logs
-/// each question with the client's common name and allows every name but
-/// those starting `deny`.
-const MTLS_WEBHOOK: &str = r#"
-import http.server, json, ssl, sys, os
-log, portfile, port, cert, key, client_ca = sys.argv[1:7]
-class H(http.server.BaseHTTPRequestHandler):
-    def do_POST(self):
-        q = json.loads(self.rfile.read(int(self.headers.get("content-length", "0"))))
-        subject = dict(x[0] for x in self.connection.getpeercert().get("subject", ()))
-        with open(log, "a") as f:
-            f.write(json.dumps({"client": subject.get("commonName"), "name": q["name"]}) + "\n")
-        decision = "deny_once" if q["name"].startswith("deny") else "allow_once"
-        answer = json.dumps({"decision": decision, "by": "hook"}).encode()
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(answer)))
-        self.end_headers()
-        self.wfile.write(answer)
-    def log_message(self, *a):
-        pass
-s = http.server.HTTPServer(("127.0.0.1", int(port)), H)
-ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-ctx.load_cert_chain(cert, key)
-ctx.verify_mode = ssl.CERT_REQUIRED
-ctx.load_verify_locations(client_ca)
-s.socket = ctx.wrap_socket(s.socket, server_side=True)
-with open(portfile + ".tmp", "w") as f:
-    f.write(port)
-os.rename(portfile + ".tmp", portfile)
-s.serve_forever()
-"#;
-
-/// Run as uid 65534 outside the jails with the run dir and one of its
-/// sockets: what each attempt to take the socket's place, or to reach it,
-/// gets (a JSON object of operation to "ok" or the errno's name).
-const NOBODY_REPLACES: &str = r#"
-import errno, json, os, socket, sys
-run, sock = sys.argv[1], sys.argv[2]
-def do(f):
-    try:
-        f()
-        return "ok"
-    except OSError as e:
-        return errno.errorcode.get(e.errno, str(e.errno))
-def bind(path):
-    socket.socket(socket.AF_UNIX, socket.SOCK_STREAM).bind(path)
-def connect(path):
-    socket.socket(socket.AF_UNIX, socket.SOCK_STREAM).connect(path)
-print(json.dumps({
-    "unlink": do(lambda: os.unlink(sock)),
-    "bind_beside": do(lambda: bind(os.path.join(run, "evil.sock"))),
-    "connect": do(lambda: connect(sock)),
-    "move_run_dir": do(lambda: os.rename(run, run + ".moved")),
-}))
-"#;
-
-/// `openssl` in `dir`: a CA `{tag}-ca.pem`, and a leaf `{tag}-leaf.pem`
-/// (key `{tag}-leaf.key`) it signs for `cn` with the extensions `ext`.
-fn openssl_pki(dir: &Path, tag: &str, cn: &str, ext: &str) -> (PathBuf, PathBuf, PathBuf) {
-    let f = |n: &str| dir.join(format!("{tag}-{n}"));
-    let openssl = |args: &[&str]| {
-        let o = Command::new("openssl").args(args).output().unwrap();
-        assert!(o.status.success(), "openssl {args:?}: {}", text(&o.stderr));
-    };
-    let p = |p: PathBuf| p.display().to_string();
-    openssl(&[
-        "req",
-        "-x509",
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-        "-keyout",
-        &p(f("ca.key")),
-        "-out",
-        &p(f("ca.pem")),
-        "-days",
-        "2",
-        "-subj",
-        &format!("/CN={tag} CA"),
-        "-addext",
-        "basicConstraints=critical,CA:TRUE",
-        "-addext",
-        "keyUsage=critical,keyCertSign,digitalSignature",
-    ]);
-    openssl(&[
-        "req",
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-        "-keyout",
-        &p(f("leaf.key")),
-        "-out",
-        &p(f("leaf.csr")),
-        "-subj",
-        &format!("/CN={cn}"),
-    ]);
-    fs::write(f("leaf.ext"), ext).unwrap();
-    openssl(&[
-        "x509",
-        "-req",
-        "-in",
-        &p(f("leaf.csr")),
-        "-CA",
-        &p(f("ca.pem")),
-        "-CAkey",
-        &p(f("ca.key")),
-        "-CAcreateserial",
-        "-out",
-        &p(f("leaf.pem")),
-        "-days",
-        "2",
-        "-extfile",
-        &p(f("leaf.ext")),
-    ]);
-    (f("ca.pem"), f("leaf.pem"), f("leaf.key"))
+    drop(rw);
 }
 
 /// A webhook approval backend under `sluice run` (docs/approval.md): the
@@ -551,11 +245,12 @@ fn openssl_pki(dir: &Path, tag: &str, cn: &str, ext: &str) -> (PathBuf, PathBuf,
 fn a_webhook_over_mutual_tls_on_loopback_decides_under_sluice_run() {
     use std::os::unix::fs::PermissionsExt as _;
 
-    use sluice_e2e::{ORIGIN_NAME, ORIGIN2_NAME, Proc, World, wait_until};
-    let Some(agent) = agent() else { return };
-    let Some(gateway) = gateway_bin() else { return };
-    let world = World::builder().connect_guest(false).start().unwrap();
-    let dir = world.dir().join("hook");
+    use sluice_e2e::{ORIGIN_NAME, ORIGIN2_NAME, Proc, wait_until};
+    let Some(rw) = RunWorld::start() else {
+        return;
+    };
+    let world = &rw.world;
+    let dir = rw.dir.join("hook");
     fs::create_dir(&dir).unwrap();
     fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).unwrap();
     let (server_ca, server_cert, server_key) = openssl_pki(
@@ -625,22 +320,9 @@ fn a_webhook_over_mutual_tls_on_loopback_decides_under_sluice_run() {
          curl -sS --max-time 200 --cacert /tmp/ca.pem https://{denied_name}/; echo denied=$?"
     );
     let audit = dir.join("audit.jsonl");
+    let audit_flag = audit.display().to_string();
     let m = mark();
-    let child = Command::new("nsenter")
-        .arg(format!("--net=/run/netns/{}", world.host.name()))
-        .arg(SLUICE)
-        .arg("run")
-        .arg(format!("--gateway={}", gateway.display()))
-        .arg("--audit")
-        .arg(&audit)
-        .args(run_args(&[], &policy, &world.ca_pem(), script))
-        .env("SLUICE_AGENT", &agent)
-        .env("SLV_TEST_MARK", &m)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = rw.spawn_run(&m, &["--audit", &audit_flag], &policy, script);
     let nsenter = child.id();
     // Review s10 #9: while the run is live, a process of the jails' uid
     // (65534) outside the jails can neither replace the launcher's socket
@@ -717,13 +399,7 @@ fn a_webhook_over_mutual_tls_on_loopback_decides_under_sluice_run() {
         "the webhook's requests: {seen}"
     );
     assert_no_leftovers(&m, nsenter);
-    drop(world);
-}
-
-/// The last 40 lines of `s`.
-fn tail(s: &str) -> String {
-    let lines: Vec<&str> = s.lines().collect();
-    lines[lines.len().saturating_sub(40)..].join("\n")
+    drop(rw);
 }
 
 /// Issue 17, point 3 under `sluice run`: an `always` answer at the `--ask`
@@ -739,41 +415,26 @@ fn tail(s: &str) -> String {
 fn an_always_answer_writes_the_overlay_beside_the_policy_and_the_next_run_does_not_ask() {
     use std::os::unix::fs::PermissionsExt as _;
 
-    use sluice_e2e::{ORIGIN2_NAME, World};
-    let Some(agent) = agent() else { return };
-    let Some(gateway) = gateway_bin() else { return };
-    if !tmux_present() {
+    use sluice_e2e::ORIGIN2_NAME;
+    let Some(rw) = ask_world() else {
         return;
-    }
-    let world = World::builder().connect_guest(false).start().unwrap();
-    let dir = world.dir().to_path_buf();
+    };
+    let dir = &rw.dir;
     // A directory the jail's uid may search: it is bound whole, so the
     // running gateway sees the overlay appear.
     let policy_dir = dir.join("always-policy");
     fs::create_dir(&policy_dir).unwrap();
     fs::set_permissions(&policy_dir, fs::Permissions::from_mode(0o755)).unwrap();
     let policy = policy_dir.join("policy.yaml");
-    write_ask_policy(&policy, "la-vm-always", "always: true\n  ");
+    write_ask_policy(&policy, "la-vm-always", "always: true\n  ", 300);
     fs::set_permissions(&policy, fs::Permissions::from_mode(0o644)).unwrap();
     let overlay = policy_dir.join("policy.approved.yaml");
     let fetch = format!("curl -sS --max-time 280 --cacert /tmp/ca.pem https://{ORIGIN2_NAME}/");
     let run = |audit: &Path, flags: &[&str], script: String| -> Vec<String> {
-        let mut words = vec![
-            "env".to_owned(),
-            format!("SLUICE_AGENT={}", agent.display()),
-            format!("SLV_TEST_MARK={}", mark()),
-            "nsenter".to_owned(),
-            format!("--net=/run/netns/{}", world.host.name()),
-            SLUICE.to_owned(),
-            "run".to_owned(),
-            format!("--gateway={}", gateway.display()),
-            "--audit".to_owned(),
-            audit.display().to_string(),
-            "--ask".to_owned(),
-        ];
-        words.extend(flags.iter().map(|f| (*f).to_owned()));
-        words.extend(run_args(&[], &policy, &world.ca_pem(), script));
-        words
+        let audit = audit.display().to_string();
+        let mut all = vec!["--audit", &audit, "--ask"];
+        all.extend(flags);
+        rw.env_run_words(&mark(), &all, &policy, script)
     };
 
     // First run: asked, answered `always` by typing the name in full
@@ -786,7 +447,7 @@ fn an_always_answer_writes_the_overlay_beside_the_policy_and_the_next_run_does_n
     );
     let prompt = format!("wants to reach {ORIGIN2_NAME} (TCP 443)");
     let (output, code) = answer_in_tmux(
-        &dir,
+        dir,
         "always",
         &run(&audit, &[], script),
         (&prompt, ORIGIN2_NAME),
@@ -874,7 +535,7 @@ fn an_always_answer_writes_the_overlay_beside_the_policy_and_the_next_run_does_n
             .any(|l| l["kind"] == "approval"),
         "an approval record in the second run"
     );
-    drop(world);
+    drop(rw);
 }
 
 /// A question the gateway gives up on (its
@@ -889,49 +550,21 @@ fn an_always_answer_writes_the_overlay_beside_the_policy_and_the_next_run_does_n
 #[test]
 #[ignore = "needs root: run via scripts/test"]
 fn a_question_the_gateway_gives_up_on_is_taken_down_and_its_output_released() {
-    use sluice_e2e::{ORIGIN2_NAME, World, wait_until};
-    let Some(agent) = agent() else { return };
-    let Some(gateway) = gateway_bin() else { return };
-    if !tmux_present() {
+    use sluice_e2e::{ORIGIN2_NAME, wait_until};
+    let Some(rw) = ask_world() else {
         return;
-    }
-    let world = World::builder().connect_guest(false).start().unwrap();
-    let dir = world.dir().to_path_buf();
+    };
+    let dir = &rw.dir;
     let policy = dir.join("withdrawn-policy.yaml");
-    fs::write(
-        &policy,
-        format!(
-            "version: 1\nid: la-vm-withdrawn\nunlisted: ask\napproval:\n  backend: terminal\n  \
-             timeout: 8\nallow:\n  - domain: {}\n{}",
-            sluice_e2e::ORIGIN_NAME,
-            world_policy_tail()
-        ),
-    )
-    .unwrap();
+    write_ask_policy(&policy, "la-vm-withdrawn", "", 8);
     let audit = dir.join("withdrawn-audit.jsonl");
+    let audit_flag = audit.display().to_string();
     let script = format!(
         "curl -sS --max-time 60 --cacert /tmp/ca.pem https://{ORIGIN2_NAME}/ 2>/dev/null & \
          sleep 3; echo held-during-question; wait $!; echo fetch-status=$?"
     );
     let m = mark();
-    let mut words = vec![
-        "env".to_owned(),
-        format!("SLUICE_AGENT={}", agent.display()),
-        format!("SLV_TEST_MARK={m}"),
-        "nsenter".to_owned(),
-        format!("--net=/run/netns/{}", world.host.name()),
-        SLUICE.to_owned(),
-        "run".to_owned(),
-        format!("--gateway={}", gateway.display()),
-        "--audit".to_owned(),
-        audit.display().to_string(),
-        "--ask".to_owned(),
-    ];
-    words.extend(run_args(&[], &policy, &world.ca_pem(), script));
-    let quoted: Vec<String> = words
-        .iter()
-        .map(|w| format!("'{}'", w.replace('\'', r"'\''")))
-        .collect();
+    let words = rw.env_run_words(&m, &["--audit", &audit_flag, "--ask"], &policy, script);
     let exit = dir.join("withdrawn-exit.txt");
     let sh = dir.join("withdrawn.sh");
     // The launcher writes to the pane (the prompt's terminal); the pane
@@ -940,35 +573,16 @@ fn a_question_the_gateway_gives_up_on_is_taken_down_and_its_output_released() {
         &sh,
         format!(
             "{} </dev/null\necho $? >{}\nsleep 600\n",
-            quoted.join(" "),
+            shell_line(&words),
             exit.display()
         ),
     )
     .unwrap();
-    let server = format!("{m}-tmux");
-    let tmux = |args: &[&str]| {
-        Command::new("tmux")
-            .args(["-L", &server])
-            .args(args)
-            .output()
-            .unwrap()
-    };
-    let started = tmux(&[
-        "new-session",
-        "-d",
-        "-x",
-        "200",
-        "-y",
-        "50",
-        "sh",
-        &sh.display().to_string(),
-    ]);
-    assert!(started.status.success(), "tmux: {}", text(&started.stderr));
-    let screen = || text(&tmux(&["capture-pane", "-p", "-J", "-S", "-500"]).stdout);
+    let term = Pane::start(&m, &sh);
     // No key is ever sent: the run ends by itself.
     let ended = wait_until("the run's end", Duration::from_secs(400), || exit.exists());
-    let pane = screen();
-    let _ = tmux(&["kill-server"]);
+    let pane = term.screen(500);
+    drop(term);
     assert!(ended.is_ok(), "the run did not end:\n{pane}");
     assert_eq!(
         fs::read_to_string(&exit).unwrap().trim(),
@@ -1009,5 +623,5 @@ fn a_question_the_gateway_gives_up_on_is_taken_down_and_its_output_released() {
             && l["approval"]["by"] == "timeout"),
         "no approval record denied by the timeout: {lines:#?}"
     );
-    drop(world);
+    drop(rw);
 }

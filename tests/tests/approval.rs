@@ -73,7 +73,12 @@ const NAMES: [&str; 10] = [
 ];
 
 fn world(policy: &str) -> Result<World> {
-    let mut b = World::builder().policy(policy);
+    world_from(World::builder().policy(policy))
+}
+
+/// The world `b` describes, with [`NAMES`] resolving (`private.test` to
+/// [`PRIVATE_ADDR`], the rest to the origin).
+fn world_from(mut b: sluice_e2e::WorldBuilder) -> Result<World> {
     for n in NAMES {
         let addr = if n == "private.test" {
             PRIVATE_ADDR
@@ -489,14 +494,65 @@ import os; os.rename(portfile + ".tmp", portfile)
 s.serve_forever()
 "#;
 
+/// [`WEBHOOK`] on 127.0.0.1:`port` in the world's host namespace, logging
+/// to `{tag}.jsonl` in `dir`; `tls` (certificate, key, client CA) makes it
+/// serve mutual TLS. Returns once it listens: the server (stopped when
+/// dropped) and its log.
+fn start_webhook(
+    w: &World,
+    dir: &std::path::Path,
+    tag: &str,
+    port: u16,
+    tls: &[&std::path::Path],
+) -> Result<(Proc, PathBuf)> {
+    let script = dir.join("hook.py");
+    std::fs::write(&script, WEBHOOK)?;
+    let log = dir.join(format!("{tag}.jsonl"));
+    let portfile = dir.join(format!("{tag}.port"));
+    let hook = Proc::spawn(
+        "webhook",
+        w.host
+            .cmd("python3")
+            .arg(&script)
+            .arg(&log)
+            .arg(&portfile)
+            .arg(port.to_string())
+            .args(tls),
+        &dir.join(format!("{tag}.log")),
+    )?;
+    wait_until("the webhook's port", DEADLINE, || portfile.exists())?;
+    Ok((hook, log))
+}
+
+/// The requests a webhook logged (none while its log does not exist).
+fn requests(log: &std::path::Path) -> Result<Vec<serde_json::Value>> {
+    match std::fs::read_to_string(log) {
+        Ok(t) => Ok(t
+            .lines()
+            .map(serde_json::from_str)
+            .collect::<Result<_, _>>()?),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The guest asks for `hook.test`: it resolves, and the audit says the
+/// webhook allowed it once.
+fn the_webhook_allows_hook_test(w: &World) -> Result<()> {
+    let text = dig(w, "hook.test")?;
+    let rec = approval_record(w, "hook.test")?;
+    ensure!(status_of(&text) == "NOERROR", "hook.test: {text}\n{rec}");
+    ensure!(
+        rec["approval"]["by"] == "webhook: hook" && rec["approval"]["decision"] == "allow_once",
+        "record: {rec}"
+    );
+    Ok(())
+}
+
 #[test]
 #[ignore = "needs root: run via scripts/test"]
 fn webhook_backend_posts_the_question_with_its_bearer_token() -> Result<()> {
     let dir = TempDir::new(&format!("{}-hook", unique_name()))?;
-    let script = dir.path().join("hook.py");
-    std::fs::write(&script, WEBHOOK)?;
-    let log = dir.path().join("hook.jsonl");
-    let portfile = dir.path().join("port");
     let token = dir.path().join("token");
     std::fs::write(&token, "s3cret-token\n")?;
     // The gateway runs in the world's host namespace, fresh: the port is free.
@@ -506,28 +562,9 @@ fn webhook_backend_posts_the_question_with_its_bearer_token() -> Result<()> {
         token.display()
     );
     let w = world(&policy(&backend, ""))?;
-    let _hook = Proc::spawn(
-        "webhook",
-        w.host
-            .cmd("python3")
-            .arg(&script)
-            .arg(&log)
-            .arg(&portfile)
-            .arg(port.to_string()),
-        &dir.path().join("hook.log"),
-    )?;
-    wait_until("the webhook's port", DEADLINE, || portfile.exists())?;
-    let text = dig(&w, "hook.test")?;
-    let rec = approval_record(&w, "hook.test")?;
-    ensure!(status_of(&text) == "NOERROR", "hook.test: {text}\n{rec}");
-    ensure!(
-        rec["approval"]["by"] == "webhook: hook" && rec["approval"]["decision"] == "allow_once",
-        "record: {rec}"
-    );
-    let seen: Vec<serde_json::Value> = std::fs::read_to_string(&log)?
-        .lines()
-        .map(serde_json::from_str)
-        .collect::<Result<_, _>>()?;
+    let (_hook, log) = start_webhook(&w, dir.path(), "hook", port, &[])?;
+    the_webhook_allows_hook_test(&w)?;
+    let seen = requests(&log)?;
     ensure!(seen.len() == 1, "webhook requests: {seen:?}");
     let r = &seen[0];
     ensure!(
@@ -562,44 +599,19 @@ fn webhook_backend_posts_the_question_with_its_bearer_token() -> Result<()> {
 #[ignore = "needs root: run via scripts/test"]
 fn a_pinned_webhook_is_reached_at_its_address_not_by_resolving_its_name() -> Result<()> {
     let dir = TempDir::new(&format!("{}-pin", unique_name()))?;
-    let script = dir.path().join("hook.py");
-    std::fs::write(&script, WEBHOOK)?;
-    let log = dir.path().join("hook.jsonl");
-    let portfile = dir.path().join("port");
     let port = 18081;
     let backend = format!("    webhook:\n      url: http://hook.invalid:{port}/ask");
-    let mut b = World::builder()
-        .policy(&policy(&backend, ""))
-        .sidecar_arg("--approval-webhook-name")
-        .sidecar_arg("hook.invalid")
-        .sidecar_arg("--approval-webhook-addr")
-        .sidecar_arg(&format!("127.0.0.1:{port}"));
-    for n in NAMES {
-        b = b.dns_record(n, ORIGIN_ADDR);
-    }
-    let w = b.start()?;
-    let _hook = Proc::spawn(
-        "webhook",
-        w.host
-            .cmd("python3")
-            .arg(&script)
-            .arg(&log)
-            .arg(&portfile)
-            .arg(port.to_string()),
-        &dir.path().join("hook.log"),
+    let w = world_from(
+        World::builder()
+            .policy(&policy(&backend, ""))
+            .sidecar_arg("--approval-webhook-name")
+            .sidecar_arg("hook.invalid")
+            .sidecar_arg("--approval-webhook-addr")
+            .sidecar_arg(&format!("127.0.0.1:{port}")),
     )?;
-    wait_until("the webhook's port", DEADLINE, || portfile.exists())?;
-    let text = dig(&w, "hook.test")?;
-    let rec = approval_record(&w, "hook.test")?;
-    ensure!(status_of(&text) == "NOERROR", "hook.test: {text}\n{rec}");
-    ensure!(
-        rec["approval"]["by"] == "webhook: hook" && rec["approval"]["decision"] == "allow_once",
-        "record: {rec}"
-    );
-    let seen: Vec<serde_json::Value> = std::fs::read_to_string(&log)?
-        .lines()
-        .map(serde_json::from_str)
-        .collect::<Result<_, _>>()?;
+    let (_hook, log) = start_webhook(&w, dir.path(), "hook", port, &[])?;
+    the_webhook_allows_hook_test(&w)?;
+    let seen = requests(&log)?;
     ensure!(
         seen.len() == 1 && seen[0]["host"] == format!("hook.invalid:{port}"),
         "webhook requests: {seen:?}"
@@ -666,8 +678,6 @@ impl Pki {
 #[ignore = "needs root: run via scripts/test"]
 fn webhook_backend_over_mutual_tls_and_a_wrong_or_missing_client_cert_denies() -> Result<()> {
     let dir = TempDir::new(&format!("{}-mtls", unique_name()))?;
-    let script = dir.path().join("hook.py");
-    std::fs::write(&script, WEBHOOK)?;
     let server_pki = Pki::new(dir.path(), "server")?;
     let client_pki = Pki::new(dir.path(), "client")?;
     let other_pki = Pki::new(dir.path(), "other")?;
@@ -677,34 +687,14 @@ fn webhook_backend_over_mutual_tls_and_a_wrong_or_missing_client_cert_denies() -
     let url = format!("https://127.0.0.1:{port}/ask");
     // One server at a time in the world's host namespace, trusting
     // `client_ca` for client certificates.
-    let serve = |w: &World, tag: &str, client_ca: &std::path::Path| -> Result<(Proc, PathBuf)> {
-        let log = dir.path().join(format!("{tag}.jsonl"));
-        let portfile = dir.path().join(format!("{tag}.port"));
-        let hook = Proc::spawn(
-            "mTLS webhook",
-            w.host
-                .cmd("python3")
-                .arg(&script)
-                .arg(&log)
-                .arg(&portfile)
-                .arg(port.to_string())
-                .arg(&server_cert)
-                .arg(&server_key)
-                .arg(client_ca),
-            &dir.path().join(format!("{tag}.log")),
-        )?;
-        wait_until("the webhook's port", DEADLINE, || portfile.exists())?;
-        Ok((hook, log))
-    };
-    let requests = |log: &PathBuf| -> Result<Vec<serde_json::Value>> {
-        match std::fs::read_to_string(log) {
-            Ok(t) => Ok(t
-                .lines()
-                .map(serde_json::from_str)
-                .collect::<Result<_, _>>()?),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
-            Err(e) => Err(e.into()),
-        }
+    let serve = |w: &World, tag: &str, client_ca: &std::path::Path| {
+        start_webhook(
+            w,
+            dir.path(),
+            tag,
+            port,
+            &[&server_cert, &server_key, client_ca],
+        )
     };
     let denied = |w: &World, name: &str| -> Result<()> {
         let text = dig(w, name)?;
@@ -728,13 +718,7 @@ fn webhook_backend_over_mutual_tls_and_a_wrong_or_missing_client_cert_denies() -
     let w = world(&policy(&backend, ""))?;
     // The right client certificate: the question is answered.
     let (mut hook, log) = serve(&w, "right", &client_pki.ca_path())?;
-    let text = dig(&w, "hook.test")?;
-    let rec = approval_record(&w, "hook.test")?;
-    ensure!(status_of(&text) == "NOERROR", "hook.test: {text}\n{rec}");
-    ensure!(
-        rec["approval"]["by"] == "webhook: hook" && rec["approval"]["decision"] == "allow_once",
-        "record: {rec}"
-    );
+    the_webhook_allows_hook_test(&w)?;
     let seen = requests(&log)?;
     ensure!(
         seen.len() == 1
@@ -822,14 +806,12 @@ fn terminal_backend_prompts_on_a_real_pty_and_takes_the_key() -> Result<()> {
     let tmux = Tmux::start(&format!("{} {}", prompt.display(), socket.display()))?;
     wait_until("the prompt's socket", DEADLINE, || socket.exists())
         .with_context(|| tmux.screen())?;
-    let mut b = World::builder()
-        .policy(&policy("    terminal", "  timeout: 120"))
-        .sidecar_arg("--approval-socket")
-        .sidecar_arg(&socket.display().to_string());
-    for n in NAMES {
-        b = b.dns_record(n, ORIGIN_ADDR);
-    }
-    let w = b.start()?;
+    let w = world_from(
+        World::builder()
+            .policy(&policy("    terminal", "  timeout: 120"))
+            .sidecar_arg("--approval-socket")
+            .sidecar_arg(&socket.display().to_string()),
+    )?;
     std::thread::scope(|s| -> Result<()> {
         for (name, key, want, decision) in [
             ("once.test", "o", "NOERROR", "allow_once"),

@@ -1,7 +1,8 @@
 //! Helpers shared by the end-to-end tests of `sluice run` (`vm.rs`,
-//! `network_modes.rs`): the static agent, the gateway binary, running
-//! `sluice run` in the harness's host namespace, reading its output, and
-//! checking that nothing a launcher made is left behind.
+//! `vm_approval.rs`, `network_modes.rs`, `jail.rs`): the static agent, the
+//! gateway binary, running `sluice run` in the harness's host namespace,
+//! reading its output, and checking that nothing a launcher made is left
+//! behind.
 
 // Each test binary uses a part of these.
 #![allow(dead_code)]
@@ -213,6 +214,30 @@ pub(crate) fn nft_tables(netns: Option<&str>) -> String {
     }
     .unwrap();
     assert!(out.status.success(), "nft: {}", text(&out.stderr));
+    text(&out.stdout)
+}
+
+/// The value of `field` in `/proc/PID/status`.
+pub(crate) fn status_field(pid: u32, field: &str) -> String {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
+        .trim()
+        .to_owned()
+}
+
+/// The rules of the nftables table `table` (an egress floor,
+/// [`floor_table`]) in the network namespace `netns`, as `nft list` prints
+/// them; empty when there is no such table.
+pub(crate) fn floor_rules(netns: &str, table: &str) -> String {
+    let out = Command::new("ip")
+        .args([
+            "netns", "exec", netns, "nft", "list", "table", "inet", table,
+        ])
+        .output()
+        .unwrap();
     text(&out.stdout)
 }
 
@@ -479,4 +504,89 @@ pub(crate) fn run_args(flags: &[&str], policy: &Path, ca: &Path, script: String)
         script,
     ]);
     args
+}
+
+/// One test's world (the guest not connected: `sluice run` boots its own)
+/// and what a `sluice run` in it needs.
+pub(crate) struct RunWorld {
+    pub(crate) agent: PathBuf,
+    pub(crate) gateway: PathBuf,
+    pub(crate) world: sluice_e2e::World,
+    /// The world's directory, for the test's files.
+    pub(crate) dir: PathBuf,
+}
+
+impl RunWorld {
+    /// Starts the world; None when the agent (QEMU) or the gateway binary
+    /// is missing and the skip is allowed (the test then returns;
+    /// otherwise it has failed).
+    pub(crate) fn start() -> Option<Self> {
+        let agent = agent()?;
+        let gateway = gateway_bin()?;
+        let world = sluice_e2e::World::builder()
+            .connect_guest(false)
+            .start()
+            .unwrap();
+        let dir = world.dir().to_path_buf();
+        Some(Self {
+            agent,
+            gateway,
+            world,
+            dir,
+        })
+    }
+
+    /// `nsenter --net=<the world's host> sluice run --gateway=…`, then
+    /// `flags`, then the policy, the world's CA as `/tmp/ca.pem` and
+    /// `sh -c script` ([`run_args`]).
+    pub(crate) fn run_words(&self, flags: &[&str], policy: &Path, script: String) -> Vec<String> {
+        let mut words = vec![
+            "nsenter".to_owned(),
+            format!("--net=/run/netns/{}", self.world.host.name()),
+            SLUICE.to_owned(),
+            "run".to_owned(),
+            format!("--gateway={}", self.gateway.display()),
+        ];
+        words.extend(run_args(flags, policy, &self.world.ca_pem(), script));
+        words
+    }
+
+    /// [`RunWorld::run_words`] behind `env SLUICE_AGENT=… SLV_TEST_MARK=mark`:
+    /// a command line for a shell on the prompt's terminal.
+    pub(crate) fn env_run_words(
+        &self,
+        mark: &str,
+        flags: &[&str],
+        policy: &Path,
+        script: String,
+    ) -> Vec<String> {
+        let mut words = vec![
+            "env".to_owned(),
+            format!("SLUICE_AGENT={}", self.agent.display()),
+            format!("SLV_TEST_MARK={mark}"),
+        ];
+        words.extend(self.run_words(flags, policy, script));
+        words
+    }
+
+    /// [`RunWorld::run_words`] started with no terminal: stdin /dev/null,
+    /// stdout and stderr piped.
+    pub(crate) fn spawn_run(
+        &self,
+        mark: &str,
+        flags: &[&str],
+        policy: &Path,
+        script: String,
+    ) -> Child {
+        let words = self.run_words(flags, policy, script);
+        Command::new(&words[0])
+            .args(&words[1..])
+            .env("SLUICE_AGENT", &self.agent)
+            .env("SLV_TEST_MARK", mark)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    }
 }
