@@ -48,7 +48,7 @@ use std::io::{Read as _, Write as _};
 use std::os::fd::{AsFd as _, AsRawFd as _, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{Context as _, anyhow, bail};
@@ -586,6 +586,8 @@ pub(crate) struct FloorKeeper {
     /// Set by the keeper's watch when it saw the keeper gone while the
     /// gateway served ([`KeeperWatch`]).
     died: Arc<AtomicBool>,
+    /// Why the watch's cut of the interface failed, if it did.
+    cut_failed: Arc<OnceLock<String>>,
 }
 
 /// Watches the floor keeper while the gateway serves: the keeper writes
@@ -602,6 +604,7 @@ pub(crate) struct KeeperWatch {
     channel: OwnedFd,
     link: LinkCutter,
     died: Arc<AtomicBool>,
+    cut_failed: Arc<OnceLock<String>>,
 }
 
 impl KeeperWatch {
@@ -614,15 +617,17 @@ impl KeeperWatch {
         #[allow(deprecated)]
         let channel = AsyncFd::with_interest(self.channel, Interest::READABLE)
             .context("registering the floor keeper's channel")?;
-        let (link, died) = (self.link, self.died);
+        let (link, died, cut_failed) = (self.link, self.died, self.cut_failed);
         tokio::spawn(async move {
             // Readable or hung up: gone (an error of the registration
             // itself counts the same: fail closed).
             let _ = channel.readable().await;
-            died.store(true, Ordering::SeqCst);
+            // The cut's outcome first: the gateway's end reports it.
             if let Err(e) = link.cut() {
                 tracing::warn!(error = %e, "could not set the guest's interface down");
+                let _ = cut_failed.set(format!("{e:#}"));
             }
+            died.store(true, Ordering::SeqCst);
             // The end a SIGTERM starts (the jail allows signalling this
             // process).
             if let Err(e) = rustix::process::kill_process(
@@ -687,6 +692,7 @@ impl FloorKeeper {
                     channel: ours,
                     iface,
                     died: Arc::new(AtomicBool::new(false)),
+                    cut_failed: Arc::new(OnceLock::new()),
                 })
             }
         }
@@ -704,6 +710,7 @@ impl FloorKeeper {
             ),
             link: link.try_clone()?,
             died: Arc::clone(&self.died),
+            cut_failed: Arc::clone(&self.cut_failed),
         })
     }
 
@@ -712,8 +719,14 @@ impl FloorKeeper {
     /// the gateway served ([`KeeperWatch`]) is not asked.
     pub(crate) fn remove(mut self) -> anyhow::Result<Ended> {
         if self.died.load(Ordering::SeqCst) {
+            let cut = match self.cut_failed.get() {
+                None => "the interface was set down and the gateway ended (fail closed)".to_owned(),
+                Some(e) => format!(
+                    "setting the interface down failed ({e}), and the gateway ended"
+                ),
+            };
             bail!(
-                "`{}`: the floor keeper died while the gateway served, so nothing checked the floor any more; the interface was set down and the gateway ended (fail closed), and the floor stays as it was",
+                "`{}`: the floor keeper died while the gateway served, so nothing checked the floor any more; {cut}, and the floor stays as it was",
                 self.iface
             );
         }
