@@ -99,9 +99,12 @@ mod tests {
     fn a_thread_that_cannot_be_made_is_an_error() {
         let here = open(Path::new("/proc/self/ns/net")).expect("this namespace");
         let huge = std::thread::Builder::new().stack_size(1 << 60);
-        let e = run_in_on(huge, Some(here.as_fd()), Path::new("/proc/self/ns/net"), || {
-            Ok(())
-        })
+        let e = run_in_on(
+            huge,
+            Some(here.as_fd()),
+            Path::new("/proc/self/ns/net"),
+            || Ok(()),
+        )
         .unwrap_err();
         assert!(matches!(e, FloorError::Netns { .. }), "{e}");
         assert!(e.is_transient());

@@ -48,8 +48,8 @@ use std::io::{Read as _, Write as _};
 use std::os::fd::{AsFd as _, AsRawFd as _, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::sync::{Arc, OnceLock};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use anyhow::{Context as _, anyhow, bail};
 use rustix::thread::{LinkNameSpaceType, move_into_link_name_space};
@@ -721,9 +721,9 @@ impl FloorKeeper {
         if self.died.load(Ordering::SeqCst) {
             let cut = match self.cut_failed.get() {
                 None => "the interface was set down and the gateway ended (fail closed)".to_owned(),
-                Some(e) => format!(
-                    "setting the interface down failed ({e}), and the gateway ended"
-                ),
+                Some(e) => {
+                    format!("setting the interface down failed ({e}), and the gateway ended")
+                }
             };
             bail!(
                 "`{}`: the floor keeper died while the gateway served, so nothing checked the floor any more; {cut}, and the floor stays as it was",
