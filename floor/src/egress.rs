@@ -471,7 +471,7 @@ impl Removal {
         adjust: impl FnOnce(&mut std::process::Command),
     ) -> Result<Self, FloorError> {
         check_ours(table)?;
-        let mut cmd = std::process::Command::new(nft::program());
+        let mut cmd = std::process::Command::new(nft::program()?);
         cmd.args(["-f", "-"])
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::null())

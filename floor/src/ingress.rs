@@ -680,8 +680,21 @@ impl IngressFloor {
     /// on `name`, the floor whatever the cut's outcome: a link left up is
     /// no reason to leave it without its floor. Both results are in the
     /// error.
+    ///
+    /// A name nft could read as more than this interface (renamed to
+    /// `tap*`: a wildcard) is never hooked: the link is set down and the
+    /// tables are left as they were ([`FloorError::UnsafeName`]).
     fn keep_on(&self, name: &str) -> Result<(), FloorError> {
         let cut = link::set_down(self.index);
+        if check_iface(name).is_err() {
+            return Err(FloorError::UnsafeName {
+                name: name.to_owned(),
+                cut: match cut {
+                    Ok(()) => "it was set down".to_owned(),
+                    Err(e) => format!("it could not be set down ({e})"),
+                },
+            });
+        }
         let floor = nft::apply(WHAT, objects(name, &self.table))
             .and_then(|()| verify(&ruleset(&self.table)?, name, &self.table));
         both(name, cut, floor)
@@ -716,8 +729,55 @@ impl IngressFloor {
     /// which says whether its floor was put back all the same: it is
     /// tried whatever the cut's outcome) or its floor put back (what is
     /// there stays), or `nft` failed.
-    pub fn remove(mut self) -> Result<Ended, FloorError> {
+    pub fn remove(self) -> Result<Ended, FloorError> {
+        self.remove_with(|_, _| Ok(None))
+    }
+
+    /// [`Self::remove`], and then, when the floor is kept, what still
+    /// sees the interface's frames outside it: unless [`Foreign::Allow`]
+    /// a foreign chain ahead of it, and `also` as for
+    /// [`Self::check_with`] (tc, XDP, tcx). A bypass the link being down
+    /// is all that holds is not an end to report as fail closed.
+    ///
+    /// # Errors
+    /// As for [`Self::remove`], and [`FloorError::Outranked`] when the
+    /// floor is kept but something still sees the interface's frames
+    /// outside it (or could not be looked for).
+    pub fn remove_with<F>(mut self, also: F) -> Result<Ended, FloorError>
+    where
+        F: Fn(&str, u32) -> Result<Option<String>, String> + Sync,
+    {
         self.removed = true;
+        let ended = self.end()?;
+        if ended == Ended::Kept {
+            self.run_in(|| {
+                let probe = probe_socket()?;
+                let Ok(name) = self.current_name(&probe) else {
+                    return Ok(());
+                };
+                let outranked = |what: String| FloorError::Outranked {
+                    iface: name.clone(),
+                    what,
+                };
+                if self.foreign == Foreign::Refuse
+                    && let Some(what) = foreign_bypass(&ruleset(&self.table)?, &name, &self.table)
+                {
+                    return Err(outranked(what));
+                }
+                match also(&name, self.index) {
+                    Ok(None) => Ok(()),
+                    Ok(Some(what)) => Err(outranked(what)),
+                    Err(e) => Err(outranked(format!(
+                        "something that could not be looked for ({e})"
+                    ))),
+                }
+            })?;
+        }
+        Ok(ended)
+    }
+
+    /// [`Self::remove`]'s steps.
+    fn end(&self) -> Result<Ended, FloorError> {
         self.run_in(|| {
             let probe = probe_socket()?;
             match self.current_name(&probe) {

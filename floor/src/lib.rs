@@ -29,5 +29,6 @@ mod link;
 mod netns;
 mod nft;
 mod ruleset;
+pub mod run;
 
 pub use nft::FloorError;

@@ -12,7 +12,9 @@
 use std::time::Duration;
 
 use rustix::net::{
-    AddressFamily, RecvFlags, SendFlags, SocketFlags, SocketType, recv, send, socket_with,
+    AddressFamily, RecvFlags, SendFlags, SocketFlags, SocketType, connect,
+    netlink::SocketAddrNetlink,
+    recv, send, socket_with,
     sockopt::{Timeout, set_socket_timeout},
 };
 
@@ -50,12 +52,20 @@ pub(crate) fn set_down(index: u32) -> Result<(), String> {
     .map_err(|e| format!("opening an rtnetlink socket: {e}"))?;
     set_socket_timeout(&sock, Timeout::Recv, Some(ANSWER_WITHIN))
         .map_err(|e| format!("setting the rtnetlink socket's timeout: {e}"))?;
+    // Connected to the kernel (port 0): the kernel then refuses anyone
+    // else's unicast to this socket, so no other process of the
+    // namespace can answer in its place.
+    connect(&sock, &SocketAddrNetlink::new(0, 0))
+        .map_err(|e| format!("connecting the rtnetlink socket to the kernel: {e}"))?;
     send(&sock, &request(ifindex), SendFlags::empty())
         .map_err(|e| format!("sending RTM_NEWLINK: {e}"))?;
     let mut buf = [0u8; 4096];
     loop {
-        let (n, _) = recv(&sock, &mut buf, RecvFlags::empty())
-            .map_err(|e| format!("reading the kernel's answer to RTM_NEWLINK: {e}"))?;
+        let n = match recv(&sock, &mut buf, RecvFlags::empty()) {
+            Ok((n, _)) => n,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(format!("reading the kernel's answer to RTM_NEWLINK: {e}")),
+        };
         if let Some(answer) = answer(&buf[..n.min(buf.len())]) {
             return answer;
         }
@@ -81,8 +91,9 @@ fn request(ifindex: i32) -> Vec<u8> {
 }
 
 /// The kernel's answer in one datagram, if it holds the acknowledgement
-/// of our request (`NLMSG_ERROR` with error 0, or the refusal's errno);
-/// `None` for anything else.
+/// of our request (`NLMSG_ERROR` with our sequence number, echoing our
+/// request's header: type `RTM_NEWLINK` and the same sequence number;
+/// error 0, or the refusal's errno); `None` for anything else.
 fn answer(datagram: &[u8]) -> Option<Result<(), String>> {
     let u16_at = |at: usize| {
         datagram
@@ -101,7 +112,13 @@ fn answer(datagram: &[u8]) -> Option<Result<(), String>> {
         if len < 16 {
             return None;
         }
-        if u16_at(at + 4) == Some(NLMSG_ERROR) && u32_at(at + 8) == Some(SEQ) {
+        // `nlmsgerr`: the error (at 16), then the request's header (at
+        // 20: its type at 24, its sequence number at 28).
+        if u16_at(at + 4) == Some(NLMSG_ERROR)
+            && u32_at(at + 8) == Some(SEQ)
+            && u16_at(at + 24) == Some(RTM_NEWLINK)
+            && u32_at(at + 28) == Some(SEQ)
+        {
             let code = datagram
                 .get(at + 16..at + 20)
                 .and_then(|b| b.try_into().ok())
@@ -125,6 +142,10 @@ mod tests {
     use super::*;
 
     fn ack(code: i32, seq: u32) -> Vec<u8> {
+        ack_of(code, seq, &request(7)[..16])
+    }
+
+    fn ack_of(code: i32, seq: u32, echoed: &[u8]) -> Vec<u8> {
         let mut m = Vec::new();
         m.extend_from_slice(&36u32.to_ne_bytes());
         m.extend_from_slice(&NLMSG_ERROR.to_ne_bytes());
@@ -132,7 +153,7 @@ mod tests {
         m.extend_from_slice(&seq.to_ne_bytes());
         m.extend_from_slice(&0u32.to_ne_bytes());
         m.extend_from_slice(&code.to_ne_bytes());
-        m.extend_from_slice(&request(7)[..16]);
+        m.extend_from_slice(echoed);
         m
     }
 
@@ -145,5 +166,18 @@ mod tests {
         assert_eq!(answer(&[]), None);
         assert_eq!(answer(&ack(0, SEQ)[..10]), None);
         assert_eq!(request(7).len(), 32);
+    }
+
+    /// An acknowledgement is ours only if it echoes our request's header:
+    /// its type and sequence number.
+    #[test]
+    fn an_acknowledgement_of_another_request_is_not_ours() {
+        let mut other_type = request(7)[..16].to_vec();
+        other_type[4..6].copy_from_slice(&19u16.to_ne_bytes()); // RTM_GETLINK
+        assert_eq!(answer(&ack_of(0, SEQ, &other_type)), None);
+        let mut other_seq = request(7)[..16].to_vec();
+        other_seq[8..12].copy_from_slice(&(SEQ + 1).to_ne_bytes());
+        assert_eq!(answer(&ack_of(0, SEQ, &other_seq)), None);
+        assert_eq!(answer(&ack_of(0, SEQ, &[])), None);
     }
 }

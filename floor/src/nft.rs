@@ -3,7 +3,6 @@
 
 use std::path::{Path, PathBuf};
 
-use nftables::helper::{self, NftablesError};
 use nftables::schema::{NfCmd, NfListObject, NfObject, Nftables, Table};
 use nftables::types::NfFamily;
 use thiserror::Error;
@@ -71,6 +70,32 @@ pub enum FloorError {
         /// What was found.
         what: String,
     },
+    /// The floor's interface now has a name nft could read as more than
+    /// the one interface (`tap*`): its floor is not applied on it (the
+    /// tables stay as they were) and the interface was set down, or
+    /// `cut` says why not.
+    #[error(
+        "the floor's interface is now named `{name}`, which nft could read as more than one interface: its floor was not applied on that name (its tables stay as they were), and {cut}"
+    )]
+    UnsafeName {
+        /// The interface's name now.
+        name: String,
+        /// What became of the link ("it was set down", or why not).
+        cut: String,
+    },
+    /// At the floor's end the interface is down and its floor back on
+    /// it, but something of someone else's still sees its frames outside
+    /// the floor (tc, XDP, tcx, a foreign chain ahead of it), which no
+    /// nftables rule outranks: only the link being down holds them.
+    #[error(
+        "`{iface}` is down and its floor back on it, but it has {what}, which sees its frames outside the floor: only the link being down holds them now; remove it"
+    )]
+    Outranked {
+        /// The interface.
+        iface: String,
+        /// What was found, or why it could not be looked for.
+        what: String,
+    },
     /// An argument that cannot be used (an interface name too long, say).
     #[error("{0}")]
     Invalid(String),
@@ -103,7 +128,9 @@ impl FloorError {
             Self::Verify { .. }
             | Self::Bypass { .. }
             | Self::NoInterface { .. }
-            | Self::LinkDown { .. } => false,
+            | Self::LinkDown { .. }
+            | Self::UnsafeName { .. }
+            | Self::Outranked { .. } => false,
         }
     }
 }
@@ -112,36 +139,37 @@ pub(crate) fn one_line(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
-pub(crate) fn map_err(what: &'static str, e: NftablesError) -> FloorError {
-    match e {
-        NftablesError::NftExecution { program, inner } => {
-            FloorError::NftMissing(format!("{}: {inner}", program.to_string_lossy()))
-        }
-        NftablesError::NftFailed { stderr, .. } => FloorError::NftFailed {
-            what,
-            stderr: one_line(&stderr),
-        },
-        other => FloorError::NftFailed {
-            what,
-            stderr: one_line(&other.to_string()),
-        },
-    }
-}
-
 /// Where `nft` is looked for, in this order: absolute paths only, the
 /// same for every process that runs it (the gateway installs the floor
 /// with its `PATH`, the keeper checks it with an emptied environment, and
 /// two different `nft` binaries could print the same ruleset differently).
 const NFT_DIRS: [&str; 4] = ["/usr/sbin", "/sbin", "/usr/bin", "/bin"];
 
-/// The `nft` binary: the first of [`NFT_DIRS`] that holds one (a bare
-/// `nft` when none does, whose run then fails with [`FloorError::NftMissing`]).
-pub(crate) fn program() -> PathBuf {
-    NFT_DIRS
-        .iter()
+/// The `nft` found by the process's first run of it (the floor's
+/// install), which every later run uses: the keeper, forked after it,
+/// inherits it, so the floor is checked and removed by the very binary
+/// that installed it.
+static PROGRAM: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+/// The `nft` binary: the first of [`NFT_DIRS`] that holds one, never one
+/// of `PATH`'s (which the gateway's caller chooses).
+///
+/// # Errors
+/// [`FloorError::NftMissing`] when none does.
+pub(crate) fn program() -> Result<PathBuf, FloorError> {
+    if let Some(found) = PROGRAM.get() {
+        return Ok(found.clone());
+    }
+    let found = find_in(&NFT_DIRS)?;
+    Ok(PROGRAM.get_or_init(|| found).clone())
+}
+
+/// The first of `dirs` that holds an `nft`.
+fn find_in(dirs: &[&str]) -> Result<PathBuf, FloorError> {
+    dirs.iter()
         .map(|dir| Path::new(dir).join("nft"))
         .find(|p| p.is_file())
-        .unwrap_or_else(|| PathBuf::from("nft"))
+        .ok_or_else(|| FloorError::NftMissing(format!("no nft in {}", dirs.join(", "))))
 }
 
 /// Applies `objects` as one transaction (all or nothing).
@@ -149,8 +177,11 @@ pub(crate) fn apply(what: &'static str, objects: Vec<NfObject<'static>>) -> Resu
     let ruleset = Nftables {
         objects: objects.into(),
     };
-    helper::apply_ruleset_with_args(&ruleset, Some(&program()), helper::DEFAULT_ARGS)
-        .map_err(|e| map_err(what, e))
+    let json = serde_json::to_string(&ruleset).map_err(|e| FloorError::NftFailed {
+        what,
+        stderr: format!("cannot write the rules as JSON: {e}"),
+    })?;
+    run(what, &["-j", "-f", "-"], json.as_bytes()).map(drop)
 }
 
 /// Lists one table (`nft -j list table FAMILY NAME`).
@@ -159,8 +190,11 @@ pub(crate) fn list_table(
     family: &str,
     name: &str,
 ) -> Result<Nftables<'static>, FloorError> {
-    helper::get_current_ruleset_with_args(Some(&program()), ["list", "table", family, name])
-        .map_err(|e| map_err(what, e))
+    let json = run(what, &["-j", "list", "table", family, name], b"")?;
+    serde_json::from_str(&json).map_err(|e| FloorError::NftFailed {
+        what,
+        stderr: one_line(&format!("nft printed JSON that does not read: {e}")),
+    })
 }
 
 /// `nft list ...` as text.
@@ -172,11 +206,25 @@ pub(crate) fn list_text(what: &'static str, args: &[&str]) -> Result<String, Flo
 
 /// What `nft ARGS` prints (in the calling thread's namespace).
 pub(crate) fn output(what: &'static str, args: &[&str]) -> Result<String, FloorError> {
-    let out = std::process::Command::new(program())
-        .args(args)
-        .stdin(std::process::Stdio::null())
-        .output()
-        .map_err(|e| FloorError::NftMissing(format!("nft: {e}")))?;
+    run(what, args, b"")
+}
+
+/// Runs `nft ARGS` with `input` on its standard input, killed when it
+/// has not ended within [`crate::run::DEADLINE`] (a hung `nft` is a
+/// failed run: transient, asked again), and returns what it printed.
+fn run(what: &'static str, args: &[&str], input: &[u8]) -> Result<String, FloorError> {
+    let mut cmd = std::process::Command::new(program()?);
+    cmd.args(args);
+    let out = crate::run::output_within(&mut cmd, input, crate::run::DEADLINE).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::TimedOut {
+            FloorError::NftFailed {
+                what,
+                stderr: format!("nft {}", e),
+            }
+        } else {
+            FloorError::NftMissing(format!("nft: {e}"))
+        }
+    })?;
     if !out.status.success() {
         return Err(FloorError::NftFailed {
             what,
@@ -205,4 +253,21 @@ pub(crate) fn delete_table(
             NfObject::CmdObject(NfCmd::Delete(NfListObject::Table(table))),
         ],
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `nft` is looked for in fixed directories only: none holding one
+    /// is an error, never a run of whatever `PATH` names.
+    #[test]
+    fn no_nft_in_the_fixed_directories_is_an_error_not_a_path_search() {
+        let empty = std::env::temp_dir().join(format!("sluice-no-nft-{}", std::process::id()));
+        std::fs::create_dir_all(&empty).unwrap();
+        let e = find_in(&[empty.to_str().unwrap()]).unwrap_err();
+        std::fs::remove_dir(&empty).unwrap();
+        assert!(matches!(e, FloorError::NftMissing(_)), "{e}");
+        assert!(e.to_string().contains("no nft in"), "{e}");
+    }
 }

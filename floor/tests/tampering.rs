@@ -216,3 +216,47 @@ fn the_end_needs_no_ip_and_puts_a_deleted_floor_back_with_the_link_down() {
         "the floor should hold again"
     );
 }
+
+/// The interface renamed to a name nft could read as more than it
+/// (`g*`, a wildcard on newer kernels): the floor is never applied on
+/// that name. Putting it back and the end set the link down, leave the
+/// floor's tables as they were and say so.
+#[test]
+fn a_floor_is_never_hooked_on_a_wildcard_name_the_interface_was_given() {
+    if !is_root() && sluice_test_skip::may_skip("root", "nft and namespaces need root") {
+        return;
+    }
+    let (g, _p) = pair("wc");
+    let floor = install(&g.path(), "g0");
+    let t = floor.table().to_owned();
+    let listed = || {
+        String::from_utf8(
+            g.exec(&["nft", "list", "table", "netdev", &t])
+                .output()
+                .unwrap()
+                .stdout,
+        )
+        .unwrap()
+    };
+    let before = listed();
+    ok(&["ip", "-n", &g.0, "link", "set", "g0", "name", "g*"]);
+    ok(&["ip", "-n", &g.0, "link", "set", "g*", "up"]);
+    let e = floor.restore().unwrap_err();
+    assert!(matches!(e, FloorError::UnsafeName { .. }), "{e}");
+    assert!(
+        e.to_string().contains("`g*`") && e.to_string().contains("it was set down"),
+        "{e}"
+    );
+    let link = String::from_utf8(
+        g.exec(&["ip", "-o", "link", "show", "dev", "g*"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    assert!(link.contains("state DOWN"), "{link}");
+    assert_eq!(listed(), before, "the tables should be as they were");
+    let e = floor.remove().unwrap_err();
+    assert!(matches!(e, FloorError::UnsafeName { .. }), "{e}");
+    assert_eq!(listed(), before, "the tables should be as they were");
+}

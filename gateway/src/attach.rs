@@ -48,8 +48,8 @@ use std::io::{Read as _, Write as _};
 use std::os::fd::{AsFd as _, AsRawFd as _, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use anyhow::{Context as _, anyhow, bail};
 use rustix::thread::{LinkNameSpaceType, move_into_link_name_space};
@@ -303,11 +303,13 @@ fn iproute2_json(name: &str, args: &[&str]) -> anyhow::Result<serde_json::Value>
         .map(|d| Path::new(d).join(name))
         .find(|p| p.is_file())
         .ok_or_else(|| anyhow!("`{name}` (iproute2) not found in {}", TOOL_DIRS.join(", ")))?;
-    let out = std::process::Command::new(&tool)
-        .args(args)
-        .stdin(std::process::Stdio::null())
-        .output()
-        .with_context(|| format!("running {}", tool.display()))?;
+    // Killed when hung (a failed run: the keeper's check asks again).
+    let out = sluice_floor::run::output_within(
+        std::process::Command::new(&tool).args(args),
+        b"",
+        sluice_floor::run::DEADLINE,
+    )
+    .with_context(|| format!("running {}", tool.display()))?;
     if !out.status.success() {
         bail!(
             "{} {}: {}",
@@ -584,6 +586,8 @@ pub(crate) struct FloorKeeper {
     /// Set by the keeper's watch when it saw the keeper gone while the
     /// gateway served ([`KeeperWatch`]).
     died: Arc<AtomicBool>,
+    /// Why the watch's cut of the interface failed, if it did.
+    cut_failed: Arc<OnceLock<String>>,
 }
 
 /// Watches the floor keeper while the gateway serves: the keeper writes
@@ -600,6 +604,7 @@ pub(crate) struct KeeperWatch {
     channel: OwnedFd,
     link: LinkCutter,
     died: Arc<AtomicBool>,
+    cut_failed: Arc<OnceLock<String>>,
 }
 
 impl KeeperWatch {
@@ -612,15 +617,17 @@ impl KeeperWatch {
         #[allow(deprecated)]
         let channel = AsyncFd::with_interest(self.channel, Interest::READABLE)
             .context("registering the floor keeper's channel")?;
-        let (link, died) = (self.link, self.died);
+        let (link, died, cut_failed) = (self.link, self.died, self.cut_failed);
         tokio::spawn(async move {
             // Readable or hung up: gone (an error of the registration
             // itself counts the same: fail closed).
             let _ = channel.readable().await;
-            died.store(true, Ordering::SeqCst);
+            // The cut's outcome first: the gateway's end reports it.
             if let Err(e) = link.cut() {
                 tracing::warn!(error = %e, "could not set the guest's interface down");
+                let _ = cut_failed.set(format!("{e:#}"));
             }
+            died.store(true, Ordering::SeqCst);
             // The end a SIGTERM starts (the jail allows signalling this
             // process).
             if let Err(e) = rustix::process::kill_process(
@@ -661,13 +668,18 @@ impl FloorKeeper {
             -1 => Err(std::io::Error::last_os_error()).context("forking the floor keeper"),
             0 => {
                 drop(ours);
-                // A panic (a thread the floor crate cannot spawn, say) must
-                // not unwind into the copies of main's frames this child
-                // holds: abort instead. The floor then stays (fail closed).
-                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    keeper_main(floor, theirs, gateway, token)
+                // A panic must neither unwind into the copies of main's
+                // frames this child holds nor run the floor's `Drop` on
+                // its way (which deletes the floor: fail open): the hook
+                // runs before any unwinding and aborts, so the floor stays
+                // and the gateway's watch sees the keeper gone (fail
+                // closed).
+                let report = std::panic::take_hook();
+                std::panic::set_hook(Box::new(move |info| {
+                    report(info);
+                    std::process::abort()
                 }));
-                std::process::abort()
+                keeper_main(std::mem::ManuallyDrop::new(floor), theirs, gateway, token)
             }
             _child => {
                 drop(theirs);
@@ -680,6 +692,7 @@ impl FloorKeeper {
                     channel: ours,
                     iface,
                     died: Arc::new(AtomicBool::new(false)),
+                    cut_failed: Arc::new(OnceLock::new()),
                 })
             }
         }
@@ -697,6 +710,7 @@ impl FloorKeeper {
             ),
             link: link.try_clone()?,
             died: Arc::clone(&self.died),
+            cut_failed: Arc::clone(&self.cut_failed),
         })
     }
 
@@ -705,8 +719,14 @@ impl FloorKeeper {
     /// the gateway served ([`KeeperWatch`]) is not asked.
     pub(crate) fn remove(mut self) -> anyhow::Result<Ended> {
         if self.died.load(Ordering::SeqCst) {
+            let cut = match self.cut_failed.get() {
+                None => "the interface was set down and the gateway ended (fail closed)".to_owned(),
+                Some(e) => {
+                    format!("setting the interface down failed ({e}), and the gateway ended")
+                }
+            };
             bail!(
-                "`{}`: the floor keeper died while the gateway served, so nothing checked the floor any more; the interface was set down and the gateway ended (fail closed), and the floor stays as it was",
+                "`{}`: the floor keeper died while the gateway served, so nothing checked the floor any more; {cut}, and the floor stays as it was",
                 self.iface
             );
         }
@@ -736,6 +756,12 @@ impl FloorKeeper {
 /// still holds ([`IngressFloor::check`]).
 const CHECK_EVERY_MS: u16 = 3000;
 
+/// How often once it found the floor no longer holding: each check sets
+/// the interface down again, and against what no nftables rule outranks
+/// (tc, XDP) the link being down is all that holds, so whatever sets it
+/// up again gets a quarter of a second, not a period.
+const TAMPERED_CHECK_EVERY_MS: u16 = 250;
+
 /// The keeper's whole life: ignore the signals a terminal or a process
 /// group sends (the gateway decides), check the floor every
 /// [`CHECK_EVERY_MS`] until the request or the end of the channel, act,
@@ -751,8 +777,12 @@ const CHECK_EVERY_MS: u16 = 3000;
 /// the gateway the reason, which it exits with. A check that fails for a
 /// reason that may pass (a failed `nft`, `ip` or `tc` run) is asked again
 /// a few times before it counts ([`IngressFloor::check_with`]).
+///
+/// The floor is held in a `ManuallyDrop`: its `Drop` (which deletes a
+/// floor that never served) must never run here, not even on a panic
+/// (the hook [`FloorKeeper::spawn`] sets aborts first anyway).
 fn keeper_main(
-    floor: IngressFloor,
+    floor: std::mem::ManuallyDrop<IngressFloor>,
     mut channel: UnixStream,
     gateway: libc::pid_t,
     token: libc::c_int,
@@ -773,6 +803,10 @@ fn keeper_main(
     // returning or unwinding into them).
     unsafe { crate::fds::close_all_but(&keep) };
     scrub_environment();
+    // What attach refuses outside nftables (tc, XDP, tcx, a master) is
+    // looked for again on the interface's current name, at every check
+    // and at the end.
+    let outside = |name: &str, index: u32| bypasses(name, index).map_err(|e| format!("{e:#}"));
     let mut tampered: Option<String> = None;
     loop {
         let mut pfd = libc::pollfd {
@@ -780,20 +814,26 @@ fn keeper_main(
             events: libc::POLLIN,
             revents: 0,
         };
+        let every = if tampered.is_some() {
+            TAMPERED_CHECK_EVERY_MS
+        } else {
+            CHECK_EVERY_MS
+        };
         // SAFETY: one valid pollfd that outlives the call.
-        let ready = unsafe { libc::poll(&raw mut pfd, 1, libc::c_int::from(CHECK_EVERY_MS)) };
+        let ready = unsafe { libc::poll(&raw mut pfd, 1, libc::c_int::from(every)) };
         if ready > 0 {
             break;
         }
-        if ready < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
-            break;
-        }
         if ready < 0 {
-            continue;
+            if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            // The keeper cannot wait on its channel any more, so it could
+            // neither check nor hear the request: it ends, leaving the
+            // floor as it is, and the gateway's watch sees it gone and
+            // ends the gateway (fail closed).
+            std::process::abort();
         }
-        // What attach refuses outside nftables (tc, XDP, tcx, a master)
-        // is looked for again on the interface's current name.
-        let outside = |name: &str, index: u32| bypasses(name, index).map_err(|e| format!("{e:#}"));
         match floor.check_with(outside) {
             // Gone: the gateway's socket reports it and the gateway ends.
             Ok(()) | Err(FloorError::NoInterface { .. }) => {}
@@ -820,12 +860,20 @@ fn keeper_main(
     }
     let mut request = [0u8; REMOVE.len()];
     let asked = channel.read_exact(&mut request).is_ok() && request == REMOVE;
+    let floor = std::mem::ManuallyDrop::into_inner(floor);
     if asked {
-        let ended = floor.remove();
+        // A bypass still there (added since the last check, or one only
+        // the link being down holds) is reported: never a fail closed
+        // end while something still sees the guest's frames.
+        let ended = floor.remove_with(outside);
         let answer = match (&tampered, ended) {
             (None, Ok(Ended::Kept)) => KEPT.to_owned(),
             (None, Ok(Ended::Removed)) => REMOVED.to_owned(),
+            (None, Err(e @ FloorError::Outranked { .. })) => format!("{FAILED}{e}"),
             (None, Err(e)) => e.to_string(),
+            (Some(why), Err(e @ FloorError::Outranked { .. })) => format!(
+                "{FAILED}the floor stopped holding while the gateway served ({why}); the gateway ended, and {e}"
+            ),
             (Some(why), ended) => {
                 let after = match ended {
                     Ok(Ended::Kept) => "its floor is back on it".to_owned(),
@@ -844,7 +892,7 @@ fn keeper_main(
         let _ = floor.remove();
     } else {
         // The gateway died without asking: the floor stays (fail closed).
-        std::mem::forget(floor);
+        floor.hand_over();
     }
     // SAFETY: `_exit` ends the process without running the gateway's
     // destructors or atexit handlers, which belong to the parent.

@@ -84,7 +84,18 @@ fn main() -> anyhow::Result<()> {
         (Some(iface), Some(netns)) => {
             let allow = args.allow_missing_isolation.contains(&Isolation::Nftables);
             let a = attach::attach(iface, netns, cfg.mtu, allow)?;
-            let watch = a.keeper.as_ref().map(|k| k.watch(&a.link)).transpose()?;
+            let watch = match a.keeper.as_ref().map(|k| k.watch(&a.link)).transpose() {
+                Ok(watch) => watch,
+                Err(e) => {
+                    // Never served, but attached: the normal end all the
+                    // same (the link cut, the keeper asked), so the keeper
+                    // never sees its channel close without a request.
+                    if let Err(end) = end_attached(iface, &a.link, a.keeper) {
+                        tracing::error!(error = %format!("{end:#}"), iface, "ending the floor");
+                    }
+                    return Err(e);
+                }
+            };
             (
                 Some(GuestFd::Packet(a.socket)),
                 Some((iface, a.link, a.keeper, watch)),
@@ -100,10 +111,21 @@ fn main() -> anyhow::Result<()> {
     let Some((iface, link, keeper)) = ended else {
         return served;
     };
-    // On every end but a kill or a crash (docs/attach.md): the gateway sets
-    // the guest's link down itself (which holds with no floor or a dead
-    // keeper), then the keeper sets it down too and keeps the floor on it
-    // while it exists: fail closed even if something sets it up again.
+    let ended = end_attached(iface, &link, keeper);
+    served?;
+    ended
+}
+
+/// The end of an attached gateway, served or not (docs/attach.md): the
+/// gateway sets the guest's link down itself (which holds with no floor
+/// or a dead keeper), then the keeper sets it down too and keeps the
+/// floor on it while it exists: fail closed even if something sets it up
+/// again. Logs the outcome; the error is the keeper's answer.
+fn end_attached(
+    iface: &str,
+    link: &attach::LinkCutter,
+    keeper: Option<attach::FloorKeeper>,
+) -> anyhow::Result<()> {
     if let Err(e) = link.cut() {
         tracing::warn!(error = %e, iface, "could not set the guest's interface down");
     }
@@ -126,7 +148,6 @@ fn main() -> anyhow::Result<()> {
         ),
         Err(_) => {}
     }
-    served?;
     ended.map(|_| ())
 }
 
