@@ -146,7 +146,7 @@ pub(super) fn run(a: &RunArgs) -> Result<Value> {
         "rss_flows_mb": rss_flows_kb.map(|k| k as f64 / 1024.0),
         "flows": flows, "flows_ready": line.trim(),
         "startup_ms": startup_ms,
-        "sidecar_args": sidecar_args,
+        "sidecar_args": a.sidecar_arg,
         "load_start": load_start,
         "load_end": load_average_1min(),
     }))
