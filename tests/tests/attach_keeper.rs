@@ -13,7 +13,7 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use attach_support::{floor_table, tables, vm};
+use attach_support::{ended_by_itself_with, floor_table, one_error, tables, vm};
 use sluice_e2e::{ORIGIN_NAME, Transport, VM_IFACE, World, wait_until};
 
 mod attach_support;
@@ -27,22 +27,15 @@ fn a_clsact_qdisc_added_while_serving_ends_the_gateway_fail_closed() -> Result<(
     // qdisc to the interface while the gateway serves: a `mirred`
     // redirect there would carry the guest's frames past the floor.
     vm(&w)?.sh_ok(&format!("tc qdisc add dev {VM_IFACE} clsact"), 30)?;
-    let sidecar = w.sidecar().context("no sidecar")?;
-    wait_until("the gateway to end", Duration::from_secs(60), || {
-        sidecar.check_alive().is_err()
-    })?;
-    let st = sidecar.signal_and_wait(0, Duration::from_secs(10))?;
-    let log = w.sidecar_log();
-    ensure!(st.code() == Some(1), "exit {st}\n{log}");
-    let errors: Vec<&str> = log.lines().filter(|l| l.starts_with("Error")).collect();
-    ensure!(
-        errors.len() == 1
-            && errors[0].contains("the floor stopped holding while the gateway served")
-            && errors[0].contains("`clsact` qdisc")
-            && errors[0].contains("only the link being down holds them")
-            && !errors[0].contains("fail closed"),
-        "want one error line with the reason, and the qdisc still there: {log}"
-    );
+    ended_by_itself_with(
+        &mut w,
+        &[
+            "the floor stopped holding while the gateway served",
+            "`clsact` qdisc",
+            "only the link being down holds them",
+        ],
+        &["fail closed"],
+    )?;
     // Fail closed: the interface is down and the floor is on it.
     let vm = vm(&w)?;
     ensure!(
@@ -69,16 +62,13 @@ fn a_bypass_added_just_before_the_end_is_reported_by_the_end() -> Result<()> {
         .sidecar()
         .context("no sidecar")?
         .signal_and_wait(libc::SIGTERM, Duration::from_secs(60))?;
+    one_error(
+        &w,
+        st,
+        &["`clsact` qdisc", "only the link being down holds them"],
+        &["fail closed"],
+    )?;
     let log = w.sidecar_log();
-    ensure!(st.code() == Some(1), "exit {st}\n{log}");
-    let errors: Vec<&str> = log.lines().filter(|l| l.starts_with("Error")).collect();
-    ensure!(
-        errors.len() == 1
-            && errors[0].contains("`clsact` qdisc")
-            && errors[0].contains("only the link being down holds them")
-            && !errors[0].contains("fail closed"),
-        "want one error line naming the qdisc: {log}"
-    );
     ensure!(
         !log.contains("its floor stays on it (fail closed)"),
         "the end claimed fail closed with a bypass there: {log}"
@@ -151,20 +141,14 @@ fn a_deleted_floor_is_put_back_by_the_keeper_before_the_gateways_end() -> Result
     })();
     signal(&[gateway], "CONT")?;
     tampered?;
-    let sidecar = w.sidecar().context("no sidecar")?;
-    wait_until("the gateway to end", Duration::from_secs(60), || {
-        sidecar.check_alive().is_err()
-    })?;
-    let st = sidecar.signal_and_wait(0, Duration::from_secs(10))?;
-    let log = w.sidecar_log();
-    ensure!(st.code() == Some(1), "exit {st}\n{log}");
-    let errors: Vec<&str> = log.lines().filter(|l| l.starts_with("Error")).collect();
-    ensure!(
-        errors.len() == 1
-            && errors[0].contains("the floor stopped holding while the gateway served")
-            && errors[0].contains("its floor is back on it"),
-        "want one error line with the reason: {log}"
-    );
+    ended_by_itself_with(
+        &mut w,
+        &[
+            "the floor stopped holding while the gateway served",
+            "its floor is back on it",
+        ],
+        &[],
+    )?;
     ensure!(floor_there(vm(&w)?, &name), "no floor after the end");
     Ok(())
 }
@@ -182,20 +166,14 @@ fn a_killed_keeper_ends_the_gateway_fail_closed() -> Result<()> {
     let keeper = keeper_of(gateway)?;
     let name = floor_name(vm(&w)?, VM_IFACE)?;
     signal(&[keeper], "KILL")?;
-    let sidecar = w.sidecar().context("no sidecar")?;
-    wait_until("the gateway to end", Duration::from_secs(60), || {
-        sidecar.check_alive().is_err()
-    })?;
-    let st = sidecar.signal_and_wait(0, Duration::from_secs(10))?;
-    let log = w.sidecar_log();
-    ensure!(st.code() == Some(1), "exit {st}\n{log}");
-    let errors: Vec<&str> = log.lines().filter(|l| l.starts_with("Error")).collect();
-    ensure!(
-        errors.len() == 1
-            && errors[0].contains("the floor keeper died while the gateway served")
-            && errors[0].contains("the interface was set down"),
-        "want one error line with the reason: {log}"
-    );
+    ended_by_itself_with(
+        &mut w,
+        &[
+            "the floor keeper died while the gateway served",
+            "the interface was set down",
+        ],
+        &[],
+    )?;
     let ns = vm(&w)?;
     ensure!(
         floor_there(ns, &name),

@@ -38,3 +38,37 @@ pub(crate) fn tables(ns: &Netns) -> Result<String> {
 pub(crate) fn vm(w: &World) -> Result<&Netns> {
     w.vm.as_ref().context("an attach world has a VM namespace")
 }
+
+/// Waits (at most a minute) for the gateway of `w` to end by itself, then
+/// checks [`one_error`].
+pub(crate) fn ended_by_itself_with(w: &mut World, has: &[&str], lacks: &[&str]) -> Result<()> {
+    let sidecar = w.sidecar().context("no sidecar")?;
+    sluice_e2e::wait_until(
+        "the gateway to end",
+        std::time::Duration::from_secs(60),
+        || sidecar.check_alive().is_err(),
+    )?;
+    let st = sidecar.signal_and_wait(0, std::time::Duration::from_secs(10))?;
+    one_error(w, st, has, lacks)
+}
+
+/// The gateway of `w` exited with status 1 (`st`) and its log has exactly
+/// one `Error` line, which contains every string of `has` and none of
+/// `lacks`.
+pub(crate) fn one_error(
+    w: &World,
+    st: std::process::ExitStatus,
+    has: &[&str],
+    lacks: &[&str],
+) -> Result<()> {
+    let log = w.sidecar_log();
+    ensure!(st.code() == Some(1), "exit {st}\n{log}");
+    let errors: Vec<&str> = log.lines().filter(|l| l.starts_with("Error")).collect();
+    ensure!(
+        errors.len() == 1
+            && has.iter().all(|s| errors[0].contains(s))
+            && !lacks.iter().any(|s| errors[0].contains(s)),
+        "want one error line with {has:?} and without {lacks:?}: {log}"
+    );
+    Ok(())
+}
