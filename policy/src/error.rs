@@ -50,6 +50,17 @@ impl PolicyErrors {
         Self { errors }
     }
 
+    /// One error about the file `origin` as a whole (it cannot be read,
+    /// or is refused before any of it is parsed): no line or column.
+    pub(crate) fn whole_file(origin: &str, message: String) -> Self {
+        Self::new(vec![PolicyError {
+            origin: origin.to_owned(),
+            line: 0,
+            column: 0,
+            message,
+        }])
+    }
+
     /// The errors, sorted by position.
     #[must_use]
     pub fn errors(&self) -> &[PolicyError] {

@@ -541,14 +541,7 @@ pub(crate) fn check(raw: &RawPolicy, origin: &str) -> Result<(), PolicyErrors> {
 pub(crate) fn read(policy: &Path) -> Result<Option<(String, String)>, PolicyErrors> {
     let path = overlay_path(policy);
     let origin = path.display().to_string();
-    let fail = |message: String| {
-        PolicyErrors::new(vec![PolicyError {
-            origin: origin.clone(),
-            line: 0,
-            column: 0,
-            message,
-        }])
-    };
+    let fail = |message: String| PolicyErrors::whole_file(&origin, message);
     let owner = std::fs::metadata(policy)
         .map_err(|e| fail(format!("cannot read approval overlay: the policy: {e}")))?
         .uid();

@@ -20,14 +20,7 @@ pub const MAX_POLICY_BYTES: u64 = 16 * 1024 * 1024;
 /// Every problem found, each `file:line:col: message`.
 pub fn load_file(path: &Path, options: &CompileOptions) -> Result<CompiledPolicy, PolicyErrors> {
     let origin = path.display().to_string();
-    let fail = |message: String| {
-        PolicyErrors::new(vec![PolicyError {
-            origin: origin.clone(),
-            line: 0,
-            column: 0,
-            message,
-        }])
-    };
+    let fail = |message: String| PolicyErrors::whole_file(&origin, message);
     let meta =
         std::fs::metadata(path).map_err(|e| fail(format!("cannot read policy file: {e}")))?;
     if meta.len() > MAX_POLICY_BYTES {
