@@ -188,11 +188,15 @@ pub struct GatewayArgs {
     /// destination never answered closes after half of it).
     #[arg(long, default_value_t = crate::udp::DEFAULT_UDP_IDLE.as_secs())]
     pub udp_idle_secs: u64,
-    /// Size in KiB of each of a TCP flow's two buffers (receive window towards the guest,
-    /// unacknowledged data to the guest), 64..=16384. Bounds per-flow memory; smaller
-    /// windows cost throughput (docs/gateway.md, "Memory").
+    /// Size in KiB of a TCP flow's receive buffer (the window the guest may fill),
+    /// 64..=16384. Bounds per-flow memory; smaller windows cost throughput
+    /// (docs/gateway.md, "Memory").
     #[arg(long, default_value_t = config::DEFAULT_FLOW_BUFFER / 1024)]
     pub flow_buffer_kib: usize,
+    /// Size in KiB of a TCP flow's send buffer (data to the guest not yet
+    /// acknowledged), 64..=16384. Given back while the flow is idle.
+    #[arg(long, default_value_t = config::DEFAULT_FLOW_SEND_BUFFER / 1024)]
+    pub flow_send_buffer_kib: usize,
     /// Ask runtime approval questions (`unlisted: ask`, docs/approval.md)
     /// over this unix socket, one JSON line each way, instead of the
     /// policy's `approval.backend`: `sluice run --ask` serves its terminal
@@ -256,6 +260,7 @@ impl GatewayArgs {
             max_udp_flows: crate::udp::DEFAULT_MAX_UDP_FLOWS,
             udp_idle_secs: crate::udp::DEFAULT_UDP_IDLE.as_secs(),
             flow_buffer_kib: config::DEFAULT_FLOW_BUFFER / 1024,
+            flow_send_buffer_kib: config::DEFAULT_FLOW_SEND_BUFFER / 1024,
             approval_socket: None,
             approval_overlay_socket: None,
             approval_webhook_name: None,
@@ -318,6 +323,10 @@ impl GatewayArgs {
         flag("max-udp-flows", self.max_udp_flows.to_string().into());
         flag("udp-idle-secs", self.udp_idle_secs.to_string().into());
         flag("flow-buffer-kib", self.flow_buffer_kib.to_string().into());
+        flag(
+            "flow-send-buffer-kib",
+            self.flow_send_buffer_kib.to_string().into(),
+        );
         if let Some(path) = &self.approval_socket {
             flag("approval-socket", path.into());
         }
@@ -393,6 +402,7 @@ mod tests {
         a.max_udp_flows = 9;
         a.udp_idle_secs = 11;
         a.flow_buffer_kib = 128;
+        a.flow_send_buffer_kib = 256;
         a.approval_socket = Some("/run/approve.sock".into());
         a.approval_overlay_socket = Some("/run/approved.sock".into());
         a.approval_webhook_name = Some("hook.example".into());

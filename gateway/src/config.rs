@@ -19,11 +19,20 @@ pub const DEFAULT_MTU: u16 = 65520;
 pub const MIN_MTU: u16 = 1280;
 /// Default maximum of concurrent TCP/UDP flows; beyond it new SYNs get a RST.
 pub const DEFAULT_MAX_FLOWS: usize = 4096;
-/// Default size of each of a TCP flow's two smoltcp buffers (guest-side
-/// receive window and unacknowledged send data); see docs/gateway.md "Memory".
+/// Default size of a TCP flow's smoltcp receive ring: the window the guest
+/// may fill; see docs/gateway.md "Memory".
 pub const DEFAULT_FLOW_BUFFER: usize = 1024 * 1024;
+/// Default size of a TCP flow's smoltcp send ring: what the gateway may have
+/// in flight towards the guest, unacknowledged. Larger than the receive
+/// ring because a guest's acknowledgements come back late (it shares CPUs
+/// with the gateway and its VMM), and with 1 MiB in flight a download
+/// stalled on them: docs/benchmarks.md "Session 13". An idle flow's send
+/// ring is given back ([`Config::release_pages`]).
+pub const DEFAULT_FLOW_SEND_BUFFER: usize = 4 * 1024 * 1024;
 /// Smallest accepted flow buffer: one maximal segment.
 pub const MIN_FLOW_BUFFER: usize = 64 * 1024;
+/// Largest accepted flow buffer.
+pub const MAX_FLOW_BUFFER: usize = 16 * 1024 * 1024;
 
 /// A configuration error, reported before the gateway starts.
 #[derive(Debug, Error)]
@@ -200,9 +209,12 @@ pub struct Config {
     /// The TLS-terminating proxy for inspected hosts (secret injection);
     /// `None` when the policy inspects nothing: every flow is spliced.
     pub intercept: Option<std::sync::Arc<sluice_intercept::Interceptor>>,
-    /// Size of each of a TCP flow's two smoltcp buffers (receive window
-    /// towards the guest, unacknowledged data to the guest).
+    /// Size of a TCP flow's smoltcp receive ring (the window the guest
+    /// sees).
     pub flow_buffer: usize,
+    /// Size of a TCP flow's smoltcp send ring (data to the guest not yet
+    /// acknowledged).
+    pub flow_send_buffer: usize,
     /// Gives the whole pages inside a buffer nothing needs back to the
     /// kernel (they read as zeros after). The binary passes
     /// `madvise(MADV_DONTNEED)`, which this library (no unsafe code) cannot
@@ -245,6 +257,7 @@ impl Config {
             sandbox_id: String::from("sandbox"),
             intercept: None,
             flow_buffer: DEFAULT_FLOW_BUFFER,
+            flow_send_buffer: DEFAULT_FLOW_SEND_BUFFER,
             release_pages: |_| {},
             udp: crate::udp::UdpLimits::default(),
             approval: ApprovalSetup::default(),

@@ -165,13 +165,8 @@ fn prepare_and_serve(
     cfg.publish = args.publish.clone();
     cfg.max_flows = args.max_flows.max(1);
     cfg.udp.max_flows = args.max_udp_flows;
-    if !(config::MIN_FLOW_BUFFER / 1024..=16384).contains(&args.flow_buffer_kib) {
-        bail!(
-            "--flow-buffer-kib {}: must be 64..=16384",
-            args.flow_buffer_kib
-        );
-    }
-    cfg.flow_buffer = args.flow_buffer_kib * 1024;
+    cfg.flow_buffer = flow_buffer("--flow-buffer-kib", args.flow_buffer_kib)?;
+    cfg.flow_send_buffer = flow_buffer("--flow-send-buffer-kib", args.flow_send_buffer_kib)?;
     cfg.release_pages = pages::release;
     raise_nofile(cfg.max_flows);
     cfg.udp.idle = std::time::Duration::from_secs(args.udp_idle_secs.max(1));
@@ -498,6 +493,19 @@ fn self_restrict(
 }
 
 /// The directory holding the policy file (`.` for a bare file name).
+/// A flow buffer size given in KiB on the command line, in bytes, or a
+/// one-line error naming the flag.
+fn flow_buffer(flag: &str, kib: usize) -> anyhow::Result<usize> {
+    let (min, max) = (
+        config::MIN_FLOW_BUFFER / 1024,
+        config::MAX_FLOW_BUFFER / 1024,
+    );
+    if !(min..=max).contains(&kib) {
+        bail!("{flag} {kib}: must be {min}..={max}");
+    }
+    Ok(kib * 1024)
+}
+
 fn policy_dir(path: &std::path::Path) -> PathBuf {
     match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),

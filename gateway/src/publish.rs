@@ -102,7 +102,7 @@ impl Datapath {
             .unwrap_or(PUBLISH_PORT_BASE);
         let mut sock = tcp::Socket::new(
             tcp::SocketBuffer::new(vec![0u8; self.cfg.flow_buffer]),
-            tcp::SocketBuffer::new(vec![0u8; self.cfg.flow_buffer]),
+            tcp::SocketBuffer::new(vec![0u8; self.cfg.flow_send_buffer]),
         );
         sock.set_nagle_enabled(false);
         sock.set_ack_delay(None);

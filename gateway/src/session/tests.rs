@@ -795,6 +795,7 @@ async fn idle_send_rings_are_given_back_once_drained() {
     let dst = SocketAddrV4::new(Ipv4Addr::LOCALHOST, listener.local_addr().unwrap().port());
     let mut cfg = Config::new(DEFAULT_SUBNET, 1500).unwrap();
     cfg.flow_buffer = 128 * 1024;
+    cfg.flow_send_buffer = 128 * 1024;
     cfg.release_pages = record_release;
     let (mut guest, _audit, _task) = start_cfg(cfg, Arc::new(TestDecider));
     let a = SocketAddrV4::new(Ipv4Addr::new(10, 0, 2, 15), 1000);

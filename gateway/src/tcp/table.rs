@@ -169,7 +169,7 @@ impl Datapath {
         let (rx, tx) = if dns {
             (DNS_TCP_BUF, DNS_TCP_BUF)
         } else {
-            (self.cfg.flow_buffer, self.cfg.flow_buffer)
+            (self.cfg.flow_buffer, self.cfg.flow_send_buffer)
         };
         let mut sock = tcp::Socket::new(
             tcp::SocketBuffer::new(vec![0u8; rx]),
