@@ -316,6 +316,21 @@ impl WorldBuilder {
         self
     }
 
+    /// [`Self::congestion`] when `cc` names one, and the name of the
+    /// algorithm in effect in the world (the host's, which the namespaces
+    /// inherit, when `cc` is `None`) for the benchmarks' figures.
+    pub fn congestion_or_host(self, cc: Option<&str>) -> (Self, String) {
+        match cc {
+            Some(cc) => (self.congestion(cc), cc.to_owned()),
+            None => {
+                let host = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control")
+                    .map(|s| s.trim().to_owned())
+                    .unwrap_or_else(|_| "unknown".into());
+                (self, host)
+            }
+        }
+    }
+
     /// Adds an A record to the fake internet's DNS (the origin's certificate
     /// is valid for every such name).
     pub fn dns_record(mut self, name: &str, addr: Ipv4Addr) -> Self {

@@ -33,6 +33,15 @@ struct Args {
     /// Requests on one kept-alive HTTP/2 connection.
     #[arg(long, default_value_t = 2000)]
     requests: u64,
+    /// TCP congestion control in every namespace of both worlds (e.g.
+    /// `cubic`, Debian's default); without it they inherit the host's.
+    /// Printed in the table's header either way.
+    #[arg(long)]
+    cc: Option<String>,
+    /// Extra argument for the gateway in both worlds (repeatable), e.g.
+    /// `--sidecar-arg=--flow-send-buffer-kib=1024`.
+    #[arg(long)]
+    sidecar_arg: Vec<String>,
 }
 
 /// One world's figures.
@@ -55,7 +64,12 @@ fn policy(inspect: bool) -> String {
 }
 
 fn measure(inspect: bool, args: &Args) -> Result<Figures> {
-    let mut b = World::builder().policy(&policy(inspect));
+    let (mut b, _) = World::builder()
+        .policy(&policy(inspect))
+        .congestion_or_host(args.cc.as_deref());
+    for a in &args.sidecar_arg {
+        b = b.sidecar_arg(a);
+    }
     if inspect {
         b = b
             .sidecar_arg("--ca-out")
@@ -129,8 +143,9 @@ fn main() -> Result<()> {
     std::thread::sleep(Duration::from_secs(1));
     let inspected = measure(true, &args).context("inspected world")?;
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let (_, cc) = World::builder().congestion_or_host(args.cc.as_deref());
     println!(
-        "| measure (origin.test, one run, load {}) | spliced | inspected | inspected / spliced |",
+        "| measure (origin.test, one run, load {}, {cc}) | spliced | inspected | inspected / spliced |",
         load.split_whitespace().next().unwrap_or("?")
     );
     println!("|---|---|---|---|");

@@ -50,7 +50,7 @@ use std::path::PathBuf;
 
 use anyhow::{Result, bail};
 use clap::{Parser, Subcommand};
-use sluice_e2e::{Sidecar, WorldBuilder};
+use sluice_e2e::Sidecar;
 
 use clients::{connrate, dnsnames, dnsqps, hold};
 use dns::{DnsArgs, dns_cells};
@@ -192,19 +192,4 @@ fn parse_sidecar(name: &str) -> Result<Sidecar> {
         "passt" => Sidecar::Passt,
         other => bail!("unknown sidecar {other}"),
     })
-}
-
-/// `b` with the congestion control `cc` set in every namespace of its
-/// world, and the name of the algorithm in effect there (the host's, which
-/// the namespaces inherit, when `cc` is `None`) for the figures' lines.
-fn congestion(b: WorldBuilder, cc: Option<&str>) -> (WorldBuilder, String) {
-    match cc {
-        Some(cc) => (b.congestion(cc), cc.to_owned()),
-        None => {
-            let host = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control")
-                .map(|s| s.trim().to_owned())
-                .unwrap_or_else(|_| "unknown".into());
-            (b, host)
-        }
-    }
 }

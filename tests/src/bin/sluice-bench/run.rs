@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use sluice_e2e::bench::{guest_bench, iperf, load_average_1min, table_cell};
 use sluice_e2e::{BANNER_PORT, ECHO_PORT, ORIGIN_ADDR, ORIGIN_NAME, World, bin_path};
 
-use crate::{congestion, parse_sidecar};
+use crate::parse_sidecar;
 
 /// The fake DNS's record TTL in `run` (seconds): long enough that every
 /// repeat of the measured name is a cache hit where there is a cache.
@@ -67,14 +67,12 @@ pub(super) fn run(a: &RunArgs) -> Result<Value> {
     // The DNS figure is of cached answers (issue 16): with a positive TTL
     // the gateway answers repeats from its cache; passt has none and
     // forwards each to dnsmasq.
-    let (mut b, cc) = congestion(
-        World::builder()
-            .sidecar(s)
-            .mtu(mtu)
-            .dns_ttl(RUN_DNS_TTL)
-            .iperf(),
-        a.cc.as_deref(),
-    );
+    let (mut b, cc) = World::builder()
+        .sidecar(s)
+        .mtu(mtu)
+        .dns_ttl(RUN_DNS_TTL)
+        .iperf()
+        .congestion_or_host(a.cc.as_deref());
     for x in &a.sidecar_arg {
         b = b.sidecar_arg(x);
     }

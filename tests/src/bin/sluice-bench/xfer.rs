@@ -13,7 +13,7 @@ use sluice_e2e::bench::guest_bench;
 use sluice_e2e::{BANNER_PORT, ORIGIN_ADDR, ORIGIN_NAME, World};
 
 use crate::cpu::{bridge_pid, measured};
-use crate::{congestion, parse_sidecar};
+use crate::parse_sidecar;
 
 /// Arguments of `xfer`.
 #[derive(clap::Args, Debug)]
@@ -67,14 +67,12 @@ pub(super) struct XferArgs {
 /// `xfer`: see the module docs.
 pub(super) fn xfer(a: &XferArgs) -> Result<()> {
     let s = parse_sidecar(&a.sidecar)?;
-    let (mut b, cc) = congestion(
-        World::builder()
-            .sidecar(s)
-            .mtu(a.mtu)
-            .dns_ttl(a.dns_ttl)
-            .iperf(),
-        a.cc.as_deref(),
-    );
+    let (mut b, cc) = World::builder()
+        .sidecar(s)
+        .mtu(a.mtu)
+        .dns_ttl(a.dns_ttl)
+        .iperf()
+        .congestion_or_host(a.cc.as_deref());
     for x in &a.sidecar_arg {
         b = b.sidecar_arg(x);
     }
