@@ -588,3 +588,26 @@ fn tokio_stream(sock: std::os::fd::OwnedFd) -> anyhow::Result<tokio::net::UnixSt
         .context("setting --fd non-blocking")?;
     tokio::net::UnixStream::from_std(std_stream).context("--fd: registering the stream socket")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::flow_buffer;
+
+    #[test]
+    fn flow_buffer_sizes_outside_the_bounds_are_one_line_errors_naming_the_flag() {
+        assert_eq!(
+            flow_buffer("--flow-send-buffer-kib", 4096).ok(),
+            Some(4 << 20)
+        );
+        assert_eq!(flow_buffer("--flow-buffer-kib", 64).ok(), Some(64 << 10));
+        for kib in [0, 63, 16385] {
+            let e = flow_buffer("--flow-send-buffer-kib", kib)
+                .expect_err("out of bounds")
+                .to_string();
+            assert_eq!(
+                e,
+                format!("--flow-send-buffer-kib {kib}: must be 64..=16384")
+            );
+        }
+    }
+}
