@@ -26,6 +26,7 @@
 pub mod egress;
 pub mod ingress;
 mod link;
+pub use link::LinkDown;
 mod netns;
 mod nft;
 mod ruleset;

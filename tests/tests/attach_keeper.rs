@@ -3,7 +3,8 @@
 //! ingress runs before the floor's netdev hook) added to the interface
 //! afterwards ends the gateway fail closed, as a deleted floor does
 //! (`tests/tests/attach.rs`); and the end's acts on the interface, which
-//! never touch another interface that took its index once it was gone;
+//! never touch another interface that took its index once it was gone,
+//! and find the interface by index after a rename;
 //! a floor that stops holding is put back by the keeper at once, not at
 //! the gateway's end; a keeper that dies ends the gateway fail closed.
 //! Needs root: run via `scripts/test` (or
@@ -237,6 +238,44 @@ fn an_interface_given_the_index_of_the_gone_one_is_left_alone() -> Result<()> {
     ensure!(
         !left.contains(&floor_table(VM_IFACE)) && !left.contains(&floor_table(&other)),
         "a floor after the end: {left}\n{log}"
+    );
+    Ok(())
+}
+
+/// The interface is renamed while the gateway and its keeper are stopped:
+/// the end sets it down under its new name (by index, never by a name
+/// looked up and resolved again).
+#[test]
+#[ignore = "needs root: run via scripts/test"]
+fn a_renamed_interface_is_set_down_by_the_end() -> Result<()> {
+    let mut w = World::builder().transport(Transport::Attach).start()?;
+    w.guest_ok(&format!("curl -sS --max-time 60 http://{ORIGIN_NAME}/"), 90)?;
+    let gateway = w.sidecar_pid().context("no gateway")?;
+    let keeper = keeper_of(gateway)?;
+    // In the world's own VM namespace: no other test's.
+    let renamed = "moved0";
+    signal(&[gateway, keeper], "STOP")?;
+    let moved = vm(&w)?.sh_ok(
+        &format!(
+            "ip link set {VM_IFACE} down && ip link set {VM_IFACE} name {renamed} && ip link set {renamed} up"
+        ),
+        30,
+    );
+    signal(&[keeper, gateway], "CONT")?;
+    moved?;
+    let up = vm(&w)?.sh_ok(&format!("ip -o link show dev {renamed}"), 30)?;
+    ensure!(up.contains(",UP") || up.contains("<UP"), "not up: {up}");
+    let sidecar = w.sidecar().context("no sidecar")?;
+    // The keeper may see the rename first and end the gateway itself;
+    // either way it has ended and been reaped after this.
+    if sidecar.check_alive().is_ok() {
+        sidecar.signal_and_wait(libc::SIGTERM, Duration::from_secs(60))?;
+    }
+    let log = w.sidecar_log();
+    let link = vm(&w)?.sh_ok(&format!("ip -o link show dev {renamed}"), 30)?;
+    ensure!(
+        link.contains("state DOWN") && !link.contains(",UP") && !link.contains("<UP"),
+        "{renamed} is up after the end: {link}\n{log}"
     );
     Ok(())
 }

@@ -46,9 +46,11 @@
 use std::fs::File;
 use std::os::fd::{AsFd as _, AsRawFd as _, OwnedFd};
 use std::path::Path;
+use std::sync::Arc;
 
 use anyhow::{Context as _, anyhow, bail};
 use rustix::thread::{LinkNameSpaceType, move_into_link_name_space};
+use sluice_floor::LinkDown;
 use sluice_floor::ingress::{Foreign, IngressFloor};
 
 mod bypass;
@@ -87,12 +89,13 @@ pub(crate) struct Attached {
 }
 
 /// Sets the attached interface down from the gateway itself, by the index
-/// it had at attach (a rename does not lose it), through a socket opened in
-/// its namespace (ioctls on it act there, whatever namespace the calling
-/// thread is in, and the jail allows them).
+/// it had at attach, over an rtnetlink socket opened in its namespace
+/// ([`LinkDown`]: it acts there whatever namespace the calling thread is
+/// in, and the jail allows using it). The request names the index alone,
+/// so a rename between a lookup and the act cannot send it elsewhere.
 #[derive(Debug)]
 pub(crate) struct LinkCutter {
-    probe: OwnedFd,
+    down: Arc<LinkDown>,
     index: u32,
     /// A packet socket bound to the interface: tells it gone ([`unbound`]).
     token: OwnedFd,
@@ -103,10 +106,7 @@ impl LinkCutter {
     /// the keeper's watch ([`KeeperWatch`]).
     fn try_clone(&self) -> anyhow::Result<Self> {
         Ok(Self {
-            probe: self
-                .probe
-                .try_clone()
-                .context("duplicating the probe socket")?,
+            down: Arc::clone(&self.down),
             index: self.index,
             token: self
                 .token
@@ -121,13 +121,12 @@ impl LinkCutter {
         if unbound(&self.token, self.index) {
             return Ok(());
         }
-        let name = match rustix::net::netdevice::index_to_name(&self.probe, self.index) {
-            Ok(name) => name,
-            Err(rustix::io::Errno::NODEV) => return Ok(()),
-            Err(e) => bail!("looking up interface index {}: {e}", self.index),
-        };
-        set_up(&self.probe, &name, false)
-            .with_context(|| format!("setting `{name}` (index {}) down", self.index))
+        match self.down.set_down() {
+            Ok(()) => Ok(()),
+            // Gone between the check and the request: nothing to cut.
+            Err(_) if unbound(&self.token, self.index) => Ok(()),
+            Err(e) => bail!("setting interface index {} down: {e}", self.index),
+        }
     }
 }
 
@@ -169,9 +168,15 @@ pub(crate) fn attach(
         }
     };
     // On error the floor drops here, which removes it.
-    let probe = in_namespace(&ns, netns, || bring_up(&socket, iface, netns))?;
+    // The means to set the link down exist before it is up.
+    let down = in_namespace(&ns, netns, || {
+        let down =
+            LinkDown::open(index).map_err(|e| anyhow!("{e} (to set `{iface}` down at the end)"))?;
+        bring_up(&socket, iface, netns)?;
+        Ok(down)
+    })?;
     let link = LinkCutter {
-        probe,
+        down: Arc::new(down),
         index,
         token,
     };
@@ -223,9 +228,8 @@ fn probe_socket() -> anyhow::Result<OwnedFd> {
     .context("opening a probe socket")
 }
 
-/// Step 3 of the module docs, on a thread inside the namespace; returns the
-/// probe socket the gateway later sets the interface down with.
-fn bring_up(sock: &OwnedFd, iface: &str, netns: &Path) -> anyhow::Result<OwnedFd> {
+/// Step 3 of the module docs, on a thread inside the namespace.
+fn bring_up(sock: &OwnedFd, iface: &str, netns: &Path) -> anyhow::Result<()> {
     let where_ = || format!("`{iface}` in network namespace {}", netns.display());
     // /proc/sys/net is the opening thread's namespace's. Missing when the
     // kernel has no IPv6: then there is nothing to turn off.
@@ -239,7 +243,7 @@ fn bring_up(sock: &OwnedFd, iface: &str, netns: &Path) -> anyhow::Result<OwnedFd
     // Bound while the interface was down, the socket holds a pending
     // ENETDOWN its first receive would report: reading SO_ERROR clears it.
     let _ = rustix::net::sockopt::socket_error(sock);
-    Ok(probe)
+    Ok(())
 }
 
 /// Step 1 of the module docs, on the thread inside the namespace.
