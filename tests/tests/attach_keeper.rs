@@ -22,8 +22,7 @@ mod attach_support;
 #[test]
 #[ignore = "needs root: run via scripts/test"]
 fn a_clsact_qdisc_added_while_serving_ends_the_gateway_fail_closed() -> Result<()> {
-    let mut w = World::builder().transport(Transport::Attach).start()?;
-    w.guest_ok(&format!("curl -sS --max-time 60 http://{ORIGIN_NAME}/"), 90)?;
+    let mut w = serving()?;
     // Kata's `tcfilter` model, or the CNI bandwidth plugin, adding its
     // qdisc to the interface while the gateway serves: a `mirred`
     // redirect there would carry the guest's frames past the floor.
@@ -56,8 +55,7 @@ fn a_clsact_qdisc_added_while_serving_ends_the_gateway_fail_closed() -> Result<(
 #[test]
 #[ignore = "needs root: run via scripts/test"]
 fn a_bypass_added_just_before_the_end_is_reported_by_the_end() -> Result<()> {
-    let mut w = World::builder().transport(Transport::Attach).start()?;
-    w.guest_ok(&format!("curl -sS --max-time 60 http://{ORIGIN_NAME}/"), 90)?;
+    let mut w = serving()?;
     vm(&w)?.sh_ok(&format!("tc qdisc add dev {VM_IFACE} clsact"), 30)?;
     let st = w
         .sidecar()
@@ -77,6 +75,19 @@ fn a_bypass_added_just_before_the_end_is_reported_by_the_end() -> Result<()> {
     let link = vm(&w)?.sh_ok(&format!("ip -o link show dev {VM_IFACE}"), 30)?;
     ensure!(link.contains("state DOWN"), "{VM_IFACE}: {link}");
     Ok(())
+}
+
+/// An attached world whose guest has already reached the origin once.
+fn serving() -> Result<World> {
+    let w = World::builder().transport(Transport::Attach).start()?;
+    w.guest_ok(&format!("curl -sS --max-time 60 http://{ORIGIN_NAME}/"), 90)?;
+    Ok(w)
+}
+
+/// The gateway's process id and its floor keeper's.
+fn gateway_and_keeper(w: &World) -> Result<(u32, u32)> {
+    let gateway = w.sidecar_pid().context("no gateway")?;
+    Ok((gateway, keeper_of(gateway)?))
 }
 
 /// The floor keeper: the gateway's child.
@@ -117,8 +128,7 @@ fn floor_there(ns: &sluice_e2e::Netns, name: &str) -> bool {
 #[test]
 #[ignore = "needs root: run via scripts/test"]
 fn a_deleted_floor_is_put_back_by_the_keeper_before_the_gateways_end() -> Result<()> {
-    let mut w = World::builder().transport(Transport::Attach).start()?;
-    w.guest_ok(&format!("curl -sS --max-time 60 http://{ORIGIN_NAME}/"), 90)?;
+    let mut w = serving()?;
     let gateway = w.sidecar_pid().context("no gateway")?;
     let ns = vm(&w)?;
     let name = floor_name(ns, VM_IFACE)?;
@@ -161,10 +171,8 @@ fn a_deleted_floor_is_put_back_by_the_keeper_before_the_gateways_end() -> Result
 #[test]
 #[ignore = "needs root: run via scripts/test"]
 fn a_killed_keeper_ends_the_gateway_fail_closed() -> Result<()> {
-    let mut w = World::builder().transport(Transport::Attach).start()?;
-    w.guest_ok(&format!("curl -sS --max-time 60 http://{ORIGIN_NAME}/"), 90)?;
-    let gateway = w.sidecar_pid().context("no gateway")?;
-    let keeper = keeper_of(gateway)?;
+    let mut w = serving()?;
+    let (_, keeper) = gateway_and_keeper(&w)?;
     let name = floor_name(vm(&w)?, VM_IFACE)?;
     signal(&[keeper], "KILL")?;
     ended_by_itself_with(
@@ -203,10 +211,8 @@ fn signal(pids: &[u32], sig: &str) -> Result<()> {
 #[test]
 #[ignore = "needs root: run via scripts/test"]
 fn an_interface_given_the_index_of_the_gone_one_is_left_alone() -> Result<()> {
-    let mut w = World::builder().transport(Transport::Attach).start()?;
-    w.guest_ok(&format!("curl -sS --max-time 60 http://{ORIGIN_NAME}/"), 90)?;
-    let gateway = w.sidecar_pid().context("no gateway")?;
-    let keeper = keeper_of(gateway)?;
+    let mut w = serving()?;
+    let (gateway, keeper) = gateway_and_keeper(&w)?;
     let ns = vm(&w)?;
     let index = ns
         .sh_ok(&format!("cat /sys/class/net/{VM_IFACE}/ifindex"), 30)?
@@ -248,10 +254,8 @@ fn an_interface_given_the_index_of_the_gone_one_is_left_alone() -> Result<()> {
 #[test]
 #[ignore = "needs root: run via scripts/test"]
 fn a_renamed_interface_is_set_down_by_the_end() -> Result<()> {
-    let mut w = World::builder().transport(Transport::Attach).start()?;
-    w.guest_ok(&format!("curl -sS --max-time 60 http://{ORIGIN_NAME}/"), 90)?;
-    let gateway = w.sidecar_pid().context("no gateway")?;
-    let keeper = keeper_of(gateway)?;
+    let mut w = serving()?;
+    let (gateway, keeper) = gateway_and_keeper(&w)?;
     // In the world's own VM namespace: no other test's.
     let renamed = "moved0";
     signal(&[gateway, keeper], "STOP")?;
