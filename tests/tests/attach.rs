@@ -16,7 +16,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use attach_support::{delete_floors, ended_by_itself_with, floor_table, tables, vm};
+use attach_support::{delete_floors, ended_with_the_floor_put_back, floor_table, tables, vm};
 use sluice_e2e::{
     Netns, ORIGIN_ADDR, ORIGIN_NAME, ORIGIN2_NAME, Proc, REFUSING_ADDR, Transport, VM_IFACE, World,
     bin_path, unique_name, wait_until,
@@ -181,14 +181,7 @@ fn a_floor_deleted_while_serving_ends_the_gateway_fail_closed() -> Result<()> {
     // sets the interface down and ends the gateway, which exits with the
     // reason in one line.
     delete_floors(vm(&w)?, VM_IFACE)?;
-    ended_by_itself_with(
-        &mut w,
-        &[
-            "the floor stopped holding while the gateway served",
-            "its floor is back on it",
-        ],
-        &[],
-    )?;
+    ended_with_the_floor_put_back(&mut w)?;
     // Fail closed: the interface is down, the floor is back, and the
     // guest reaches nothing through the namespace's kernel, even with
     // the link set up again.

@@ -14,7 +14,9 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use attach_support::{ended_by_itself_with, floor_table, one_error, tables, vm};
+use attach_support::{
+    ended_by_itself_with, ended_with_the_floor_put_back, floor_table, one_error, tables, vm,
+};
 use sluice_e2e::{ORIGIN_NAME, Transport, VM_IFACE, World, wait_until};
 
 mod attach_support;
@@ -152,14 +154,7 @@ fn a_deleted_floor_is_put_back_by_the_keeper_before_the_gateways_end() -> Result
     })();
     signal(&[gateway], "CONT")?;
     tampered?;
-    ended_by_itself_with(
-        &mut w,
-        &[
-            "the floor stopped holding while the gateway served",
-            "its floor is back on it",
-        ],
-        &[],
-    )?;
+    ended_with_the_floor_put_back(&mut w)?;
     ensure!(floor_there(vm(&w)?, &name), "no floor after the end");
     Ok(())
 }

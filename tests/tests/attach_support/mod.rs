@@ -72,3 +72,16 @@ pub(crate) fn one_error(
     );
     Ok(())
 }
+
+/// The gateway ended by itself after its keeper found the floor gone
+/// while it served, and put it back.
+pub(crate) fn ended_with_the_floor_put_back(w: &mut World) -> Result<()> {
+    ended_by_itself_with(
+        w,
+        &[
+            "the floor stopped holding while the gateway served",
+            "its floor is back on it",
+        ],
+        &[],
+    )
+}
