@@ -39,27 +39,21 @@ pub mod link;
 pub mod metrics;
 pub mod reload;
 
-// Public only for the in-process drivers, with `test-util`.
-#[cfg(feature = "test-util")]
-pub mod dhcp;
-#[cfg(not(feature = "test-util"))]
-mod dhcp;
-#[cfg(feature = "test-util")]
-pub mod dns;
-#[cfg(not(feature = "test-util"))]
-mod dns;
-#[cfg(feature = "test-util")]
-pub mod frames;
-#[cfg(not(feature = "test-util"))]
-mod frames;
-#[cfg(feature = "test-util")]
-pub mod packet;
-#[cfg(not(feature = "test-util"))]
-mod packet;
-#[cfg(feature = "test-util")]
-pub mod session;
-#[cfg(not(feature = "test-util"))]
-mod session;
+/// Declares modules that are public with the `test-util` feature, for the
+/// in-process drivers, and have the given visibility otherwise (see the
+/// crate doc).
+macro_rules! public_for_drivers {
+    ($vis:vis mod $($name:ident),+ $(,)?) => {
+        $(
+            #[cfg(feature = "test-util")]
+            pub mod $name;
+            #[cfg(not(feature = "test-util"))]
+            $vis mod $name;
+        )+
+    };
+}
+
+public_for_drivers!(mod dhcp, dns, frames, packet, session);
 mod writable;
 /// The session under its earlier name, for in-process drivers
 /// (`tests/src/bin/sluice-dns-bench.rs`) written against that path.

@@ -15,26 +15,11 @@
 //! closed).
 
 // `server`, `table` and `upstream` are public for the in-process drivers
-// (`test-util`), like the gateway's own driver modules.
-#[cfg(feature = "test-util")]
-pub mod server;
-#[cfg(not(feature = "test-util"))]
-pub(crate) mod server;
-// `approval` holds what the server asks the approval backend (`unlisted:
-// ask`, docs/approval.md); its reply travels as a session event.
-#[cfg(feature = "test-util")]
-pub mod approval;
-#[cfg(not(feature = "test-util"))]
-pub(crate) mod approval;
+// (`test-util`), like the gateway's own driver modules. `approval` holds
+// what the server asks the approval backend (`unlisted: ask`,
+// docs/approval.md); its reply travels as a session event.
+public_for_drivers!(pub(crate) mod approval, server, table, upstream);
 pub(crate) mod session;
-#[cfg(feature = "test-util")]
-pub mod table;
-#[cfg(not(feature = "test-util"))]
-pub(crate) mod table;
-#[cfg(feature = "test-util")]
-pub mod upstream;
-#[cfg(not(feature = "test-util"))]
-pub(crate) mod upstream;
 
 pub(crate) use server::{Asker, Delivery, DnsServer, Outcome, Served};
 #[cfg_attr(not(feature = "test-util"), expect(unreachable_pub))]
