@@ -134,6 +134,21 @@ pub(crate) enum Received {
     },
 }
 
+impl Received {
+    /// A batch that ended because nothing more was waiting, after `read`
+    /// datagrams were taken and `dropped` of them were dropped.
+    fn drained(read: usize, dropped: u32) -> Self {
+        if read == 0 && dropped == 0 {
+            Received::Idle
+        } else {
+            Received::Frames {
+                more: false,
+                dropped,
+            }
+        }
+    }
+}
+
 /// A failure that ends the guest session.
 #[derive(Debug)]
 pub(crate) enum LinkFailure {
@@ -488,14 +503,7 @@ impl DgramLink {
             let (n, from, uid) = match self.recv_one(buf) {
                 Ok(r) => r,
                 Err(e) if would_block(&e) => {
-                    return Ok(if i == 0 && dropped == 0 {
-                        Received::Idle
-                    } else {
-                        Received::Frames {
-                            more: false,
-                            dropped,
-                        }
-                    });
+                    return Ok(Received::drained(i, dropped));
                 }
                 // A connected unix datagram socket reports its peer's
                 // earlier refusal here; the next datagram may go through.
@@ -582,14 +590,7 @@ impl PacketLink {
             let (n, full) = match got {
                 Ok(r) => r,
                 Err(e) if would_block(&e) => {
-                    return Ok(if i == 0 && dropped == 0 {
-                        Received::Idle
-                    } else {
-                        Received::Frames {
-                            more: false,
-                            dropped,
-                        }
-                    });
+                    return Ok(Received::drained(i, dropped));
                 }
                 // The interface went down or away (the VMM ended): the
                 // session ends; the floor stays until the gateway removes it.

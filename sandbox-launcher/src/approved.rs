@@ -463,6 +463,14 @@ mod tests {
         (Tmp(d), p)
     }
 
+    /// The writer of sandbox `sb` for the policy `p`, its socket in `t`'s
+    /// `run/`.
+    fn writer(t: &Tmp, p: &Path, served: Option<Arc<Mutex<Served>>>) -> OverlayWriter {
+        let run = t.0.join("run");
+        fs::create_dir(&run).unwrap();
+        OverlayWriter::start(&run, p.to_path_buf(), "sb".into(), served).unwrap()
+    }
+
     fn entry(name: &str, tcp: &[u16]) -> OverlayEntry {
         OverlayEntry {
             name: name.into(),
@@ -557,9 +565,7 @@ mod tests {
     #[test]
     fn the_socket_answers_written_or_refused_with_the_reason() {
         let (t, p) = policy("sock", true);
-        let run = t.0.join("run");
-        fs::create_dir(&run).unwrap();
-        let w = OverlayWriter::start(&run, p.clone(), "sb".into(), None).unwrap();
+        let w = writer(&t, &p, None);
         let ask = |line: &[u8]| ask_on(&w.socket, line);
         let good = entry("new.example.com", &[443]).to_line().unwrap();
         assert_eq!(ask(&good), HandoffReply::Written);
@@ -608,9 +614,7 @@ mod tests {
     #[test]
     fn a_gateway_that_gave_up_waiting_gets_nothing_written() {
         let (t, p) = policy("late", true);
-        let run = t.0.join("run");
-        fs::create_dir(&run).unwrap();
-        let w = OverlayWriter::start(&run, p.clone(), "sb".into(), None).unwrap();
+        let w = writer(&t, &p, None);
         let overlay = sluice_policy::overlay::overlay_path(&p);
         // Prepared, then the gateway goes away without its go-ahead.
         let mut s = UnixStream::connect(&w.socket).unwrap();
@@ -660,11 +664,8 @@ mod tests {
     #[test]
     fn under_ask_only_a_name_the_prompt_answered_always_is_written_once() {
         let (t, p) = policy("gate", true);
-        let run = t.0.join("run");
-        fs::create_dir(&run).unwrap();
         let served = Arc::new(Mutex::new(Served::default()));
-        let w =
-            OverlayWriter::start(&run, p.clone(), "sb".into(), Some(Arc::clone(&served))).unwrap();
+        let w = writer(&t, &p, Some(Arc::clone(&served)));
         // Never answered always: refused, nothing written.
         let never = entry("never.example.com", &[443]).to_line().unwrap();
         assert!(
@@ -681,9 +682,7 @@ mod tests {
     #[test]
     fn a_run_writes_at_most_its_limit_of_entries() {
         let (t, p) = policy("cap", true);
-        let run = t.0.join("run");
-        fs::create_dir(&run).unwrap();
-        let w = OverlayWriter::start(&run, p.clone(), "sb".into(), None).unwrap();
+        let w = writer(&t, &p, None);
         for i in 0..MAX_ENTRIES_PER_RUN {
             let line = entry(&format!("n{i}.example.com"), &[443])
                 .to_line()
