@@ -33,6 +33,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, anyhow, bail};
 
 pub mod bench;
+pub mod cpu;
 pub mod hold;
 mod host;
 mod world_start;

@@ -8,7 +8,9 @@
 //! Per world, from the guest namespace with `sluice-tls-probe` and curl:
 //! - TLS handshake latency (TCP connect + handshake, new connection each
 //!   time; median and p90 of `--handshakes` runs);
-//! - one large download over HTTPS (`--mib` MiB, curl, bytes to /dev/null);
+//! - one large download over HTTPS (`--mib` MiB, curl, bytes to /dev/null),
+//!   with the CPU seconds per GiB the gateway, the TAP bridge and the whole
+//!   machine spent meanwhile (`/proc`, as `sluice-bench xfer` counts them);
 //! - requests per second on one kept-alive HTTP/2 connection (`--requests`
 //!   sequential GETs of a small response).
 //!
@@ -18,6 +20,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
+use serde_json::json;
+use sluice_e2e::cpu::{bridge_pid, measured};
 use sluice_e2e::{ORIGIN_NAME, World, bin_path};
 
 /// Command line.
@@ -50,6 +54,8 @@ struct Figures {
     handshake_p50_ms: f64,
     handshake_p90_ms: f64,
     download_mbit: f64,
+    /// CPU seconds per GiB downloaded: the gateway, the bridge, the machine.
+    download_cpu: [Option<f64>; 3],
     h2_rps: f64,
 }
 
@@ -77,7 +83,7 @@ fn measure(inspect: bool, args: &Args) -> Result<Figures> {
             .sidecar_arg("--upstream-ca")
             .sidecar_arg("{dir}/ca.pem");
     }
-    let w = b.start()?;
+    let mut w = b.start()?;
     let ca = if inspect {
         w.dir().join("sandbox-ca.pem")
     } else {
@@ -106,14 +112,26 @@ fn measure(inspect: bool, args: &Args) -> Result<Figures> {
     let pick = |pct: usize| hs[(hs.len() - 1) * pct / 100];
 
     let bytes = args.mib * 1024 * 1024;
-    let out = w.guest_ok(
-        &format!(
-            "curl -sS --max-time 600 --cacert {} -o /dev/null -w '%{{speed_download}}' https://{ORIGIN_NAME}/bytes/{bytes}",
-            ca.display()
-        ),
-        700,
-    )?;
-    let bytes_per_sec: f64 = out.trim().parse().context("curl speed")?;
+    let sidecar = w.sidecar().and_then(|p| p.pid());
+    let download = measured(sidecar, bridge_pid(&w), || {
+        let out = w.guest_ok(
+            &format!(
+                "curl -sS --max-time 600 --cacert {} -o /dev/null -w '%{{speed_download}}' https://{ORIGIN_NAME}/bytes/{bytes}",
+                ca.display()
+            ),
+            700,
+        )?;
+        let speed: f64 = out.trim().parse().context("curl speed")?;
+        Ok(json!({ "bytes_per_sec": speed }))
+    })?;
+    let bytes_per_sec = download["bytes_per_sec"].as_f64().context("curl speed")?;
+    let gib = args.mib as f64 / 1024.0;
+    let per_gib = |key: &str| download[key].as_f64().map(|s| s / gib);
+    let download_cpu = [
+        per_gib("sidecar_cpu_s"),
+        per_gib("bridge_cpu_s"),
+        per_gib("machine_cpu_s"),
+    ];
 
     let out = w.guest_ok(&probe_cmd(&format!("--count {}", args.requests)), 600)?;
     let secs = reqs_field(&out, 2)?;
@@ -121,6 +139,7 @@ fn measure(inspect: bool, args: &Args) -> Result<Figures> {
         handshake_p50_ms: pick(50),
         handshake_p90_ms: pick(90),
         download_mbit: bytes_per_sec * 8.0 / 1e6,
+        download_cpu,
         h2_rps: args.requests as f64 / secs,
     })
 }
@@ -167,6 +186,15 @@ fn main() -> Result<()> {
         spliced.download_mbit,
         inspected.download_mbit,
     );
+    for (i, who) in ["the gateway", "the TAP bridge", "the whole machine"]
+        .into_iter()
+        .enumerate()
+    {
+        match (spliced.download_cpu[i], inspected.download_cpu[i]) {
+            (Some(s), Some(n)) => row(&format!("CPU s per GiB downloaded, {who}"), s, n),
+            _ => println!("| CPU s per GiB downloaded, {who} | - | - | - |"),
+        }
+    }
     row(
         &format!("HTTP/2 kept-alive req/s ({} GETs)", args.requests),
         spliced.h2_rps,

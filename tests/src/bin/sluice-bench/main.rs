@@ -39,7 +39,6 @@
 //! `clients` (what runs in the guest namespace).
 
 mod clients;
-mod cpu;
 mod dns;
 mod rss;
 mod run;

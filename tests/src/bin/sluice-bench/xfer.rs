@@ -12,8 +12,8 @@ use serde_json::{Value, json};
 use sluice_e2e::bench::guest_bench;
 use sluice_e2e::{BANNER_PORT, ORIGIN_ADDR, ORIGIN_NAME, World};
 
-use crate::cpu::{bridge_pid, measured};
 use crate::parse_sidecar;
+use sluice_e2e::cpu::{bridge_pid, measured};
 
 /// Arguments of `xfer`.
 #[derive(clap::Args, Debug)]

@@ -1,12 +1,13 @@
-//! CPU accounting from `/proc`: a process's CPU seconds and context
-//! switches, the whole machine's busy and softirq seconds, the TAP bridge's
-//! pid, and a phase run with what each of them spent meanwhile.
+//! CPU accounting from `/proc` for the benchmark drivers (`sluice-bench`,
+//! `sluice-inspect-bench`): a process's CPU seconds and context switches,
+//! the whole machine's busy and softirq seconds, the TAP bridge's pid, and
+//! a phase run with what each of them spent meanwhile.
 
 use std::time::Instant;
 
+use crate::World;
 use anyhow::Result;
 use serde_json::{Value, json};
-use sluice_e2e::World;
 
 /// CPU seconds (utime + stime) and context switches (voluntary +
 /// involuntary) of process `pid` so far.
@@ -29,7 +30,7 @@ fn proc_cpu(pid: u32) -> Option<(f64, u64)> {
 
 /// The pid of this world's TAP bridge (the `sluice-tap-bridge` whose
 /// command line names the world's socket).
-pub(super) fn bridge_pid(w: &World) -> Option<u32> {
+pub fn bridge_pid(w: &World) -> Option<u32> {
     let sock = w.socket().display().to_string();
     std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
         let pid: u32 = e.file_name().to_str()?.parse().ok()?;
@@ -59,7 +60,7 @@ fn machine_cpu() -> Option<(f64, f64)> {
 /// Runs `phase` and returns its JSON with the CPU used meanwhile by the
 /// sidecar, the bridge and the whole machine added (`*_cpu_s`,
 /// `sidecar_switches`).
-pub(super) fn measured(
+pub fn measured(
     sidecar: Option<u32>,
     bridge: Option<u32>,
     phase: impl FnOnce() -> Result<Value>,
