@@ -499,20 +499,16 @@ fn a_user_rootfs_replaces_the_default_userland() {
 #[test]
 #[ignore = "needs root: run via scripts/test"]
 fn https_from_the_guest_allowed_and_denied_through_the_gateway() {
-    use sluice_e2e::{DNS_ADDR, ORIGIN_NAME, ORIGIN2_ADDR, ORIGIN2_NAME};
+    use sluice_e2e::{ORIGIN_NAME, ORIGIN2_ADDR, ORIGIN2_NAME};
     let Some(rw) = RunWorld::start() else { return };
     let (agent, gateway, world) = (rw.agent, rw.gateway, rw.world);
     let dir = world.dir().to_path_buf();
     let policy = dir.join("la-policy.yaml");
     fs::write(
         &policy,
-        // The fake internet lives in documentation ranges: `internal:` lets
-        // DNS answers point there; the TTL floor keeps the answer valid for
-        // the connect that follows on a slow TCG guest.
         format!(
-            "version: 1\nid: la-vm-https\nallow:\n  - domain: {ORIGIN_NAME}\n\
-             internal:\n  - \"198.51.100.0/24\"\n  - \"203.0.113.0/24\"\n\
-             dns:\n  upstream: [{DNS_ADDR}]\n  ttl_min: 600\n  ttl_max: 3600\n"
+            "version: 1\nid: la-vm-https\nallow:\n  - domain: {ORIGIN_NAME}\n{}",
+            world_policy_tail()
         ),
     )
     .unwrap();
@@ -605,6 +601,27 @@ fn https_from_the_guest_allowed_and_denied_through_the_gateway() {
     drop(world);
 }
 
+/// Ends a run whose guest script waits for a line on stdin: sends it,
+/// waits for `sluice run` (exit 0) and checks it left nothing behind.
+/// Returns the run's stdout and stderr.
+fn release_held_run(
+    mut child: Child,
+    mut stdin: std::process::ChildStdin,
+    stdout: thread::JoinHandle<String>,
+    stderr: &std::sync::Mutex<String>,
+    mark: &str,
+) -> (String, String) {
+    let launcher = child.id();
+    stdin.write_all(b"go\n").unwrap();
+    drop(stdin);
+    let status = child.wait().unwrap();
+    let stdout = stdout.join().unwrap();
+    let stderr = stderr.lock().unwrap().clone();
+    assert_eq!(status.code(), Some(0), "stdout: {stdout}\nstderr: {stderr}");
+    assert_no_leftovers(mark, launcher);
+    (stdout, stderr)
+}
+
 /// A directory in the world's dir the jail user can search (the policy's
 /// or a secret's directory: `sluice run` binds it read-only).
 fn jail_dir(world: &sluice_e2e::World, name: &str) -> PathBuf {
@@ -665,7 +682,7 @@ fn a_policy_replaced_by_rename_is_reloaded_under_sluice_run() {
     let launcher = child.id();
     // The script waits for a line once other.test is reached, so the floor
     // is checked while the run lasts.
-    let mut stdin = child.stdin.take().unwrap();
+    let stdin = child.stdin.take().unwrap();
     let (lines, stdout) = line_reader(child.stdout.take().unwrap());
     let stderr = drain(child.stderr.take().unwrap());
     let is_fetch = |l: &str| l.starts_with("fetch ");
@@ -736,13 +753,7 @@ fn a_policy_replaced_by_rename_is_reloaded_under_sluice_run() {
         || floor().contains("10.99.0.0/16"),
     )
     .unwrap();
-    stdin.write_all(b"go\n").unwrap();
-    drop(stdin);
-    let status = child.wait().unwrap();
-    let stdout = stdout.join().unwrap();
-    let stderr = stderr.lock().unwrap().clone();
-    assert_eq!(status.code(), Some(0), "stdout: {stdout}\nstderr: {stderr}");
-    assert_no_leftovers(&m, launcher);
+    let (_, stderr) = release_held_run(child, stdin, stdout, &stderr, &m);
 
     // The gateway's log (streamed by --debug) and the audit say so.
     assert!(

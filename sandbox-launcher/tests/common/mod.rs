@@ -481,6 +481,9 @@ pub(crate) fn audit_records(path: &Path) -> Vec<serde_json::Value> {
 }
 
 /// The fake internet's resolver and address ranges, for a policy's tail.
+/// The fake internet lives in documentation ranges: `internal:` lets DNS
+/// answers point there; the TTL floor keeps an answer valid for the connect
+/// that follows on a slow TCG guest.
 pub(crate) fn world_policy_tail() -> String {
     use sluice_e2e::DNS_ADDR;
     format!(

@@ -88,7 +88,7 @@ fn the_sandbox_ca_in_the_guest_trust_store_and_secrets_substituted() {
     let launcher = child.id();
     let (lines, stdout) = line_reader(child.stdout.take().unwrap());
     let stderr = drain(child.stderr.take().unwrap());
-    let mut stdin = child.stdin.take().unwrap();
+    let stdin = child.stdin.take().unwrap();
 
     // While the command waits: the CA the gateway wrote with --ca-out.
     wait_line(&lines, &stderr, 300, "the guest's `ready`", |l| {
@@ -96,13 +96,7 @@ fn the_sandbox_ca_in_the_guest_trust_store_and_secrets_substituted() {
     });
     let ca_path = std::env::temp_dir().join(format!("sluice-{launcher}.run/out/ca.pem"));
     let host_ca = fs::read_to_string(&ca_path).unwrap();
-    stdin.write_all(b"go\n").unwrap();
-    drop(stdin);
-    let status = child.wait().unwrap();
-    let stdout = stdout.join().unwrap();
-    let stderr = stderr.lock().unwrap().clone();
-    assert_eq!(status.code(), Some(0), "stdout: {stdout}\nstderr: {stderr}");
-    assert_no_leftovers(&m, launcher);
+    let (stdout, stderr) = release_held_run(child, stdin, stdout, &stderr, &m);
 
     // It is the name-constrained sandbox CA, and nothing private.
     assert!(
